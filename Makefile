@@ -1,0 +1,54 @@
+# The verbs people type: make test, make demo, make bench, make lint.
+#
+# The environment lives in .venv/ at the repository root. On a machine where torch is
+# already importable (a GPU box with its own CUDA build), the venv sees the system packages and
+# keeps that torch; otherwise it gets the pinned CPU wheel (never a CUDA build) and Triton,
+# whose interpreter runs the kernels on the CPU.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fp8mla-installed
+TORCH_PIN := torch==2.13.0
+TRITON_PIN := triton==3.9.0
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+
+# Triton kernels run compiled on a CUDA GPU, interpreted everywhere else.
+HAS_CUDA := $(shell python3 -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 && echo 1 || echo 0)
+ifeq ($(HAS_CUDA),0)
+export TRITON_INTERPRET ?= 1
+endif
+
+.PHONY: test demo bench lint info clean
+
+$(STAMP): pyproject.toml Makefile
+	@if python3 -c "import torch" >/dev/null 2>&1; then \
+	  echo "fp8mla: keeping the torch already installed ($$(python3 -c 'import torch; print(torch.__version__)'))"; \
+	  python3 -m venv --system-site-packages $(VENV) && \
+	  $(PIP) --no-build-isolation --no-deps -e . && \
+	  { $(PY) -c "import pytest, hypothesis" 2>/dev/null || $(PIP) --retries 0 --timeout 15 pytest hypothesis; } && \
+	  { $(PY) -c "import ruff" 2>/dev/null || $(PIP) --retries 0 --timeout 15 ruff || echo "fp8mla: ruff not installed (offline)"; }; \
+	else \
+	  python3 -m venv $(VENV) && \
+	  $(PIP) $(TORCH_PIN) && \
+	  $(PIP) $(TRITON_PIN) -e ".[dev]"; \
+	fi
+	@touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/fp8mla demo $(DEMO_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_decode.py $(BENCH_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check src tests benchmarks
+
+info: $(STAMP)
+	$(VENV)/bin/fp8mla info
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,41 @@
+"""fp8mla: Multi-head Latent Attention that reads a paged FP8 KV cache directly.
+
+Public API (imported lazily, so ``import fp8mla`` and the trace tools need no torch):
+
+- :class:`BatchMLAPagedAttentionWrapper` -- FlashInfer-compatible ``plan()``/``run()``.
+- :func:`mla_decode` -- one-call functional form.
+- :class:`MLAKVCache` -- per-layer paged KV pool that quantizes on write.
+- :mod:`fp8mla.reference` -- float64 PyTorch reference (test oracle, CPU fallback).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "BatchMLAPagedAttentionWrapper": "fp8mla.wrapper",
+    "mla_decode": "fp8mla.functional",
+    "MLAKVCache": "fp8mla.cache",
+    "PoolExhaustedError": "fp8mla.cache",
+    "mla_reference": "fp8mla.reference",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fp8mla.cache import MLAKVCache, PoolExhaustedError
+    from fp8mla.functional import mla_decode
+    from fp8mla.reference import mla_reference
+    from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fp8mla' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
