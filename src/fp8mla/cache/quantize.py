@@ -1,0 +1,33 @@
+"""Quantization of new KV rows into the cache's storage format (the PyTorch path)."""
+
+from __future__ import annotations
+
+import torch
+
+from fp8mla.formats import FP8_MAX, SCALE_GROUP, is_fp8
+
+# Smallest per-group scale: keeps all-zero groups finite (their values quantize to 0).
+MIN_GROUP_SCALE = 1e-12
+
+
+def group_scales(ckv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Per token, per 128 latent channels: ``amax / FP8_MAX`` as fp32 ``[n, D // 128]``."""
+    amax = ckv.float().unflatten(-1, (-1, SCALE_GROUP)).abs().amax(dim=-1)
+    return (amax / FP8_MAX[dtype]).clamp_min(MIN_GROUP_SCALE)
+
+
+def quantize(
+    x: torch.Tensor, dtype: torch.dtype, scale: float | torch.Tensor = 1.0
+) -> torch.Tensor:
+    """``x / scale`` rounded to ``dtype`` (saturating at the FP8 range; never NaN)."""
+    if not is_fp8(dtype):
+        return x.to(dtype)
+    limit = FP8_MAX[dtype]
+    return (x.float() / scale).clamp(-limit, limit).to(dtype)
+
+
+def quantize_token_groups(ckv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token-group quantization: ``(ckv_q [n, D], scales [n, D // 128])``."""
+    scales = group_scales(ckv, dtype)
+    scaled = ckv.float().unflatten(-1, (-1, SCALE_GROUP)) / scales[..., None]
+    return quantize(scaled.flatten(-2), dtype), scales

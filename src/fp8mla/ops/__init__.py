@@ -1,0 +1,1 @@
+"""Launchers: validate inputs, allocate outputs, compute grids and launch the kernels."""

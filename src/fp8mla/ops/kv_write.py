@@ -1,0 +1,48 @@
+"""Launcher of the fused KV write kernel."""
+
+from __future__ import annotations
+
+import torch
+
+from fp8mla.formats import FP8_MAX, SCALE_GROUP, is_fp8
+
+
+def kv_write_triton(
+    cache: torch.Tensor,
+    scale_arr: torch.Tensor | None,
+    slots: torch.Tensor,
+    ckv: torch.Tensor,
+    kpe: torch.Tensor,
+    ckv_scale: float,
+    kpe_scale: float,
+) -> None:
+    """Quantize ``ckv [n, 512]`` / ``kpe [n, 64]`` into ``cache [num_slots, 1, 576]`` at
+    ``slots [n]`` in one launch; per-token-group scales go to ``scale_arr [num_slots, 4]``.
+    Inputs are validated by the caller (:class:`fp8mla.cache.MLAKVCache`)."""
+    from fp8mla.kernels.kv_write import _kv_write_kernel
+
+    n = slots.numel()
+    if n == 0:
+        return
+    ckv = ckv if ckv.stride(-1) == 1 else ckv.contiguous()
+    kpe = kpe if kpe.numel() == 0 or kpe.stride(-1) == 1 else kpe.contiguous()
+    token_group = scale_arr is not None
+    _kv_write_kernel[(n,)](
+        ckv,
+        kpe,
+        slots,
+        cache,
+        scale_arr if token_group else cache,
+        ckv.stride(0),
+        kpe.stride(0) if kpe.dim() == 2 else 0,
+        cache.stride(0),
+        scale_arr.stride(0) if token_group else 0,
+        ckv_scale,
+        kpe_scale,
+        D_CKV=ckv.shape[-1],
+        D_KPE=kpe.shape[-1],
+        GROUP=SCALE_GROUP,
+        FP8_MAX=FP8_MAX[cache.dtype] if is_fp8(cache.dtype) else 0.0,
+        TOKEN_GROUP=token_group,
+        num_warps=4,
+    )

@@ -1,0 +1,147 @@
+"""Launcher of the paged MLA attention kernel and the split-KV merge.
+
+Inputs are validated by the caller (the wrapper's ``plan``/``run``); this module only maps
+tensors to kernel arguments, so it does no host synchronization and no allocation beyond what
+the caller hands it (CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from fp8mla.ops.planner import LaunchPlan
+
+LN2_INV = 1.4426950408889634  # 1 / ln 2: softmax runs in base 2
+
+
+@dataclass
+class Scales:
+    """Dequantization scales of one run: floats, device scalars, or per-token groups."""
+
+    ckv: float | torch.Tensor = 1.0
+    kpe: float | torch.Tensor = 1.0
+    ckv_arr: torch.Tensor | None = None  # [num_pages, page_size, 4] fp32
+
+
+def dot_dtype(kv_dtype: torch.dtype, interpreted: bool) -> tl.dtype:
+    """Operand dtype of the tensor-core dots. FP8 converts exactly to fp16; the interpreter
+    computes in fp32 because its bf16 arithmetic is unreliable."""
+    if interpreted:
+        return tl.float32
+    return tl.bfloat16 if kv_dtype == torch.bfloat16 else tl.float16
+
+
+def launch_mla_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv: torch.Tensor,
+    kpe: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_len: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    mid_o: torch.Tensor | None,
+    mid_lse: torch.Tensor | None,
+    *,
+    plan: LaunchPlan,
+    batch: int,
+    causal: bool,
+    sm_scale: float,
+    scales: Scales,
+    interpreted: bool,
+) -> None:
+    """Attention of ``q [T, H, 512|64]`` over the paged cache into ``out [T, H, 512]`` and
+    ``lse [T, H]``; with ``plan.num_splits > 1`` through ``mid_o [S, T*H, 512]`` /
+    ``mid_lse [S, T*H]`` fp32 partials and the merge kernel."""
+    from fp8mla.kernels.merge import _mla_merge_kernel
+    from fp8mla.kernels.mla_attention import _mla_attn_fwd_kernel
+
+    tokens, heads, d_ckv = q_nope.shape
+    d_kpe = kpe.shape[-1]
+    cfg = plan.config
+    split = plan.num_splits > 1
+    write_lse = split or lse is not None
+    if split:
+        o_dst, lse_dst = mid_o, mid_lse
+        so = (mid_o.stride(0), heads * d_ckv, d_ckv)
+        sl = (mid_lse.stride(0), heads)
+    else:
+        o_dst = out
+        lse_dst = lse if lse is not None else out  # unused when not written
+        so = (0, out.stride(0), out.stride(1))
+        sl = (0, lse.stride(0) if lse is not None else 0)
+    ckv_is_ptr = isinstance(scales.ckv, torch.Tensor)
+    kpe_is_ptr = isinstance(scales.kpe, torch.Tensor)
+    token_group = scales.ckv_arr is not None
+    sa = scales.ckv_arr
+    grid = (plan.m_tiles, batch, plan.num_splits)
+    _mla_attn_fwd_kernel[grid](
+        q_nope,
+        q_pe if d_kpe else q_nope,
+        ckv,
+        kpe if d_kpe else ckv,
+        sa if token_group else ckv,
+        scales.ckv if ckv_is_ptr else ckv,
+        scales.kpe if kpe_is_ptr else ckv,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_len,
+        o_dst,
+        lse_dst,
+        q_nope.stride(0),
+        q_nope.stride(1),
+        q_pe.stride(0) if d_kpe else 0,
+        q_pe.stride(1) if d_kpe else 0,
+        ckv.stride(0),
+        ckv.stride(1),
+        kpe.stride(0) if d_kpe else 0,
+        kpe.stride(1) if d_kpe else 0,
+        sa.stride(0) if token_group else 0,
+        sa.stride(1) if token_group else 0,
+        *so,
+        *sl,
+        heads,
+        sm_scale * LN2_INV,
+        1.0 if ckv_is_ptr else float(scales.ckv),
+        1.0 if kpe_is_ptr else float(scales.kpe),
+        PAGE_SIZE=ckv.shape[1],
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        D_CKV=d_ckv,
+        D_KPE=d_kpe,
+        CAUSAL=causal,
+        TOKEN_GROUP=token_group,
+        CKV_SCALE_PTR=ckv_is_ptr,
+        KPE_SCALE_PTR=kpe_is_ptr,
+        DOT_DTYPE=dot_dtype(ckv.dtype, interpreted),
+        WRITE_LSE=write_lse,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if not split:
+        return
+    rows = tokens * heads
+    if rows == 0:
+        return
+    _mla_merge_kernel[(rows,)](
+        mid_o,
+        mid_lse,
+        out,
+        lse if lse is not None else mid_lse,
+        plan.num_splits,
+        heads,
+        mid_o.stride(0),
+        mid_lse.stride(0),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if lse is not None else 0,
+        D=d_ckv,
+        WRITE_LSE=lse is not None,
+        num_warps=4,
+    )
