@@ -1,0 +1,58 @@
+"""Shared helpers of the attention tests: run the wrapper, compare with the reference."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from conftest import INTERPRETED
+
+from fp8mla import BatchMLAPagedAttentionWrapper
+from fp8mla.reference import mla_reference
+from fp8mla.testing import PagedBatch, rel_err
+
+SM_SCALE = 1 / math.sqrt(192)  # DeepSeek-V3
+
+
+def out_tolerance(q_dtype: torch.dtype) -> float:
+    """Relative error bar of the output against float64 on the same cache bytes. The
+    interpreter rounds fp32 → bf16 toward zero, which alone costs about 1 bf16 ulp."""
+    if q_dtype == torch.bfloat16:
+        return 5e-3 if INTERPRETED else 3e-3
+    return 2e-3 if INTERPRETED else 1e-3
+
+
+def workspace(device, nbytes: int = 32 << 20) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def run_wrapper(batch: PagedBatch, *, causal=False, backend="triton", num_splits=None,
+                ckv=None, kpe=None, out=None, lse=None):
+    w = BatchMLAPagedAttentionWrapper(workspace(batch.q_nope.device), backend=backend)
+    w.plan(*batch.plan_args(), batch.num_heads, 512, batch.q_pe.shape[-1], batch.page_size,
+           causal, SM_SCALE, batch.q_nope.dtype, batch.ckv.dtype, num_splits=num_splits)
+    return w.run(batch.q_nope, batch.q_pe, batch.ckv if ckv is None else ckv,
+                 batch.kpe if kpe is None else kpe, out=out, lse=lse, return_lse=True,
+                 **batch.scale_kwargs())
+
+
+def reference(batch: PagedBatch, *, causal=False):
+    return mla_reference(
+        batch.q_nope, batch.q_pe, batch.ckv, batch.kpe, *batch.plan_args(), sm_scale=SM_SCALE,
+        causal=causal, ckv_scale=batch.ckv_scale, kpe_scale=batch.kpe_scale,
+        ckv_scale_arr=batch.ckv_scale_arr,
+    )
+
+
+def assert_matches_reference(batch: PagedBatch, out, lse, *, causal=False) -> float:
+    ref_out, ref_lse = reference(batch, causal=causal)
+    assert out.dtype == batch.q_nope.dtype and out.shape == ref_out.shape
+    assert torch.isfinite(out).all(), "NaN/inf in the output"
+    err = rel_err(out, ref_out)
+    assert err <= out_tolerance(out.dtype), f"relative error {err:.2e}"
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse.cpu()), empty.cpu()), "LSE -inf pattern differs"
+    assert torch.all(out[empty] == 0), "empty rows must be zero"
+    lse_diff = (lse.double() - ref_lse)[~empty].abs()
+    assert lse_diff.numel() == 0 or lse_diff.max().item() < 2e-3
+    return err

@@ -1,0 +1,117 @@
+"""Bad input to plan()/run() gets a ValueError naming what was expected and what came."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_utils import SM_SCALE, workspace
+
+from fp8mla import BatchMLAPagedAttentionWrapper
+from fp8mla.testing import make_batch
+
+
+@pytest.fixture
+def batch():
+    return make_batch([17, 40], 16, page_size=16, generator=torch.Generator().manual_seed(0))
+
+
+def planned(batch, **overrides):
+    w = BatchMLAPagedAttentionWrapper(workspace("cpu"), backend="triton")
+    args = dict(qo_indptr=batch.qo_indptr, kv_indptr=batch.kv_indptr,
+                kv_indices=batch.kv_indices, kv_len_arr=batch.kv_len, num_heads=16,
+                head_dim_ckv=512, head_dim_kpe=64, page_size=16, causal=False,
+                sm_scale=SM_SCALE, q_data_type=torch.bfloat16,
+                kv_data_type=torch.float8_e4m3fn)
+    args.update(overrides)
+    w.plan(**args)
+    return w
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"num_heads": 129}, "num_heads"),
+        ({"head_dim_ckv": 256}, "head_dim_ckv 512"),
+        ({"head_dim_kpe": 32}, "head_dim_kpe"),
+        ({"page_size": 256}, "page_size"),
+        ({"q_data_type": torch.float32}, "q_data_type"),
+        ({"kv_data_type": torch.int8}, "kv_data_type"),
+        ({"kv_len_arr": torch.tensor([17, 40])}, "kv_len_arr of dtype int32"),
+        ({"kv_indptr": torch.tensor([0, 2], dtype=torch.int32)}, "kv_indptr of length 3"),
+        ({"kv_len_arr": torch.tensor([17, 60], dtype=torch.int32)}, "at least 4 pages for request 1"),
+        ({"kv_indices": torch.tensor([0, -1, 2, 3, 4], dtype=torch.int32)}, "page ids >= 0"),
+        ({"kv_indices": torch.tensor([0, 1], dtype=torch.int32)}, "kv_indices of length"),
+        ({"sm_scale": 0.0}, "sm_scale"),
+    ],
+)
+def test_plan_rejects(batch, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        planned(batch, **overrides)
+
+
+def test_causal_query_longer_than_kv_rejected():
+    b = make_batch([3], 4, qo_lens=5)
+    with pytest.raises(ValueError, match="qo_len 5 > kv_len 3"):
+        planned(b, num_heads=4, page_size=1, causal=True)
+
+
+def test_run_before_plan():
+    w = BatchMLAPagedAttentionWrapper(workspace("cpu"), backend="triton")
+    with pytest.raises(ValueError, match="plan"):
+        w.run(*[torch.empty(0)] * 4)
+
+
+@pytest.mark.parametrize(
+    "field, bad, match",
+    [
+        ("q_nope", lambda b: b.q_nope.half(), "q_nope of dtype bfloat16"),
+        ("q_nope", lambda b: b.q_nope[:, :8], "q_nope of shape"),
+        ("q_pe", lambda b: b.q_pe[..., :32], "q_pe of shape"),
+        ("ckv", lambda b: b.ckv.to(torch.bfloat16), "ckv_cache of dtype float8_e4m3fn"),
+        ("ckv", lambda b: b.ckv[:, :8], "ckv_cache of shape"),
+        ("kpe", lambda b: b.kpe[:1], "kpe_cache of shape"),
+        ("ckv", lambda b: b.ckv.transpose(1, 2).contiguous().transpose(1, 2), "unit stride"),
+    ],
+)
+def test_run_rejects(batch, field, bad, match):
+    w = planned(batch)
+    args = {"q_nope": batch.q_nope, "q_pe": batch.q_pe, "ckv": batch.ckv, "kpe": batch.kpe}
+    args[field] = bad(batch)
+    with pytest.raises(ValueError, match=match):
+        w.run(args["q_nope"], args["q_pe"], args["ckv"], args["kpe"])
+
+
+def test_page_id_beyond_the_cache(batch):
+    w = planned(batch)
+    with pytest.raises(ValueError, match="page ids in"):
+        w.run(batch.q_nope, batch.q_pe, batch.ckv[:2], batch.kpe[:2])
+
+
+def test_bad_out_and_scales(batch):
+    w = planned(batch)
+    args = (batch.q_nope, batch.q_pe, batch.ckv, batch.kpe)
+    with pytest.raises(ValueError, match="out of dtype bfloat16"):
+        w.run(*args, out=torch.empty(batch.q_nope.shape))
+    with pytest.raises(ValueError, match="lse of shape"):
+        w.run(*args, lse=torch.empty(3))
+    with pytest.raises(ValueError, match="finite and > 0"):
+        w.run(*args, ckv_scale=-1.0)
+    with pytest.raises(ValueError, match="one element"):
+        w.run(*args, ckv_scale=torch.ones(2))
+    with pytest.raises(ValueError, match="ckv_scale_arr of shape"):
+        w.run(*args, ckv_scale_arr=torch.ones(3, 16, 4))
+    with pytest.raises(ValueError, match="either ckv_scale or ckv_scale_arr"):
+        w.run(*args, ckv_scale=1.0, ckv_scale_arr=torch.ones(batch.ckv.shape[0], 16, 4))
+
+
+def test_bad_backend_and_graph_buffers():
+    with pytest.raises(ValueError, match="backend"):
+        BatchMLAPagedAttentionWrapper(workspace("cpu"), backend="cuda")
+    with pytest.raises(ValueError, match="qo_indptr buffer"):
+        BatchMLAPagedAttentionWrapper(workspace("cpu"), True, backend="triton")
+
+
+def test_triton_on_cpu_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        BatchMLAPagedAttentionWrapper(workspace("cpu"), backend="triton")
