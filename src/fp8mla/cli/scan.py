@@ -1,0 +1,48 @@
+"""``fp8mla scan``: find dtype casts of whole KV cache pools in Python source."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fp8mla.scan import ScanError, scan_paths
+from fp8mla.scan.report import format_json, format_text
+
+_DESCRIPTION = """\
+Statically find dtype casts applied to whole KV pool buffers (the per-step full-pool
+copy), gather-then-cast sites, and attention wrappers planned with the query dtype as
+the KV dtype. See docs/scan.md for the rules."""
+_EPILOG = """\
+exit status: 0 when no whole-pool cast is found, 1 when one is, 2 on usage errors.
+Source is parsed, never imported or executed; files that do not parse are listed as skipped."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``scan`` subcommand."""
+    parser = subparsers.add_parser(
+        "scan",
+        help="find casts of whole KV cache pools in Python source",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="Python files or directories")
+    parser.add_argument(
+        "--package", metavar="NAME", help="also scan an installed package, e.g. sglang"
+    )
+    parser.add_argument("--json", action="store_true", help="print findings as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Scan ``args.paths`` and ``args.package``; print the report; return the exit status."""
+    if not args.paths and args.package is None:
+        print("fp8mla scan: error: give at least one PATH or --package NAME", file=sys.stderr)
+        return 2
+    try:
+        result = scan_paths(args.paths, package=args.package)
+    except ScanError as exc:
+        print(f"fp8mla scan: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_json(result) if args.json else format_text(result))
+    return 1 if result.has_whole_pool_cast else 0
