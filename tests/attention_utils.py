@@ -27,10 +27,11 @@ def workspace(device, nbytes: int = 32 << 20) -> torch.Tensor:
 
 
 def run_wrapper(batch: PagedBatch, *, causal=False, backend="triton", num_splits=None,
-                ckv=None, kpe=None, out=None, lse=None):
+                ckv=None, kpe=None, out=None, lse=None, config=None):
     w = BatchMLAPagedAttentionWrapper(workspace(batch.q_nope.device), backend=backend)
     w.plan(*batch.plan_args(), batch.num_heads, 512, batch.q_pe.shape[-1], batch.page_size,
-           causal, SM_SCALE, batch.q_nope.dtype, batch.ckv.dtype, num_splits=num_splits)
+           causal, SM_SCALE, batch.q_nope.dtype, batch.ckv.dtype, num_splits=num_splits,
+           kernel_config=config)
     return w.run(batch.q_nope, batch.q_pe, batch.ckv if ckv is None else ckv,
                  batch.kpe if kpe is None else kpe, out=out, lse=lse, return_lse=True,
                  **batch.scale_kwargs())

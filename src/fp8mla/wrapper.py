@@ -14,7 +14,7 @@ import torch
 from fp8mla._checks import check_index, check_last_dim_contiguous, check_tensor
 from fp8mla.formats import FP8_DTYPES, HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, Q_DTYPES, is_fp8
 from fp8mla.ops.mla_attention import Scales, launch_mla_attention
-from fp8mla.ops.planner import LaunchPlan, device_sm_count, make_launch_plan
+from fp8mla.ops.planner import KernelConfig, LaunchPlan, device_sm_count, make_launch_plan
 from fp8mla.plan_state import PlanState, build_plan_state
 from fp8mla.runtime import interpreted, resolve_backend
 
@@ -91,14 +91,15 @@ class BatchMLAPagedAttentionWrapper:
         use_profiler: bool = False,
         *,
         num_splits: int | None = None,
+        kernel_config: KernelConfig | None = None,
     ) -> None:
         """Describe the batch: B requests, request b owning query tokens
         ``qo_indptr[b]:qo_indptr[b+1]`` and KV pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
         holding ``kv_len_arr[b]`` tokens. Index arrays are int32 (host or device). Reads them
         on the host once (validation, split planning); ``run()`` then does no host work.
 
-        ``num_splits`` (keyword-only, fp8mla extension) overrides the planner's KV split count
-        per request, for tuning and tests."""
+        ``num_splits`` and ``kernel_config`` (keyword-only, fp8mla extensions) override the
+        planner's KV split count per request and its tile shape, for tuning and tests."""
         del use_profiler  # accepted for compatibility; fp8mla has no in-kernel profiler
         if not 1 <= num_heads <= MAX_HEADS:
             raise ValueError(f"expected num_heads in [1, {MAX_HEADS}], got {num_heads}")
@@ -124,11 +125,13 @@ class BatchMLAPagedAttentionWrapper:
         if self._backend == "triton":
             if num_splits is not None and not 1 <= num_splits <= 256:
                 raise ValueError(f"expected num_splits in [1, 256], got {num_splits}")
-            state.launch = self._launch_plan(state, num_splits)
+            state.launch = self._launch_plan(state, num_splits, kernel_config)
             state.bind_workspace(self._workspace)
         self._plan = state
 
-    def _launch_plan(self, state: PlanState, num_splits: int | None) -> LaunchPlan:
+    def _launch_plan(
+        self, state: PlanState, num_splits: int | None, config: KernelConfig | None
+    ) -> LaunchPlan:
         ws_rows = state.total_tokens * state.num_heads
         per_split = ws_rows * (state.head_dim_ckv + 1) * 4
         max_by_ws = self._workspace.numel() * self._workspace.element_size() // max(per_split, 1)
@@ -141,6 +144,7 @@ class BatchMLAPagedAttentionWrapper:
             max_splits_by_workspace=max(1, int(max_by_ws)),
             interpreted=interpreted(),
             num_splits=num_splits,
+            config=config,
         )
         if not self._use_cuda_graph:
             return fresh

@@ -8,14 +8,32 @@ for all rows of the program: MLA keys and values are the same latent vectors for
 FP8 tiles are converted to the dot dtype (fp16, exact for both FP8 formats) in registers; the
 per-tensor key scale is folded into the softmax scale and the value scale applied once in the
 epilogue. Softmax probabilities stay in the 16-bit dot dtype for P·V (never FP8).
+
+Two orientations of the same computation:
+
+- ``_mla_attn_rows_kernel``: ``S = Q·Kᵀ`` (rows × tokens), ``O += P·V``. Suits many rows.
+- ``_mla_attn_swap_kernel``: ``Sᵀ = K·Qᵀ`` (tokens × rows), ``Oᵀ += Vᵀ·Pᵀ``: KV tokens and the
+  512 value dims fill the large M dimension of the tensor-core instructions when a request
+  has few rows (16 heads of one decode token), and the converted K tile feeds the first dot
+  from registers.
 """
 
 import triton
 import triton.language as tl
 
+from fp8mla.kernels.mla_tiles import (
+    _load_kv_tile,
+    _load_queries,
+    _query_rows,
+    _scales,
+    _split_range,
+)
+
+NEG_INF = float("-inf")
+
 
 @triton.jit
-def _mla_attn_fwd_kernel(
+def _mla_attn_rows_kernel(
     q_nope_ptr,  # [T, H, D_CKV]
     q_pe_ptr,  # [T, H, D_KPE]
     ckv_ptr,  # [num_pages, PAGE_SIZE, D_CKV] (strided)
@@ -29,23 +47,11 @@ def _mla_attn_fwd_kernel(
     kv_len_ptr,  # [B] int32 tokens
     o_ptr,  # [T, H, D_CKV] out, or [splits, T, H, D_CKV] fp32 partials
     lse_ptr,  # [T, H] fp32, or [splits, T, H] partials
-    stride_qn_t,
-    stride_qn_h,
-    stride_qp_t,
-    stride_qp_h,
-    stride_ckv_p,
-    stride_ckv_s,
-    stride_kpe_p,
-    stride_kpe_s,
-    stride_sa_p,
-    stride_sa_s,
-    stride_o_split,
-    stride_o_t,
-    stride_o_h,
-    stride_lse_split,
-    stride_lse_t,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+    stride_o_split, stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
     num_heads,
-    sm_scale_log2,  # sm_scale / ln 2
+    sm_scale_log2,  # sm_scale / ln 2 (softmax in base 2)
     ckv_scale_val,
     kpe_scale_val,
     PAGE_SIZE: tl.constexpr,
@@ -63,129 +69,140 @@ def _mla_attn_fwd_kernel(
     m_tile = tl.program_id(0)
     b = tl.program_id(1)
     split = tl.program_id(2)
-    num_splits = tl.num_programs(2)
-
-    q_start = tl.load(qo_indptr_ptr + b)
-    qo_len = tl.load(qo_indptr_ptr + b + 1) - q_start
-    rows_total = qo_len * num_heads
+    row_ok, t_local, head, tok, qo_len, rows_total = _query_rows(
+        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M)
     if m_tile * BLOCK_M >= rows_total:
         return
-
-    # -- rows of this program: (query token, head) pairs --
-    r = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = r < rows_total
-    t_local = r // num_heads
-    head = r % num_heads
-    tok = (q_start + t_local).to(tl.int64)
-
-    # -- scales: the key scale goes into the softmax scale, the value scale into the output --
-    if CKV_SCALE_PTR:
-        ckv_scale = tl.load(ckv_scale_ptr).to(tl.float32)
-    else:
-        ckv_scale = ckv_scale_val
-    if KPE_SCALE_PTR:
-        kpe_scale = tl.load(kpe_scale_ptr).to(tl.float32)
-    else:
-        kpe_scale = kpe_scale_val
-    if TOKEN_GROUP:
-        qk_scale = sm_scale_log2  # group scales are applied to the K tile
-        v_scale = 1.0
-    else:
-        qk_scale = sm_scale_log2 * ckv_scale
-        v_scale = ckv_scale
-
-    # -- this split's KV range --
+    qk_scale, pe_factor, v_scale = _scales(
+        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP)
     kv_len = tl.load(kv_len_ptr + b)
-    kv_end = kv_len
-    if CAUSAL:
-        last_t = tl.minimum((m_tile * BLOCK_M + BLOCK_M - 1) // num_heads, qo_len - 1)
-        kv_end = tl.minimum(kv_len, kv_len - qo_len + last_t + 1)
-    chunk = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
-    n_begin = split * chunk
-    n_end = tl.minimum(n_begin + chunk, kv_end)
+    n_begin, n_end = _split_range(kv_len, qo_len, m_tile, split, tl.num_programs(2),
+                                  num_heads, BLOCK_M, BLOCK_N, CAUSAL)
     page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
-
-    # -- load the query tile once --
-    d = tl.arange(0, D_CKV)
-    q_nope = tl.load(
-        q_nope_ptr + tok[:, None] * stride_qn_t + head[:, None] * stride_qn_h + d[None, :],
-        mask=row_ok[:, None],
-        other=0.0,
-    ).to(DOT_DTYPE)
-    if D_KPE > 0:
-        e = tl.arange(0, D_KPE)
-        q_pe = tl.load(
-            q_pe_ptr + tok[:, None] * stride_qp_t + head[:, None] * stride_qp_h + e[None, :],
-            mask=row_ok[:, None],
-            other=0.0,
-        ).to(tl.float32)
-        if not TOKEN_GROUP:
-            q_pe = q_pe * (kpe_scale / ckv_scale)  # lets one qk_scale serve both parts
-        else:
-            q_pe = q_pe * kpe_scale
-        q_pe = q_pe.to(DOT_DTYPE)
-
+    q_nope, q_pe = _load_queries(q_nope_ptr, q_pe_ptr, tok, head, row_ok, stride_qn_t,
+                                 stride_qn_h, stride_qp_t, stride_qp_h, pe_factor,
+                                 D_CKV, D_KPE, DOT_DTYPE)
     causal_limit = kv_len - qo_len + t_local  # last KV position each row may see
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_CKV], dtype=tl.float32)
-
     for n0 in range(n_begin, n_end, BLOCK_N):
-        # -- gather the KV tile through the page table --
         pos = n0 + tl.arange(0, BLOCK_N)
         n_ok = pos < n_end
-        page = tl.load(page_base + pos // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-        off = pos % PAGE_SIZE
-        k = tl.load(
-            ckv_ptr + (page * stride_ckv_p + off * stride_ckv_s)[:, None] + d[None, :],
-            mask=n_ok[:, None],
-            other=0.0,
-        )
-        if TOKEN_GROUP:
-            sc = tl.load(
-                scale_arr_ptr
-                + (page * stride_sa_p + off * stride_sa_s)[:, None]
-                + (d // 128)[None, :],
-                mask=n_ok[:, None],
-                other=0.0,
-            )
-            k = (k.to(tl.float32) * sc).to(DOT_DTYPE)
-        else:
-            k = k.to(DOT_DTYPE)
-
+        k, kpe = _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
+                               stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
+                               stride_sa_p, stride_sa_s, PAGE_SIZE, D_CKV, D_KPE,
+                               TOKEN_GROUP, DOT_DTYPE)
         # -- q·k --
         s = tl.dot(q_nope, tl.trans(k))
         if D_KPE > 0:
-            kpe = tl.load(
-                kpe_ptr + (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :],
-                mask=n_ok[:, None],
-                other=0.0,
-            ).to(DOT_DTYPE)
-            s += tl.dot(q_pe, tl.trans(kpe))
+            s = tl.dot(q_pe, tl.trans(kpe), s)
         s = s * qk_scale
         visible = n_ok[None, :]
         if CAUSAL:
             visible = visible & (pos[None, :] <= causal_limit[:, None])
-        s = tl.where(visible, s, float("-inf"))
-
-        # -- online softmax (base 2) --
+        s = tl.where(visible, s, NEG_INF)
+        # -- online softmax (base 2); rows with nothing visible yet keep m = -inf --
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
-
         # -- p·v (v is the latent part of the same tile) --
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(DOT_DTYPE), k, acc)
+        acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
 
-    # -- epilogue: normalize, apply the value scale, write out and LSE --
+    # -- epilogue: normalize, value scale, write out and LSE --
     has = l_i > 0.0
     inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
-    out = acc * inv_l[:, None]
+    d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
-    tl.store(o_rows[:, None] + d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(o_rows[:, None] + d[None, :], (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
     if WRITE_LSE:
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
+        tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
+
+
+@triton.jit
+def _mla_attn_swap_kernel(
+    q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, scale_arr_ptr, ckv_scale_ptr, kpe_scale_ptr,
+    qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, o_ptr, lse_ptr,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+    stride_o_split, stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
+    num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_CKV: tl.constexpr,
+    D_KPE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    TOKEN_GROUP: tl.constexpr,
+    CKV_SCALE_PTR: tl.constexpr,
+    KPE_SCALE_PTR: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """Same arguments and result as ``_mla_attn_rows_kernel``, computed transposed."""
+    m_tile = tl.program_id(0)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+    row_ok, t_local, head, tok, qo_len, rows_total = _query_rows(
+        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M)
+    if m_tile * BLOCK_M >= rows_total:
+        return
+    qk_scale, pe_factor, v_scale = _scales(
+        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP)
+    kv_len = tl.load(kv_len_ptr + b)
+    n_begin, n_end = _split_range(kv_len, qo_len, m_tile, split, tl.num_programs(2),
+                                  num_heads, BLOCK_M, BLOCK_N, CAUSAL)
+    page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
+    q_nope, q_pe = _load_queries(q_nope_ptr, q_pe_ptr, tok, head, row_ok, stride_qn_t,
+                                 stride_qn_h, stride_qp_t, stride_qp_h, pe_factor,
+                                 D_CKV, D_KPE, DOT_DTYPE)
+    q_nope_t = tl.trans(q_nope)  # [D_CKV, BLOCK_M]
+    q_pe_t = tl.trans(q_pe)
+    causal_limit = kv_len - qo_len + t_local
+
+    m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([D_CKV, BLOCK_M], dtype=tl.float32)  # Oᵀ
+    for n0 in range(n_begin, n_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        n_ok = pos < n_end
+        k, kpe = _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
+                               stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
+                               stride_sa_p, stride_sa_s, PAGE_SIZE, D_CKV, D_KPE,
+                               TOKEN_GROUP, DOT_DTYPE)
+        # -- kᵀ·q: [BLOCK_N tokens, BLOCK_M rows] --
+        s = tl.dot(k, q_nope_t)
+        if D_KPE > 0:
+            s = tl.dot(kpe, q_pe_t, s)
+        s = s * qk_scale
+        visible = n_ok[:, None]
+        if CAUSAL:
+            visible = visible & (pos[:, None] <= causal_limit[None, :])
+        s = tl.where(visible, s, NEG_INF)
+        # -- online softmax over tokens (axis 0) --
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+        # -- vᵀ·pᵀ: [D_CKV, BLOCK_M] --
+        acc = tl.dot(tl.trans(k), p.to(DOT_DTYPE), acc * alpha[None, :])
+
+    has = l_i > 0.0
+    inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
+    d = tl.arange(0, D_CKV)
+    o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
+    tl.store(o_rows[None, :] + d[:, None], (acc * inv_l[None, :]).to(o_ptr.dtype.element_ty),
+             mask=row_ok[None, :])
+    if WRITE_LSE:
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)

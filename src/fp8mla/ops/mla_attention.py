@@ -58,8 +58,8 @@ def launch_mla_attention(
     """Attention of ``q [T, H, 512|64]`` over the paged cache into ``out [T, H, 512]`` and
     ``lse [T, H]``; with ``plan.num_splits > 1`` through ``mid_o [S, T*H, 512]`` /
     ``mid_lse [S, T*H]`` fp32 partials and the merge kernel."""
+    from fp8mla.kernels import mla_attention as kernels
     from fp8mla.kernels.merge import _mla_merge_kernel
-    from fp8mla.kernels.mla_attention import _mla_attn_fwd_kernel
 
     tokens, heads, d_ckv = q_nope.shape
     d_kpe = kpe.shape[-1]
@@ -80,7 +80,8 @@ def launch_mla_attention(
     token_group = scales.ckv_arr is not None
     sa = scales.ckv_arr
     grid = (plan.m_tiles, batch, plan.num_splits)
-    _mla_attn_fwd_kernel[grid](
+    kernel = kernels._mla_attn_swap_kernel if cfg.swap_ab else kernels._mla_attn_rows_kernel
+    kernel[grid](
         q_nope,
         q_pe if d_kpe else q_nope,
         ckv,

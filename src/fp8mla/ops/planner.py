@@ -25,6 +25,7 @@ class KernelConfig:
     block_n: int  # KV tokens per inner-loop step
     num_warps: int
     num_stages: int
+    swap_ab: bool = False  # tokens × rows orientation (few rows per request)
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,10 @@ def make_launch_plan(
     max_splits_by_workspace: int,
     interpreted: bool,
     num_splits: int | None = None,
+    config: KernelConfig | None = None,
 ) -> LaunchPlan:
     rows = max_qo_len * num_heads
-    config = choose_config(rows, interpreted)
+    config = config or choose_config(rows, interpreted)
     m_tiles = max(1, -(-rows // config.block_m))
     if num_splits is None:
         num_splits = choose_splits(batch * m_tiles, max_kv_len, sms, max_splits_by_workspace)
