@@ -29,7 +29,7 @@ from fp8mla.kernels.mla_tiles import (
     _split_range,
 )
 
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit

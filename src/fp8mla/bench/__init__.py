@@ -1,0 +1,71 @@
+"""Decode benchmark: fp8mla beside the baselines an engineer would otherwise use.
+
+``run(options)`` measures the goal cases, a sweep and the 78-layer seed scenario on the
+current CUDA device and appends one JSON object per (case, implementation) to
+``<out>/<date>-<gpu>.jsonl`` (plus a bandwidth plot beside it).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fp8mla._progress import Progress
+
+SECTIONS = ("goals", "sweep", "seed")
+
+
+@dataclass
+class BenchOptions:
+    sections: tuple[str, ...] = SECTIONS
+    impls: tuple[str, ...] | None = None
+    out_dir: Path = Path("benchmarks/results")
+    sglang_module: str | None = None
+    quick: bool = False
+    plot: bool = True
+    extra_notes: list[str] = field(default_factory=list)
+
+
+def run(opts: BenchOptions) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("fp8mla bench: needs a CUDA GPU (benchmarks are GPU-only)", file=sys.stderr)
+        return 2
+    from fp8mla.bench.cases import GOAL_CASES, sweep_cases
+    from fp8mla.bench.report import append_jsonl, format_table, plot_bandwidth, result_stem
+    from fp8mla.bench.runner import ALL_IMPLS, BenchContext, Environment, bench_case
+    from fp8mla.bench.seed import bench_seed
+
+    device = torch.device("cuda")
+    print("fp8mla bench: measuring copy bandwidth and matmul rate ...", file=sys.stderr)
+    env = Environment.measure(device)
+    print(f"  {env.gpu}: copy {env.copy_tbps:.2f} TB/s, bf16 matmul {env.matmul_tflops:.0f} "
+          f"TFLOP/s; torch {env.torch}, triton {env.triton}", file=sys.stderr)
+    ctx = BenchContext(env=env, device=device, impls=opts.impls or ALL_IMPLS,
+                       sglang_path=opts.sglang_module)
+    cases = []
+    if "goals" in opts.sections:
+        cases += GOAL_CASES
+    if "sweep" in opts.sections:
+        cases += sweep_cases(quick=opts.quick)
+    notes: list[str] = list(opts.extra_notes)
+    steps = len(cases) + ("seed" in opts.sections)
+    with Progress(steps, "bench") as bar:
+        for case in cases:
+            bench_case(ctx, case, notes)
+            bar.update(case.name)
+        if "seed" in opts.sections:
+            bench_seed(ctx, notes, layers=8 if opts.quick else 78)
+            bar.update("seed scenario")
+    stem = result_stem(env.gpu, env.date)
+    jsonl = opts.out_dir / f"{stem}.jsonl"
+    append_jsonl(jsonl, ctx.records)
+    print(format_table(ctx.records))
+    for note in dict.fromkeys(notes):
+        print("note:", note)
+    print(f"wrote {len(ctx.records)} records to {jsonl}")
+    if opts.plot and plot_bandwidth(ctx.records, opts.out_dir / f"{stem}.png"):
+        print(f"plot: {opts.out_dir / f'{stem}.png'}")
+    return 0

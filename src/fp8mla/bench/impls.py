@@ -1,0 +1,187 @@
+"""The implementations measured side by side, each prepared outside the timed region.
+
+Every factory returns a zero-argument callable that computes ``out [tokens, H, 512]`` for
+the inputs, or raises :class:`Unavailable` when it cannot run here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from fp8mla.bench.inputs import BenchInputs
+from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
+
+SM_SCALE = 1 / math.sqrt(192)
+WORKSPACE_BYTES = 256 << 20
+
+Runner = Callable[[], torch.Tensor]
+
+
+class Unavailable(RuntimeError):
+    """The implementation cannot run in this environment or on this case."""
+
+
+def _workspace(device: torch.device) -> torch.Tensor:
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+
+
+def planned_wrapper(inp: BenchInputs, kv_dtype: torch.dtype, *, kv_indptr=None, kv_indices=None,
+                    page_size=None, **plan_kw: object) -> BatchMLAPagedAttentionWrapper:
+    """A Triton-backend wrapper planned for the inputs (``plan_kw``: fp8mla's tuning
+    overrides ``num_splits`` / ``kernel_config``)."""
+    w = BatchMLAPagedAttentionWrapper(_workspace(inp.pool.device), backend="triton")
+    w.plan(inp.qo_indptr, inp.kv_indptr if kv_indptr is None else kv_indptr,
+           inp.kv_indices if kv_indices is None else kv_indices, inp.kv_len, inp.case.heads,
+           512, 64, page_size or inp.page_size, inp.case.qo_len > 1, SM_SCALE, torch.bfloat16,
+           kv_dtype, **plan_kw)
+    return w
+
+
+def fp8mla_direct(inp: BenchInputs, **plan_kw: object) -> Runner:
+    """Our kernel reading the pool in its storage dtype."""
+    w = planned_wrapper(inp, inp.pool.dtype, **plan_kw)
+    ckv, kpe = inp.paged()
+    out = torch.empty_like(inp.q_nope)
+    s = inp.scale
+    return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=s, kpe_scale=s)
+
+
+def fp8mla_bf16kv(inp: BenchInputs, bf16_pool: torch.Tensor) -> Runner:
+    """Our kernel on a bf16 pool holding the same (dequantized) values."""
+    w = planned_wrapper(inp, torch.bfloat16)
+    ckv, kpe = inp.paged(bf16_pool)
+    out = torch.empty_like(inp.q_nope)
+    return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out)
+
+
+def full_pool_cast(inp: BenchInputs) -> Runner:
+    """``pool.to(bf16)`` of the whole pool, then our bf16 kernel (what engines ship)."""
+    w = planned_wrapper(inp, torch.bfloat16)
+    out = torch.empty_like(inp.q_nope)
+    s = inp.scale
+
+    def run() -> torch.Tensor:
+        ckv, kpe = inp.paged(inp.pool.to(torch.bfloat16))
+        return w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=s, kpe_scale=s)
+
+    return run
+
+
+def gather_then_cast(inp: BenchInputs) -> Runner:
+    """Gather the active tokens, cast them, then our bf16 kernel over the compact copy."""
+    case = inp.case
+    dev = inp.pool.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    n = inp.token_slots.numel()
+    w = planned_wrapper(
+        inp, torch.bfloat16, page_size=1,
+        kv_indptr=torch.arange(0, n + 1, case.context, **i32),
+        kv_indices=torch.arange(n, **i32),
+    )
+    out = torch.empty_like(inp.q_nope)
+    rows = inp.pool.view(inp.pool.shape[0], -1)
+    s = inp.scale
+
+    def run() -> torch.Tensor:
+        active = rows.index_select(0, inp.token_slots).to(torch.bfloat16).view(n, 1, -1)
+        return w.run(inp.q_nope, inp.q_pe, active[..., :512], active[..., 512:], out=out,
+                     ckv_scale=s, kpe_scale=s)
+
+    return run
+
+
+def torch_reference(inp: BenchInputs) -> Runner:
+    """The float32 PyTorch reference (gathers per request); small cases only."""
+    from fp8mla.reference import mla_reference
+
+    if inp.token_slots.numel() > (1 << 16):
+        raise Unavailable("too large for the per-request PyTorch loop")
+    ckv, kpe = inp.paged()
+
+    def run() -> torch.Tensor:
+        out, _ = mla_reference(inp.q_nope, inp.q_pe, ckv, kpe, inp.qo_indptr, inp.kv_indptr,
+                               inp.kv_indices, inp.kv_len, sm_scale=SM_SCALE,
+                               causal=inp.case.qo_len > 1, ckv_scale=inp.scale,
+                               kpe_scale=inp.scale, dtype=torch.float32)
+        return out
+
+    return run
+
+
+# -- optional baselines, when importable ---------------------------------------------------
+SGLANG_MODULES = (
+    "sglang.srt.layers.attention.triton_ops.decode_attention",
+    "sglang.kernels.ops.attention.decode_attention",
+)
+
+
+def load_sglang_decode(path: str | None = None) -> types.ModuleType:
+    """SGLang's Triton decode-attention module: installed, or a single file (``path``) from an
+    unpacked wheel, loaded with a stub for its one helper import."""
+    if path is None:
+        for name in SGLANG_MODULES:
+            try:
+                return importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - any import failure means "not available"
+                continue
+        raise Unavailable("sglang is not importable")
+    if "sglang.srt.utils" not in sys.modules:
+        for pkg in ("sglang", "sglang.srt"):
+            sys.modules.setdefault(pkg, types.ModuleType(pkg))
+        utils = types.ModuleType("sglang.srt.utils")
+        utils.is_hip = lambda: False  # type: ignore[attr-defined]
+        sys.modules["sglang.srt.utils"] = utils
+    spec = importlib.util.spec_from_file_location("sglang_decode_attention", Path(path))
+    if spec is None or spec.loader is None:
+        raise Unavailable(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sglang_triton(inp: BenchInputs, module: types.ModuleType, num_kv_splits: int = 8) -> Runner:
+    """SGLang's split-KV Triton MLA decode on the same FP8 pool (token-level indices)."""
+    case = inp.case
+    if case.qo_len != 1:
+        raise Unavailable("decode only")
+    dev = inp.pool.device
+    b, h = case.batch, case.heads
+    q = torch.cat([inp.q_nope, inp.q_pe], dim=-1)
+    k_buffer = inp.pool
+    v_buffer = inp.pool[..., :512]
+    kv_indptr = torch.arange(0, b * case.context + 1, case.context, dtype=torch.int32,
+                             device=dev)
+    kv_indices = inp.token_slots.to(torch.int32)
+    logits = torch.empty(b, h, num_kv_splits, 512, dtype=torch.float32, device=dev)
+    lse = torch.empty(b, h, num_kv_splits, dtype=torch.float32, device=dev)
+    splits = torch.full((b,), num_kv_splits, dtype=torch.int32, device=dev)
+    out = torch.empty(b, h, 512, dtype=torch.bfloat16, device=dev)
+
+    def run() -> torch.Tensor:
+        module.decode_attention_fwd(q, k_buffer, v_buffer, out, kv_indptr, kv_indices, logits,
+                                    lse, splits, num_kv_splits, SM_SCALE * inp.scale)
+        return out
+
+    return run
+
+
+def flashinfer_wrapper(inp: BenchInputs, bf16_pool: torch.Tensor) -> Runner:
+    """FlashInfer's MLA wrapper on the bf16 pool (its FP8 path is SM90-release specific)."""
+    try:
+        from flashinfer.mla import BatchMLAPagedAttentionWrapper as FlashInferMLA
+    except Exception as exc:  # noqa: BLE001
+        raise Unavailable(f"flashinfer is not importable ({type(exc).__name__})") from exc
+    ws = _workspace(inp.pool.device)
+    w = FlashInferMLA(ws)
+    w.plan(inp.qo_indptr, inp.kv_indptr, inp.kv_indices, inp.kv_len, inp.case.heads, 512, 64,
+           inp.page_size, inp.case.qo_len > 1, SM_SCALE, torch.bfloat16, torch.bfloat16)
+    ckv, kpe = inp.paged(bf16_pool)
+    return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe)

@@ -1,0 +1,160 @@
+"""``fp8mla bench``: every implementation on the same inputs, one JSON line per measurement."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from fp8mla.bench import impls as I
+from fp8mla.bench.cases import Case
+from fp8mla.bench.inputs import BenchInputs, build_inputs, random_pool
+from fp8mla.bench.measure import (
+    Timing,
+    copy_bandwidth_tbps,
+    flops,
+    io_bytes,
+    kv_bytes,
+    matmul_tflops,
+    time_cuda,
+)
+from fp8mla.formats import dtype_name
+from fp8mla.reference import mla_reference
+from fp8mla.testing import rel_err
+
+ALL_IMPLS = ("fp8mla", "fp8mla-bf16kv", "full-pool-cast", "gather-then-cast", "torch-reference",
+             "sglang-triton", "flashinfer")
+CHECK_REQUESTS = 4  # requests compared with the float64 reference in each case
+
+
+@dataclass
+class Environment:
+    gpu: str
+    date: str
+    torch: str
+    triton: str
+    copy_tbps: float
+    matmul_tflops: float
+
+    @classmethod
+    def measure(cls, device: torch.device) -> Environment:
+        import triton
+
+        return cls(gpu=torch.cuda.get_device_name(device),
+                   date=_dt.date.today().isoformat(), torch=torch.__version__,
+                   triton=triton.__version__, copy_tbps=copy_bandwidth_tbps(device),
+                   matmul_tflops=matmul_tflops(device))
+
+
+@dataclass
+class BenchContext:
+    env: Environment
+    device: torch.device
+    impls: Sequence[str] = ALL_IMPLS
+    sglang_path: str | None = None
+    records: list[dict] = field(default_factory=list)
+    _pools: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict)
+    _bf16: dict[int, torch.Tensor] = field(default_factory=dict)
+    _sglang: object = None
+
+    def pool(self, case: Case) -> torch.Tensor:
+        key = (case.kv_dtype, case.slots_needed())
+        if key not in self._pools:
+            self._pools.clear()
+            self._bf16.clear()
+            gc.collect()
+            torch.cuda.empty_cache()
+            self._pools[key] = random_pool(key[1], key[0], self.device)
+        return self._pools[key]
+
+    def bf16_pool(self, pool: torch.Tensor) -> torch.Tensor:
+        if pool.dtype == torch.bfloat16:
+            return pool
+        key = pool.data_ptr()
+        if key not in self._bf16:
+            self._bf16[key] = pool.to(torch.bfloat16)
+        return self._bf16[key]
+
+    def sglang(self):
+        if self._sglang is None:
+            self._sglang = I.load_sglang_decode(self.sglang_path)
+        return self._sglang
+
+
+def reference_subset(inp: BenchInputs, n: int) -> tuple[torch.Tensor, int]:
+    """float64 reference output of the first ``n`` requests, and their row count."""
+    ckv, kpe = inp.paged()
+    n = min(n, inp.case.batch)
+    rows = n * inp.case.qo_len
+    out, _ = mla_reference(inp.q_nope[:rows], inp.q_pe[:rows], ckv, kpe, inp.qo_indptr[: n + 1],
+                           inp.kv_indptr[: n + 1], inp.kv_indices, inp.kv_len[:n],
+                           sm_scale=I.SM_SCALE, causal=inp.case.qo_len > 1,
+                           ckv_scale=inp.scale, kpe_scale=inp.scale)
+    return out, rows
+
+
+def make_runner(name: str, inp: BenchInputs, ctx: BenchContext) -> I.Runner:
+    if name == "fp8mla":
+        return I.fp8mla_direct(inp)
+    if inp.pool.dtype == torch.bfloat16 and name != "torch-reference":
+        raise I.Unavailable("FP8-pool comparison only")
+    if name == "fp8mla-bf16kv":
+        return I.fp8mla_bf16kv(inp, ctx.bf16_pool(inp.pool))
+    if name == "full-pool-cast":
+        return I.full_pool_cast(inp)
+    if name == "gather-then-cast":
+        return I.gather_then_cast(inp)
+    if name == "torch-reference":
+        return I.torch_reference(inp)
+    if name == "sglang-triton":
+        if inp.page_size != 1:
+            raise I.Unavailable("page size 1 only")
+        return I.sglang_triton(inp, ctx.sglang())
+    if name == "flashinfer":
+        return I.flashinfer_wrapper(inp, ctx.bf16_pool(inp.pool))
+    raise ValueError(f"expected an implementation in {ALL_IMPLS}, got {name!r}")
+
+
+def record(ctx: BenchContext, case: Case, impl: str, t: Timing, err: float | None,
+           **extra: object) -> dict:
+    env = ctx.env
+    secs = t.us_median * 1e-6
+    floor_us = max(io_bytes(case) / (env.copy_tbps * 1e12),
+                   flops(case) / (env.matmul_tflops * 1e12)) * 1e6
+    row = {
+        "gpu": env.gpu, "date": env.date, "torch": env.torch, "triton": env.triton,
+        "case": case.name, "batch": case.batch, "heads": case.heads, "context": case.context,
+        "page_size": case.page_size, "kv_dtype": dtype_name(case.kv_dtype), "impl": impl,
+        "us_median": round(t.us_median, 3), "us_p20": round(t.us_p20, 3),
+        "us_p80": round(t.us_p80, 3),
+        "gbps": round(kv_bytes(case) / secs / 1e9, 1),
+        "tflops": round(flops(case) / secs / 1e12, 2),
+        "rel_err": None if err is None else float(f"{err:.3e}"),
+        "copy_tbps": round(env.copy_tbps, 3),
+        "matmul_tflops": round(env.matmul_tflops, 1),
+        "floor_us": round(floor_us, 2), "x_floor": round(t.us_median / floor_us, 2),
+        "qo_len": case.qo_len, "pool_slots": case.slots_needed(), "goal": case.goal,
+    }
+    row.update(extra)
+    ctx.records.append(row)
+    return row
+
+
+def bench_case(ctx: BenchContext, case: Case, notes: list[str]) -> None:
+    inp = build_inputs(case, ctx.device, pool=ctx.pool(case))
+    ref, rows = reference_subset(inp, CHECK_REQUESTS)
+    for name in ctx.impls:
+        try:
+            runner = make_runner(name, inp, ctx)
+            out = runner()
+            torch.cuda.synchronize()
+        except I.Unavailable as exc:
+            notes.append(f"{case.name} {name}: skipped ({exc})")
+            continue
+        err = rel_err(out[:rows].float(), ref)
+        record(ctx, case, name, time_cuda(runner), err)
+        del runner, out
+    del inp

@@ -1,0 +1,41 @@
+"""``fp8mla bench``: decode attention beside the baselines, on the current GPU."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure fp8mla's decode kernel beside full-pool cast, gather-then-cast, ...",
+        description="Benchmark MLA decode on this GPU: fp8mla on the FP8 pool, on a bf16 pool, "
+        "full-pool cast, gather-then-cast, the PyTorch reference and (when importable) SGLang "
+        "and FlashInfer, on the same inputs. Appends JSON lines to OUT/<date>-<gpu>.jsonl.",
+    )
+    p.add_argument("--sections", default="goals,sweep,seed",
+                   help="comma-separated subset of goals,sweep,seed (default: all)")
+    p.add_argument("--impls", default=None,
+                   help="comma-separated implementations (default: all available)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                   help="results folder (default: benchmarks/results)")
+    p.add_argument("--sglang-module", default=None, metavar="PATH",
+                   help="SGLang's decode_attention.py from an unpacked wheel, when sglang is "
+                   "not installed")
+    p.add_argument("--quick", action="store_true", help="a short sweep and an 8-layer seed")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fp8mla.bench import SECTIONS, BenchOptions, run
+
+    sections = tuple(s for s in args.sections.split(",") if s)
+    bad = [s for s in sections if s not in SECTIONS]
+    if bad:
+        raise SystemExit(f"fp8mla bench: expected sections from {SECTIONS}, got {bad}")
+    impls = tuple(args.impls.split(",")) if args.impls else None
+    return run(BenchOptions(sections=sections, impls=impls, out_dir=args.out,
+                            sglang_module=args.sglang_module, quick=args.quick,
+                            plot=not args.no_plot))

@@ -1,0 +1,59 @@
+"""Every benchmark implementation computes the same attention (tiny case, any device)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8mla.bench import impls as I
+from fp8mla.bench.cases import GOAL_CASES, Case, sweep_cases
+from fp8mla.bench.inputs import build_inputs
+from fp8mla.bench.measure import flops, kv_bytes
+from fp8mla.bench.report import format_table, result_stem
+from fp8mla.bench.runner import reference_subset
+from fp8mla.testing import rel_err
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_implementations_agree(device, page_size):
+    case = Case(2, 16, 40, page_size=page_size, pool_slots=512)
+    inp = build_inputs(case, torch.device(device), seed=3)
+    ref, rows = reference_subset(inp, 2)
+    bf16_pool = inp.pool.to(torch.bfloat16)
+    runners = {
+        "fp8mla": I.fp8mla_direct(inp),
+        "fp8mla-bf16kv": I.fp8mla_bf16kv(inp, bf16_pool),
+        "full-pool-cast": I.full_pool_cast(inp),
+        "gather-then-cast": I.gather_then_cast(inp),
+        "torch-reference": I.torch_reference(inp),
+    }
+    for name, run in runners.items():
+        err = rel_err(run()[:rows].float(), ref)
+        assert err < 5e-3, f"{name}: {err:.2e}"
+
+
+def test_inputs_place_tokens_on_distinct_slots(device):
+    case = Case(3, 4, 100, page_size=8, pool_slots=1024)
+    inp = build_inputs(case, torch.device(device))
+    assert inp.token_slots.numel() == 300
+    assert inp.token_slots.unique().numel() == 300
+    assert inp.kv_bytes() == kv_bytes(case) == 300 * 576
+
+
+def test_case_names_and_counts():
+    assert GOAL_CASES[0].name == "B64_H16_L4096_float8_e4m3fn"
+    assert Case(1, 32, 4096, page_size=64).name == "B1_H32_L4096_P64_float8_e4m3fn"
+    assert flops(Case(1, 1, 10)) == 2 * 10 * 1088
+    sweep = sweep_cases()
+    assert {c.heads for c in sweep} == {16, 32, 64, 128}
+    assert {c.page_size for c in sweep} == {1, 64}
+    assert min(c.context for c in sweep) == 512 and max(c.context for c in sweep) == 131072
+    assert max(c.batch for c in sweep) == 256 and min(c.batch for c in sweep) == 1
+    assert result_stem("NVIDIA H200", "2026-11-29") == "2026-11-29-nvidia-h200"
+
+
+def test_table_formats_records():
+    row = dict(case="B1_H16_L512_float8_e4m3fn", impl="fp8mla", us_median=5.0, us_p20=4.9,
+               us_p80=5.2, gbps=59.0, tflops=0.4, x_floor=3.1, rel_err=1.5e-3)
+    text = format_table([row])
+    assert "B1_H16_L512_float8_e4m3fn" in text and "1.5e-03" in text
