@@ -1,8 +1,9 @@
 # The verbs people type: make test, make demo, make bench, make lint.
 #
 # The environment lives in .venv/ at the repository root. On a machine where torch is
-# already importable (a GPU box with its own CUDA build), the venv sees the system packages and
-# keeps that torch; otherwise it gets the pinned CPU wheel (never a CUDA build) and Triton,
+# already importable (a GPU box with its own CUDA build), the venv sees that Python's packages
+# and fp8mla's src/ through a .pth file (which also works when that Python is itself a venv)
+# and keeps that torch; otherwise it gets the pinned CPU wheel (never a CUDA build) and Triton,
 # whose interpreter runs the kernels on the CPU.
 SHELL := /bin/bash
 VENV ?= .venv
@@ -23,8 +24,9 @@ endif
 $(STAMP): pyproject.toml Makefile
 	@if python3 -c "import torch" >/dev/null 2>&1; then \
 	  echo "fp8mla: keeping the torch already installed ($$(python3 -c 'import torch; print(torch.__version__)'))"; \
-	  python3 -m venv --system-site-packages $(VENV) && \
-	  $(PIP) --no-build-isolation --no-deps -e . && \
+	  python3 -m venv $(VENV) && \
+	  { python3 -c 'import site; print("\n".join(site.getsitepackages()))'; echo "$(CURDIR)/src"; } \
+	    > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_host_site.pth" && \
 	  { $(PY) -c "import pytest, hypothesis" 2>/dev/null || $(PIP) --retries 0 --timeout 15 pytest hypothesis; } && \
 	  { $(PY) -c "import ruff" 2>/dev/null || $(PIP) --retries 0 --timeout 15 ruff || echo "fp8mla: ruff not installed (offline)"; }; \
 	else \
@@ -38,7 +40,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(VENV)/bin/fp8mla demo $(DEMO_ARGS)
+	$(PY) -m fp8mla demo $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_decode.py $(BENCH_ARGS)
@@ -48,7 +50,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check src tests benchmarks
 
 info: $(STAMP)
-	$(VENV)/bin/fp8mla info
+	$(PY) -m fp8mla info
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -14,7 +14,7 @@ has() { [[ ",$steps," == *",$1,"* ]]; }
 } 2>&1 | tee "$out/env.txt"
 make .venv/.fp8mla-installed >"$out/make.log" 2>&1 || { echo "make failed"; tail "$out/make.log"; }
 py=.venv/bin/python
-[ -x "$py" ] || py=python3
+if ! $py -c 'import torch, fp8mla' 2>/dev/null; then py=python3; export PYTHONPATH=$PWD/src; fi
 $py -m fp8mla info | tee -a "$out/env.txt"
 if has tests; then
   timeout 300 $py -m pytest -q -x --timeout 120 -p no:cacheprovider \
