@@ -61,7 +61,8 @@ def main() -> int:
         for cfg in configs[:2] if args.quick else configs:
             base = make_launch_plan(batch=case.batch, num_heads=case.heads,
                                     max_qo_len=case.qo_len, max_kv_len=case.context, sms=sms,
-                                    max_splits_by_workspace=64, interpreted=False, config=cfg)
+                                    max_splits_by_workspace=64, interpreted=False,
+                                    kv_dtype=case.kv_dtype, config=cfg)
             for splits in sorted({max(1, base.num_splits // 2), base.num_splits,
                                   min(64, base.num_splits * 2)}):
                 try:

@@ -193,7 +193,7 @@ def test_cuda_graph_replay_with_changing_lengths(qo_len):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         w.run(q_nope, q_pe, first.ckv, first.kpe, out=out, lse=lse, **kw)
-    for step, lens in enumerate([[300] * batch_size, [5, 900, 17, 1, 2000, 64, 256, 4000]]):
+    for step, lens in enumerate([[300] * batch_size, [5, 900, 17, 4, 2000, 64, 256, 4000]]):
         b = make_batch(lens, heads, qo_lens=qo_len, page_size=page_size, pool_pages=max_pages,
                        device="cuda", generator=gen(22 + step))
         first.pool.copy_(b.pool)  # fresh pool contents in the captured buffers

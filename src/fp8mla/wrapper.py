@@ -143,6 +143,7 @@ class BatchMLAPagedAttentionWrapper:
             sms=device_sm_count(self.device),
             max_splits_by_workspace=max(1, int(max_by_ws)),
             interpreted=interpreted(),
+            kv_dtype=state.kv_dtype,
             num_splits=num_splits,
             config=config,
         )

@@ -29,8 +29,15 @@ class Unavailable(RuntimeError):
     """The implementation cannot run in this environment or on this case."""
 
 
+_WORKSPACES: dict[torch.device, torch.Tensor] = {}
+
+
 def _workspace(device: torch.device) -> torch.Tensor:
-    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    """One scratch buffer per device, shared by every wrapper the benchmark plans (they run
+    one after another on one stream, as the layers of an engine share theirs)."""
+    if device not in _WORKSPACES:
+        _WORKSPACES[device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _WORKSPACES[device]
 
 
 def planned_wrapper(inp: BenchInputs, kv_dtype: torch.dtype, *, kv_indptr=None, kv_indices=None,

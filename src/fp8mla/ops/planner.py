@@ -13,7 +13,7 @@ import torch
 
 # Fewest KV tokens worth giving a split of its own: below this the merge costs more than the
 # extra parallelism buys.
-MIN_TOKENS_PER_SPLIT = 256
+MIN_TOKENS_PER_SPLIT = 128
 MAX_SPLITS = 64
 
 
@@ -49,17 +49,24 @@ def device_sm_count(device: torch.device) -> int:
     return 8
 
 
-def choose_config(rows: int, interpreted: bool) -> KernelConfig:
-    """Tiles for ``rows`` query rows per request (query tokens × heads)."""
+def choose_config(rows: int, kv_dtype: torch.dtype, interpreted: bool) -> KernelConfig:
+    """Tiles for ``rows`` query rows per request (query tokens × heads).
+
+    Measured on an H200 (benchmarks/NOTES.md, round 1): FP8 tiles prefer 8 warps (the
+    conversion and the V-operand shared-memory loads spread over more warps), 16-bit tiles
+    4 warps with more programs per SM; more than 32 rows per request take the 64-row tile.
+    """
+    if interpreted:
+        block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
+        return KernelConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=1)
+    fp8 = kv_dtype.itemsize == 1
     if rows <= 16:
-        block_m = 16
-    elif rows <= 32:
-        block_m = 32
-    else:
-        block_m = 64
-    num_warps = 8 if block_m >= 64 else 4
-    return KernelConfig(block_m=block_m, block_n=64 if not interpreted else 32,
-                        num_warps=num_warps, num_stages=2)
+        return KernelConfig(16, 64, 8 if fp8 else 4, 2)
+    if rows <= 32:
+        return KernelConfig(32, 32, 8, 2)
+    if rows <= 64:
+        return KernelConfig(64, 64, 8, 2)
+    return KernelConfig(64, 64, 8, 1)
 
 
 def choose_splits(
@@ -67,13 +74,17 @@ def choose_splits(
     max_kv_len: int | None,
     sms: int,
     max_splits_by_workspace: int,
+    config: KernelConfig | None = None,
 ) -> int:
-    """Splits per request so that ``work_items × splits`` programs fill the GPU.
+    """Splits per request so that ``work_items × splits`` programs fill the GPU: about one
+    program per SM for 8-warp tiles (they hold most of an SM's registers), four for 4-warp
+    tiles.
 
     ``max_kv_len=None`` (CUDA-graph plans, where lengths change between replays) plans for
     long contexts; the kernel leaves surplus splits empty when a request is short.
     """
-    target_programs = 2 * sms
+    per_sm = 1 if config is None or config.num_warps >= 8 else 4
+    target_programs = per_sm * sms
     splits = -(-target_programs // max(work_items, 1))
     if max_kv_len is not None:
         splits = min(splits, max(1, max_kv_len // MIN_TOKENS_PER_SPLIT))
@@ -89,12 +100,14 @@ def make_launch_plan(
     sms: int,
     max_splits_by_workspace: int,
     interpreted: bool,
+    kv_dtype: torch.dtype = torch.float8_e4m3fn,
     num_splits: int | None = None,
     config: KernelConfig | None = None,
 ) -> LaunchPlan:
     rows = max_qo_len * num_heads
-    config = config or choose_config(rows, interpreted)
+    config = config or choose_config(rows, kv_dtype, interpreted)
     m_tiles = max(1, -(-rows // config.block_m))
     if num_splits is None:
-        num_splits = choose_splits(batch * m_tiles, max_kv_len, sms, max_splits_by_workspace)
+        num_splits = choose_splits(batch * m_tiles, max_kv_len, sms, max_splits_by_workspace,
+                                   config)
     return LaunchPlan(config=config, m_tiles=m_tiles, num_splits=num_splits)
