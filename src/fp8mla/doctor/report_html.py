@@ -1,0 +1,240 @@
+"""``--html``: one self-contained page (inline CSS and SVG, no scripts, no network) with the
+per-step breakdown chart and the findings."""
+
+from __future__ import annotations
+
+import html
+import os
+from typing import Any
+
+from fp8mla.doctor.families import FAMILIES
+from fp8mla.doctor.findings import calls_text
+
+__all__ = ["render_html"]
+
+_COLORS = {
+    "cast_copy": "#d62728",
+    "gemm": "#1f77b4",
+    "attention": "#2ca02c",
+    "norm": "#9467bd",
+    "elementwise": "#ff7f0e",
+    "communication": "#8c564b",
+    "memcpy": "#e377c2",
+    "other": "#7f7f7f",
+    "idle": "#d9d9d9",
+}
+_SEVERITY = {"high": "#c0392b", "medium": "#d68910", "low": "#5d6d7e"}
+_MAX_BARS = 60
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:24px auto;
+max-width:1100px;color:#222;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.meta{color:#555}.note{color:#7a5c00;background:#fff8e1;padding:4px 8px;margin:4px 0;
+border-radius:4px}
+.card{border:1px solid #ddd;border-left:6px solid #999;border-radius:6px;padding:10px 14px;
+margin:12px 0}
+.card h3{margin:0 0 6px;font-size:16px}.sev{color:#fff;border-radius:4px;padding:1px 7px;
+font-size:12px;margin-right:6px}
+table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px;text-align:left;
+vertical-align:top}th{color:#555;font-weight:600}tr.alt{background:#f7f7f7}
+td.num{text-align:right;font-variant-numeric:tabular-nums}code{font-size:12.5px;
+word-break:break-all}.fix{background:#eef7ee;padding:6px 10px;border-radius:4px}
+.legend span{display:inline-block;margin-right:14px}.sw{display:inline-block;width:11px;
+height:11px;margin-right:4px;vertical-align:-1px;border-radius:2px}
+pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12.5px}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _chart(report: dict[str, Any]) -> str:
+    steps = report["steps"]["per_step"][:_MAX_BARS]
+    if not steps:
+        return "<p>No steps to chart.</p>"
+    label_w, bar_w, row_h = 118, 820, 22
+    scale_ms = (
+        max(max(s["wall_ms"], sum(f["time_ms"] for f in s["families"].values())) for s in steps)
+        or 1.0
+    )
+    height = row_h * len(steps) + 34
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 70}" '
+        f'height="{height}" role="img" aria-label="time per step by kernel family">'
+    ]
+    for i, step in enumerate(steps):
+        y = 4 + i * row_h
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end" font-size="12">'
+            f"{_e(step['name'][:18])}</text>"
+        )
+        x = float(label_w)
+        segments = [(fam, v["time_ms"]) for fam, v in step["families"].items()]
+        segments.append(("idle", step["wall_ms"] - step["busy_ms"]))
+        for fam, ms in segments:
+            if ms <= 0:
+                continue
+            w = bar_w * ms / scale_ms
+            label = FAMILIES.get(fam, fam)
+            parts.append(
+                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row_h - 6}" '
+                f'fill="{_COLORS.get(fam, "#999")}"><title>{_e(step["name"])}: '
+                f"{_e(label)} {ms:.3f} ms</title></rect>"
+            )
+            x += w
+        parts.append(
+            f'<text x="{x + 4:.1f}" y="{y + 14}" '
+            f'font-size="11" fill="#333">{step["wall_ms"]:.2f} ms</text>'
+        )
+    axis_y = 4 + len(steps) * row_h + 4
+    for k in range(5):
+        ms = scale_ms * k / 4
+        x = label_w + bar_w * k / 4
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{axis_y}" x2="{x:.1f}" y2="{axis_y + 5}" '
+            f'stroke="#888"/><text x="{x:.1f}" y="{axis_y + 18}" font-size="11" '
+            f'text-anchor="middle" fill="#555">{ms:.1f} ms</text>'
+        )
+    parts.append("</svg>")
+    used = {fam for s in steps for fam in s["families"]} | {"idle"}
+    legend = "".join(
+        f'<span><i class="sw" style="background:{c}"></i>{_e(FAMILIES.get(f, f))}</span>'
+        for f, c in _COLORS.items()
+        if f in used
+    )
+    more = report["steps"]["count"] - len(steps)
+    extra = f"<p class='meta'>… and {more} more steps.</p>" if more > 0 else ""
+    return f'<div class="legend">{legend}</div>{"".join(parts)}{extra}'
+
+
+def _finding(i: int, f: dict[str, Any]) -> str:
+    color = _SEVERITY.get(f["severity"], "#999")
+    rows = []
+
+    def row(label: str, value: str) -> None:
+        rows.append(f"<tr><th>{_e(label)}</th><td>{value}</td></tr>")
+
+    row(
+        "time per step",
+        f"{f['time_per_step_ms'] or 0:.3f} ms ({f['share_of_step']:.1%} of the step)",
+    )
+    if f.get("kernel"):
+        row(
+            "kernel",
+            f"<code>{_e(f['kernel_short'])}</code>"
+            + (f" via <code>{_e(f['op'])}</code>" if f.get("op") else ""),
+        )
+    if f.get("calls_per_step") is not None:
+        row("calls per step", _e(calls_text(f["calls_per_step"])))
+    if f.get("elements_per_call") is not None:
+        shape = f" {_e(f['shape'])}" if f.get("shape") else ""
+        row(
+            "elements per call",
+            f"{f['elements_per_call']:,}{shape} "
+            f"<span class='meta'>(from {_e(f['elements_source'])})</span>",
+        )
+    if f.get("src_dtype") or f.get("dst_dtype"):
+        row("dtypes", f"{_e(f['src_dtype'] or '?')} → {_e(f['dst_dtype'] or '?')}")
+    if f.get("bytes_per_step") is not None:
+        gbps = f.get("bandwidth_gbps")
+        bw = f", {gbps:,.0f} GB/s" if gbps and gbps >= 100 else f", {gbps:.2g} GB/s" if gbps else ""
+        row("traffic per step", f"{f['bytes_per_step'] / 1e9:,.3f} GB{bw}")
+    if f.get("kernel"):
+        row("source", f"<code>{_e(f.get('source') or 'unknown')}</code>")
+    for line in f.get("source_lines") or []:
+        row("", f"<code>{_e(line['path'])}:{line['line']}: {_e(line['code'])}</code>")
+    evidence = "".join(f"<li>{_e(r)}</li>" for r in f.get("evidence") or [])
+    return (
+        f'<div class="card" style="border-left-color:{color}"><h3><span class="sev" '
+        f'style="background:{color}">{_e(f["severity"].upper())}</span>{i}. '
+        f"{_e(f['title'])}</h3><table>{''.join(rows)}</table>"
+        f"{f'<ul>{evidence}</ul>' if evidence else ''}"
+        f'<div class="fix"><b>Fix:</b> {_e(f["suggestion"])}</div></div>'
+    )
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join(
+        f"<tr{' class=alt' if r % 2 else ''}>"
+        + "".join(f"<td{' class=num' if c in numeric else ''}>{v}</td>" for c, v in enumerate(row))
+        + "</tr>"
+        for r, row in enumerate(rows)
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _section(report: dict[str, Any]) -> str:
+    t, steps = report["trace"], report["steps"]
+    device = t["device"] or ("CPU only" if t["mode"] == "cpu" else "GPU")
+    layers = f"{report['layers']} layers" if report["layers"] else "layers unknown"
+    out = [
+        f"<h1>fp8mla doctor: {_e(os.path.basename(report['path']))}</h1>",
+        f"<p class='meta'>{_e(device)} · {steps['count']} steps ({_e(steps['method'])}: "
+        f"{_e(steps['detail'])}) · {steps['mean_ms']:.2f} ms per step · {_e(layers)} · "
+        f"{steps['idle_share']:.0%} idle</p>",
+    ]
+    out += [f"<div class='note'>{_e(w)}</div>" for w in report["warnings"]]
+    out.append("<h2>Findings</h2>")
+    if report["findings"]:
+        out += [_finding(i, f) for i, f in enumerate(report["findings"], 1)]
+    else:
+        out.append("<p>No problems found.</p>")
+    out += ["<h2>Time per step by kernel family</h2>", _chart(report)]
+    fam_rows = [
+        [
+            _e(r["label"]),
+            f"{r['launches_per_step']:g}",
+            f"{r['time_per_step_ms']:.3f}",
+            f"{r['share_of_step']:.1%}",
+        ]
+        for r in report["families"]
+    ]
+    out.append(_table(["family", "launches/step", "ms/step", "share"], fam_rows, {1, 2, 3}))
+    out.append("<h2>Top kernels</h2>")
+    top_rows = [
+        [
+            f"<code>{_e(r['kernel_short'])}</code>",
+            _e(FAMILIES.get(r["family"], "")),
+            f"{r['calls_per_step']:g}",
+            f"{r['time_per_step_ms']:.3f}",
+            f"{r['share_of_step']:.1%}",
+            f"<code>{_e(r['source'] or '')}</code>",
+        ]
+        for r in report["top_kernels"]
+    ]
+    out.append(
+        _table(
+            ["kernel", "family", "calls/step", "ms/step", "share", "source"], top_rows, {2, 3, 4}
+        )
+    )
+    return "\n".join(out)
+
+
+def render_html(report: dict[str, Any], floor_text: str | None = None) -> str:
+    """The report (file or directory) as one self-contained HTML page."""
+    if "ranks" in report:
+        s = report["summary"]
+        body = [
+            f"<h1>fp8mla doctor: {_e(report['path'])}</h1>",
+            f"<p class='meta'>{s['analysed']} of {s['ranks']} traces analysed · "
+            f"{s['mean_ms']:.2f} ms per step · spread {s['spread']:.1%}</p>",
+        ]
+        for rank in report["ranks"]:
+            if "error" in rank:
+                body.append(f"<div class='note'>{_e(rank['path'])}: {_e(rank['error'])}</div>")
+            else:
+                body.append(f"<hr>{_section(rank)}")
+        title = report["path"]
+    else:
+        body = [_section(report)]
+        title = report["path"]
+    if floor_text:
+        body.append(f"<h2>Floor</h2><pre>{_e(floor_text)}</pre>")
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>fp8mla doctor: {_e(os.path.basename(title))}</title>"
+        f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
