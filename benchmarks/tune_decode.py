@@ -16,48 +16,70 @@ import torch
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs, random_pool
-from fp8mla.bench.measure import flops, kv_bytes, time_cuda
+from fp8mla.bench.measure import Timing, flops, kv_bytes, time_cuda, time_graph
 from fp8mla.bench.runner import reference_subset
 from fp8mla.ops.planner import KernelConfig, device_sm_count, make_launch_plan
 from fp8mla.testing import rel_err
 
-FEW_ROWS = [  # 16-32 rows per request: memory-bound decode
-    KernelConfig(16, 32, 8, 2), KernelConfig(16, 32, 8, 3), KernelConfig(16, 64, 8, 2),
-    KernelConfig(16, 32, 4, 2), KernelConfig(16, 64, 4, 2),
-    KernelConfig(16, 32, 8, 2, swap_ab=True), KernelConfig(16, 64, 8, 2, swap_ab=True),
-    KernelConfig(16, 64, 4, 2, swap_ab=True), KernelConfig(16, 128, 8, 2, swap_ab=True),
-]
-MANY_ROWS = [  # 128 rows per request: compute-bound decode
-    KernelConfig(64, 32, 8, 1), KernelConfig(64, 32, 8, 2), KernelConfig(64, 64, 8, 1),
-    KernelConfig(64, 64, 8, 2), KernelConfig(32, 32, 8, 2), KernelConfig(32, 64, 8, 2),
-    KernelConfig(16, 32, 8, 2), KernelConfig(32, 64, 8, 2, swap_ab=True),
-    KernelConfig(64, 32, 8, 2, swap_ab=True),
-]
+
+def cfgs(*specs: tuple) -> list[KernelConfig]:
+    """``(block_m, block_n, warps, stages, swap_ab, fp8_cvt)`` tuples → configs."""
+    return [KernelConfig(bm, bn, w, st, swap, cvt) for bm, bn, w, st, swap, cvt in specs]
+
+
+FP8_FEW = cfgs(  # 16 rows per request: memory-bound decode
+    (16, 64, 8, 1, False, "ptx"), (16, 64, 8, 2, False, "ptx"), (16, 64, 8, 1, False, "int"),
+    (16, 64, 8, 2, False, "native"), (16, 32, 8, 2, False, "ptx"),
+    (16, 32, 8, 2, True, "ptx"), (16, 64, 8, 1, True, "ptx"), (16, 64, 4, 2, False, "ptx"),
+)
 CASES = [
-    (Case(64, 16, 4096), FEW_ROWS),
-    (Case(64, 16, 4096, kv_dtype=torch.bfloat16), FEW_ROWS),
-    (Case(1, 32, 4096), FEW_ROWS + [KernelConfig(32, 32, 8, 2), KernelConfig(32, 64, 8, 2)]),
-    (Case(8, 16, 32768), FEW_ROWS[:6]),
-    (Case(64, 128, 4096), MANY_ROWS),
-    (Case(8, 16, 8192, qo_len=4), FEW_ROWS[:1] + MANY_ROWS[:2] + [KernelConfig(32, 32, 8, 2),
-                                                                 KernelConfig(64, 64, 8, 2)]),
+    (Case(64, 16, 4096), FP8_FEW),
+    (Case(64, 16, 4096, kv_dtype=torch.float8_e5m2),
+     cfgs((16, 64, 8, 1, False, "ptx"), (16, 64, 8, 1, False, "int"))),
+    (Case(64, 16, 4096, kv_dtype=torch.bfloat16),
+     cfgs((16, 64, 4, 2, False, "auto"), (16, 64, 8, 1, False, "auto"))),
+    (Case(1, 32, 4096), cfgs((32, 32, 8, 2, False, "ptx"), (16, 64, 8, 1, False, "ptx"),
+                             (16, 64, 8, 1, True, "ptx"), (32, 64, 8, 1, False, "ptx"))),
+    (Case(8, 16, 32768), cfgs((16, 64, 8, 1, False, "ptx"), (16, 64, 8, 2, False, "ptx"))),
+    (Case(64, 128, 4096), cfgs((64, 64, 8, 1, False, "ptx"), (64, 64, 8, 1, False, "int"),
+                               (64, 64, 8, 1, False, "native"), (64, 32, 8, 2, False, "ptx"))),
+    (Case(8, 16, 8192, qo_len=4), cfgs((64, 64, 8, 2, False, "ptx"), (64, 64, 8, 1, False, "ptx"),
+                                       (64, 64, 8, 2, False, "native"))),
 ]
+GRAPH_BYTES = 1 << 30
+
+
+def timed(case: Case, inputs: list, cfg: KernelConfig, splits: int):
+    """Median µs per call: do_bench for large cases, CUDA-graph replays over rotated token
+    placements for small ones (as ``fp8mla bench`` does)."""
+    runners = [I.fp8mla_direct(x, num_splits=splits, kernel_config=cfg) for x in inputs]
+    if len(runners) == 1:
+        return runners[0], time_cuda(runners[0])
+    t = time_graph(lambda: [r() for r in runners])
+    n = len(runners)
+    return runners[0], Timing(t.us_median / n, t.us_p20 / n, t.us_p80 / n)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="first two configs per case")
+    ap.add_argument("--cases", default=None, help="comma-separated case names to run")
     args = ap.parse_args()
     dev = torch.device("cuda")
     sms = device_sm_count(dev)
     results = []
     pools: dict[torch.dtype, torch.Tensor] = {}
     for case, configs in CASES:
+        if args.cases and case.name not in args.cases.split(","):
+            continue
         if case.kv_dtype not in pools:
             pools[case.kv_dtype] = random_pool(case.slots_needed(), case.kv_dtype, dev)
         inp = build_inputs(case, dev, pool=pools[case.kv_dtype])
         ref, rows = reference_subset(inp, 4)
+        rot = min(64, -(-GRAPH_BYTES // kv_bytes(case)))
+        inputs = [inp] + [build_inputs(case, dev, seed=i + 1, pool=inp.pool)
+                          for i in range(rot - 1)]
         for cfg in configs[:2] if args.quick else configs:
             base = make_launch_plan(batch=case.batch, num_heads=case.heads,
                                     max_qo_len=case.qo_len, max_kv_len=case.context, sms=sms,
@@ -66,15 +88,15 @@ def main() -> int:
             for splits in sorted({max(1, base.num_splits // 2), base.num_splits,
                                   min(64, base.num_splits * 2)}):
                 try:
-                    run = I.fp8mla_direct(inp, num_splits=splits, kernel_config=cfg)
+                    run, t = timed(case, inputs, cfg, splits)
                     out = run()
                     torch.cuda.synchronize()
                     err = rel_err(out[:rows].float(), ref)
-                    t = time_cuda(run)
                 except Exception as exc:  # noqa: BLE001 - report and go on with the sweep
                     print(f"{case.name} {cfg} splits={splits}: FAILED {exc!r}"[:300])
                     continue
-                r = dict(case=case.name, swap=cfg.swap_ab, bm=cfg.block_m, bn=cfg.block_n,
+                r = dict(case=case.name, swap=cfg.swap_ab, cvt=cfg.fp8_cvt, bm=cfg.block_m,
+                         bn=cfg.block_n,
                          warps=cfg.num_warps, stages=cfg.num_stages, splits=splits,
                          us=round(t.us_median, 2), p20=round(t.us_p20, 2),
                          p80=round(t.us_p80, 2),
@@ -89,8 +111,8 @@ def main() -> int:
     for case, _ in CASES:
         rs = [r for r in results if r["case"] == case.name and r["rel_err"] < 3e-3]
         for r in sorted(rs, key=lambda r: r["us"])[:3]:
-            kind = "swap" if r["swap"] else "rows"
-            print(f"{case.name:34} {kind} BM{r['bm']} BN{r['bn']} w{r['warps']} s{r['stages']} "
+            kind = ("swap" if r["swap"] else "rows") + "/" + r["cvt"]
+            print(f"{case.name:34} {kind:11} BM{r['bm']} BN{r['bn']} w{r['warps']} s{r['stages']} "
                   f"splits {r['splits']:2}: {r['us']:8.1f} us {r['gbps']:7.0f} GB/s "
                   f"{r['tflops']:6.1f} TFLOP/s err {r['rel_err']:.1e}")
     bad = [r for r in results if not r["rel_err"] < 3e-3]

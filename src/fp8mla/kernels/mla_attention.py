@@ -65,6 +65,7 @@ def _mla_attn_rows_kernel(
     KPE_SCALE_PTR: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # fp16 (FP8/fp16 KV), bf16 (bf16 KV), fp32 (interpreter)
     WRITE_LSE: tl.constexpr,
+    FP8_CVT: tl.constexpr,  # mla_tiles.CVT_*: how FP8 bytes become fp16
 ):
     m_tile = tl.program_id(0)
     b = tl.program_id(1)
@@ -75,7 +76,7 @@ def _mla_attn_rows_kernel(
         return
     qk_scale, pe_factor, v_scale = _scales(
         ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP)
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT)
     kv_len = tl.load(kv_len_ptr + b)
     n_begin, n_end = _split_range(kv_len, qo_len, m_tile, split, tl.num_programs(2),
                                   num_heads, BLOCK_M, BLOCK_N, CAUSAL)
@@ -94,7 +95,7 @@ def _mla_attn_rows_kernel(
         k, kpe = _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
                                stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
                                stride_sa_p, stride_sa_s, PAGE_SIZE, D_CKV, D_KPE,
-                               TOKEN_GROUP, DOT_DTYPE)
+                               TOKEN_GROUP, DOT_DTYPE, FP8_CVT)
         # -- q·k --
         s = tl.dot(q_nope, tl.trans(k))
         if D_KPE > 0:
@@ -145,6 +146,7 @@ def _mla_attn_swap_kernel(
     KPE_SCALE_PTR: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    FP8_CVT: tl.constexpr,
 ):
     """Same arguments and result as ``_mla_attn_rows_kernel``, computed transposed."""
     m_tile = tl.program_id(0)
@@ -156,7 +158,7 @@ def _mla_attn_swap_kernel(
         return
     qk_scale, pe_factor, v_scale = _scales(
         ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP)
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT)
     kv_len = tl.load(kv_len_ptr + b)
     n_begin, n_end = _split_range(kv_len, qo_len, m_tile, split, tl.num_programs(2),
                                   num_heads, BLOCK_M, BLOCK_N, CAUSAL)
@@ -177,7 +179,7 @@ def _mla_attn_swap_kernel(
         k, kpe = _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
                                stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
                                stride_sa_p, stride_sa_s, PAGE_SIZE, D_CKV, D_KPE,
-                               TOKEN_GROUP, DOT_DTYPE)
+                               TOKEN_GROUP, DOT_DTYPE, FP8_CVT)
         # -- kᵀ·q: [BLOCK_N tokens, BLOCK_M rows] --
         s = tl.dot(k, q_nope_t)
         if D_KPE > 0:

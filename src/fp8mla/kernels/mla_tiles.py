@@ -3,6 +3,46 @@
 import triton
 import triton.language as tl
 
+# How FP8 tiles become fp16 (the ``FP8_CVT`` constexpr):
+CVT_NATIVE = tl.constexpr(0)  # ``.to(fp16)``: the interpreter, AMD
+CVT_PTX_E4M3 = tl.constexpr(1)  # cvt.rn.f16x2.e4m3x2 (SM89+)
+CVT_PTX_E5M2 = tl.constexpr(2)  # cvt.rn.f16x2.e5m2x2 (SM89+)
+CVT_INT_E4M3 = tl.constexpr(3)  # byte → fp16 bits with prmt/shift/lop3 (any CUDA GPU), value × 2^-8
+CVT_INT_E5M2 = tl.constexpr(4)  # byte → fp16 high byte (any CUDA GPU), exact
+
+
+@triton.jit
+def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
+    """uint8 FP8 codes → fp16 in registers, four codes per PTX block.
+
+    The conversion is opaque inline assembly on purpose: Triton then keeps the fp16 tile as
+    the value both dots read, staging it through shared memory in fp16 (``ldmatrix``,
+    transposed for P·V) instead of re-loading FP8 bytes one by one for each dot."""
+    if FP8_CVT == CVT_PTX_E4M3:
+        asm: tl.constexpr = """{ .reg .b16 lo, hi;
+        mov.b32 {lo, hi}, $2;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        cvt.rn.f16x2.e4m3x2 $1, hi; }"""
+    elif FP8_CVT == CVT_PTX_E5M2:
+        asm: tl.constexpr = """{ .reg .b16 lo, hi;
+        mov.b32 {lo, hi}, $2;
+        cvt.rn.f16x2.e5m2x2 $0, lo;
+        cvt.rn.f16x2.e5m2x2 $1, hi; }"""
+    elif FP8_CVT == CVT_INT_E4M3:
+        # sign stays, exponent and mantissa shift right by one: an fp16 worth 2^-8 × the code
+        asm: tl.constexpr = """{ .reg .b32 w0, w1, t0, t1;
+        prmt.b32 w0, $2, 0, 0x1404;
+        prmt.b32 w1, $2, 0, 0x3424;
+        shr.b32 t0, w0, 1;
+        shr.b32 t1, w1, 1;
+        lop3.b32 $0, w0, t0, 0x80008000, 0xE4;
+        lop3.b32 $1, w1, t1, 0x80008000, 0xE4; }"""
+    else:
+        asm: tl.constexpr = """{ prmt.b32 $0, $2, 0, 0x1404;
+        prmt.b32 $1, $2, 0, 0x3424; }"""
+    return tl.inline_asm_elementwise(asm=asm, constraints="=r,=r,r", args=[b],
+                                     dtype=tl.float16, is_pure=False, pack=4)
+
 
 @triton.jit
 def _query_rows(qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M: tl.constexpr):
@@ -40,7 +80,8 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
                   stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
                   stride_sa_p, stride_sa_s,
                   PAGE_SIZE: tl.constexpr, D_CKV: tl.constexpr, D_KPE: tl.constexpr,
-                  TOKEN_GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                  TOKEN_GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                  FP8_CVT: tl.constexpr):
     """Gather ``BLOCK_N`` tokens through the page table and convert to the dot dtype.
 
     Returns ``k [BLOCK_N, D_CKV]`` (keys and values) and ``kpe [BLOCK_N, D_KPE]`` (``k``
@@ -49,11 +90,13 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
     page = tl.load(page_base + pos // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
     off = pos % PAGE_SIZE
     d = tl.arange(0, D_CKV)
-    k = tl.load(
-        ckv_ptr + (page * stride_ckv_p + off * stride_ckv_s)[:, None] + d[None, :],
-        mask=n_ok[:, None],
-        other=0.0,
-    )
+    ckv_rows = (page * stride_ckv_p + off * stride_ckv_s)[:, None] + d[None, :]
+    if FP8_CVT != CVT_NATIVE:
+        k = tl.load(ckv_ptr.to(tl.pointer_type(tl.uint8)) + ckv_rows, mask=n_ok[:, None],
+                    other=0)
+        k = _fp8_bytes_to_f16(k, FP8_CVT)
+    else:
+        k = tl.load(ckv_ptr + ckv_rows, mask=n_ok[:, None], other=0.0)
     if TOKEN_GROUP:
         sc = tl.load(
             scale_arr_ptr + (page * stride_sa_p + off * stride_sa_s)[:, None] + (d // 128)[None, :],
@@ -65,11 +108,13 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
         k = k.to(DOT_DTYPE)
     if D_KPE > 0:
         e = tl.arange(0, D_KPE)
-        kpe = tl.load(
-            kpe_ptr + (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :],
-            mask=n_ok[:, None],
-            other=0.0,
-        ).to(DOT_DTYPE)
+        kpe_rows = (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :]
+        if FP8_CVT != CVT_NATIVE:
+            kpe = tl.load(kpe_ptr.to(tl.pointer_type(tl.uint8)) + kpe_rows, mask=n_ok[:, None],
+                          other=0)
+            kpe = _fp8_bytes_to_f16(kpe, FP8_CVT)
+        else:
+            kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0.0).to(DOT_DTYPE)
     else:
         kpe = k
     return k, kpe
@@ -78,10 +123,11 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
 @triton.jit
 def _scales(ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
             CKV_SCALE_PTR: tl.constexpr, KPE_SCALE_PTR: tl.constexpr,
-            TOKEN_GROUP: tl.constexpr):
+            TOKEN_GROUP: tl.constexpr, FP8_CVT: tl.constexpr):
     """``(qk_scale, pe_factor, v_scale)``: the key scale is folded into the softmax scale
     (``q_pe`` is pre-multiplied by ``pe_factor`` so one scale serves both parts) and the
-    value scale is applied once to the output."""
+    value scale is applied once to the output. The integer e4m3 conversion yields 2^-8 × the
+    value; its 2^8 rides along with the scales."""
     if CKV_SCALE_PTR:
         ckv_scale = tl.load(ckv_scale_ptr).to(tl.float32)
     else:
@@ -90,6 +136,9 @@ def _scales(ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale
         kpe_scale = tl.load(kpe_scale_ptr).to(tl.float32)
     else:
         kpe_scale = kpe_scale_val
+    if FP8_CVT == CVT_INT_E4M3:
+        ckv_scale = ckv_scale * 256.0
+        kpe_scale = kpe_scale * 256.0
     if TOKEN_GROUP:  # group scales are applied to the K tile itself
         return sm_scale_log2, kpe_scale, 1.0
     return sm_scale_log2 * ckv_scale, kpe_scale / ckv_scale, ckv_scale

@@ -34,6 +34,25 @@ def dot_dtype(kv_dtype: torch.dtype, interpreted: bool) -> tl.dtype:
     return tl.bfloat16 if kv_dtype == torch.bfloat16 else tl.float16
 
 
+def fp8_conversion(kv_dtype: torch.dtype, device: torch.device, interpreted: bool,
+                   choice: str = "auto") -> int:
+    """The kernels' ``FP8_CVT`` mode: PTX ``cvt`` on SM89+, integer bit moves on older CUDA
+    GPUs (no FP8 instructions there), Triton's own cast in the interpreter and on AMD."""
+    from fp8mla.kernels import mla_tiles as T
+
+    if choice not in ("auto", "native", "ptx", "int"):
+        raise ValueError(f"expected fp8_cvt in auto/native/ptx/int, got {choice!r}")
+    e4m3 = kv_dtype == torch.float8_e4m3fn
+    if kv_dtype.itemsize != 1 or interpreted or device.type != "cuda" or torch.version.hip \
+            or choice == "native":
+        return int(T.CVT_NATIVE)
+    if choice == "auto":
+        choice = "ptx" if torch.cuda.get_device_capability(device) >= (8, 9) else "int"
+    if choice == "ptx":
+        return int(T.CVT_PTX_E4M3 if e4m3 else T.CVT_PTX_E5M2)
+    return int(T.CVT_INT_E4M3 if e4m3 else T.CVT_INT_E5M2)
+
+
 def launch_mla_attention(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
@@ -122,6 +141,7 @@ def launch_mla_attention(
         KPE_SCALE_PTR=kpe_is_ptr,
         DOT_DTYPE=dot_dtype(ckv.dtype, interpreted),
         WRITE_LSE=write_lse,
+        FP8_CVT=fp8_conversion(ckv.dtype, ckv.device, interpreted, cfg.fp8_cvt),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -26,6 +26,7 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False  # tokens × rows orientation (few rows per request)
+    fp8_cvt: str = "auto"  # FP8 → fp16: "auto", "native", "ptx" (SM89+) or "int" (any CUDA)
 
 
 @dataclass(frozen=True)
