@@ -18,7 +18,7 @@ from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs, random_pool
 from fp8mla.bench.measure import Timing, flops, kv_bytes, time_cuda, time_graph
 from fp8mla.bench.runner import reference_subset
-from fp8mla.ops.planner import KernelConfig, device_sm_count, make_launch_plan
+from fp8mla.ops.planner import KernelConfig
 from fp8mla.testing import rel_err
 
 
@@ -27,24 +27,19 @@ def cfgs(*specs: tuple) -> list[KernelConfig]:
     return [KernelConfig(bm, bn, w, st, swap, cvt) for bm, bn, w, st, swap, cvt in specs]
 
 
-FP8_FEW = cfgs(  # 16 rows per request: memory-bound decode
-    (16, 64, 8, 1, False, "ptx"), (16, 64, 8, 2, False, "ptx"), (16, 64, 8, 1, False, "int"),
-    (16, 64, 8, 2, False, "native"), (16, 32, 8, 2, False, "ptx"),
-    (16, 32, 8, 2, True, "ptx"), (16, 64, 8, 1, True, "ptx"), (16, 64, 4, 2, False, "ptx"),
-)
-CASES = [
-    (Case(64, 16, 4096), FP8_FEW),
+PTX_INT = ("ptx", "int")
+CASES = [  # (case, configs, split counts); round 3: FP8 conversion × splits around one wave
+    (Case(64, 16, 4096), cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT],
+                              (16, 64, 8, 2, False, "int")), (2, 3, 4, 5, 6)),
     (Case(64, 16, 4096, kv_dtype=torch.float8_e5m2),
-     cfgs((16, 64, 8, 1, False, "ptx"), (16, 64, 8, 1, False, "int"))),
+     cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]), (2, 4)),
     (Case(64, 16, 4096, kv_dtype=torch.bfloat16),
-     cfgs((16, 64, 4, 2, False, "auto"), (16, 64, 8, 1, False, "auto"))),
-    (Case(1, 32, 4096), cfgs((32, 32, 8, 2, False, "ptx"), (16, 64, 8, 1, False, "ptx"),
-                             (16, 64, 8, 1, True, "ptx"), (32, 64, 8, 1, False, "ptx"))),
-    (Case(8, 16, 32768), cfgs((16, 64, 8, 1, False, "ptx"), (16, 64, 8, 2, False, "ptx"))),
-    (Case(64, 128, 4096), cfgs((64, 64, 8, 1, False, "ptx"), (64, 64, 8, 1, False, "int"),
-                               (64, 64, 8, 1, False, "native"), (64, 32, 8, 2, False, "ptx"))),
-    (Case(8, 16, 8192, qo_len=4), cfgs((64, 64, 8, 2, False, "ptx"), (64, 64, 8, 1, False, "ptx"),
-                                       (64, 64, 8, 2, False, "native"))),
+     cfgs((16, 64, 4, 2, False, "auto"), (16, 64, 8, 1, False, "auto")), (2, 3, 4, 6)),
+    (Case(1, 32, 4096), cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]), (16, 32, 64)),
+    (Case(8, 16, 32768), cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]), (8, 16, 24, 33)),
+    (Case(64, 128, 4096), cfgs(*[(64, 64, 8, 1, False, c) for c in PTX_INT]), (1, 2)),
+    (Case(8, 16, 8192, qo_len=4), cfgs(*[(64, 64, 8, 1, False, c) for c in PTX_INT]),
+     (8, 16, 32)),
 ]
 GRAPH_BYTES = 1 << 30
 
@@ -67,10 +62,9 @@ def main() -> int:
     ap.add_argument("--cases", default=None, help="comma-separated case names to run")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    sms = device_sm_count(dev)
     results = []
     pools: dict[torch.dtype, torch.Tensor] = {}
-    for case, configs in CASES:
+    for case, configs, split_counts in CASES:
         if args.cases and case.name not in args.cases.split(","):
             continue
         if case.kv_dtype not in pools:
@@ -81,12 +75,7 @@ def main() -> int:
         inputs = [inp] + [build_inputs(case, dev, seed=i + 1, pool=inp.pool)
                           for i in range(rot - 1)]
         for cfg in configs[:2] if args.quick else configs:
-            base = make_launch_plan(batch=case.batch, num_heads=case.heads,
-                                    max_qo_len=case.qo_len, max_kv_len=case.context, sms=sms,
-                                    max_splits_by_workspace=64, interpreted=False,
-                                    kv_dtype=case.kv_dtype, config=cfg)
-            for splits in sorted({max(1, base.num_splits // 2), base.num_splits,
-                                  min(64, base.num_splits * 2)}):
+            for splits in split_counts:
                 try:
                     run, t = timed(case, inputs, cfg, splits)
                     out = run()
@@ -108,7 +97,7 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     print("\nbest per case:")
-    for case, _ in CASES:
+    for case, _, _ in CASES:
         rs = [r for r in results if r["case"] == case.name and r["rel_err"] < 3e-3]
         for r in sorted(rs, key=lambda r: r["us"])[:3]:
             kind = ("swap" if r["swap"] else "rows") + "/" + r["cvt"]

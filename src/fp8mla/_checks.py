@@ -29,7 +29,7 @@ def check_tensor(
         if t.dtype not in dtypes:
             names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
             raise ValueError(f"expected {name} of dtype {names}, got {t.dtype}")
-    if device is not None and t.device != device:
+    if device is not None and not same_device(t.device, device):
         raise ValueError(f"expected {name} on {device}, got {t.device}")
     if shape is not None:
         if t.dim() != len(shape) or any(
@@ -38,6 +38,19 @@ def check_tensor(
             want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
             raise ValueError(f"expected {name} of shape {want}, got {list(t.shape)}")
     return t
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are the same device when the current device is 0."""
+    if a.type != b.type:
+        return False
+    if a.index == b.index:
+        return True
+    if a.type == "cuda":
+        current = torch.cuda.current_device()
+        return (a.index if a.index is not None else current) == (
+            b.index if b.index is not None else current)
+    return a.index is None or b.index is None
 
 
 def check_index(name: str, t: object, *, length: int | None = None) -> torch.Tensor:

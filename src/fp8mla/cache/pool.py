@@ -91,6 +91,7 @@ class MLAKVCache:
         self.backend = resolve_backend(backend, self.device)
         width = head_dim_ckv + head_dim_kpe
         self.buffer = torch.zeros(num_slots, 1, width, dtype=dtype, device=self.device)
+        self.device = self.buffer.device  # "cuda" → "cuda:0": the device tensors report
         self.scale_arr: torch.Tensor | None = None
         if scale_mode == "token_group":
             groups = head_dim_ckv // SCALE_GROUP

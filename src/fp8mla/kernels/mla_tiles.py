@@ -29,14 +29,17 @@ def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
         cvt.rn.f16x2.e5m2x2 $0, lo;
         cvt.rn.f16x2.e5m2x2 $1, hi; }"""
     elif FP8_CVT == CVT_INT_E4M3:
-        # sign stays, exponent and mantissa shift right by one: an fp16 worth 2^-8 × the code
+        # each code to the high byte of an fp16 lane; then the sign stays and exponent and
+        # mantissa move right by one: ((b & 0x80) << 8) | ((b & 0x7F) << 7) = 2^-8 × value
         asm: tl.constexpr = """{ .reg .b32 w0, w1, t0, t1;
         prmt.b32 w0, $2, 0, 0x1404;
         prmt.b32 w1, $2, 0, 0x3424;
-        shr.b32 t0, w0, 1;
-        shr.b32 t1, w1, 1;
-        lop3.b32 $0, w0, t0, 0x80008000, 0xE4;
-        lop3.b32 $1, w1, t1, 0x80008000, 0xE4; }"""
+        and.b32 t0, w0, 0x7F007F00;
+        and.b32 t1, w1, 0x7F007F00;
+        shr.b32 t0, t0, 1;
+        shr.b32 t1, t1, 1;
+        lop3.b32 $0, w0, t0, 0x80008000, 0xEC;
+        lop3.b32 $1, w1, t1, 0x80008000, 0xEC; }"""
     else:
         asm: tl.constexpr = """{ prmt.b32 $0, $2, 0, 0x1404;
         prmt.b32 $1, $2, 0, 0x3424; }"""
