@@ -17,9 +17,9 @@ py=.venv/bin/python
 if ! $py -c 'import torch, fp8mla' 2>/dev/null; then py=python3; export PYTHONPATH=$PWD/src; fi
 $py -m fp8mla info | tee -a "$out/env.txt"
 if has tests; then
-  timeout 300 $py -m pytest -q -x --timeout 120 -p no:cacheprovider \
+  timeout 300 $py -m pytest -q --timeout 120 -p no:cacheprovider \
     tests/test_attention.py tests/test_cache.py tests/test_codec.py tests/test_wrapper_errors.py \
-    tests/test_reference.py tests/test_bench_impls.py tests/test_cli_info.py ${EXTRA_TESTS:-} \
+    tests/test_reference.py tests/test_bench_impls.py tests/test_cli_info.py tests/test_fp8_codes.py tests/test_demo.py ${EXTRA_TESTS:-} \
     2>&1 | tee "$out/pytest.log" | tail -15
 fi
 if has tune; then
