@@ -31,9 +31,12 @@ sg=()
 if has bench; then
   timeout 300 $py -m fp8mla bench --sections goals --out "$out" "${sg[@]}" ${BENCH_ARGS:-} 2>"$out/bench.err" | tee "$out/bench.log" | tail -40
 fi
-if has seed; then
-  timeout 300 $py -m fp8mla bench --sections sweep,seed --out "$out" "${sg[@]}" 2>"$out/bench_seed.err" | tee "$out/bench_seed.log" | tail -60
-fi
+for section in seed extend sweep; do
+  if has $section; then
+    timeout ${SECTION_TIMEOUT:-240} $py -m fp8mla bench --sections $section --out "$out" "${sg[@]}" \
+      2>"$out/bench_$section.err" | tee "$out/bench_$section.log" | grep -v "^note:" | tail -45
+  fi
+done
 if has demo; then
   timeout 300 $py -m fp8mla demo 2>&1 | tee "$out/demo.log" | tail -30
 fi

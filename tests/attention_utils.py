@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 
 import torch
-from conftest import INTERPRETED
 
 from fp8mla import BatchMLAPagedAttentionWrapper
 from fp8mla.reference import mla_reference
 from fp8mla.testing import PagedBatch, rel_err
+
+from conftest import INTERPRETED
 
 SM_SCALE = 1 / math.sqrt(192)  # DeepSeek-V3
 

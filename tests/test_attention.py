@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_utils import SM_SCALE, assert_matches_reference, run_wrapper
-from conftest import HAS_CUDA
 
 from fp8mla import mla_decode
 from fp8mla.ops.planner import KernelConfig
 from fp8mla.testing import make_batch
+
+from attention_utils import SM_SCALE, assert_matches_reference, run_wrapper
+from conftest import HAS_CUDA
 
 LENGTHS = [0, 1, 17, 33, 96, 97, 114, 514, 1024]
 KV_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from conftest import HAS_CUDA, INTERPRETED
-
 from fp8mla.cli import main
+
+from conftest import HAS_CUDA, INTERPRETED
 
 
 def test_info_reports_versions_and_mode(capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from conftest import HAS_CUDA
 
 FORMATS = [torch.float8_e4m3fn, torch.float8_e5m2]

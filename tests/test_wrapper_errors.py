@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_utils import SM_SCALE, workspace
 
 from fp8mla import BatchMLAPagedAttentionWrapper
 from fp8mla.testing import make_batch
 
+from attention_utils import SM_SCALE, workspace
+
 
 @pytest.fixture
-def batch():
-    return make_batch([17, 40], 16, page_size=16, generator=torch.Generator().manual_seed(0))
+def batch(device):
+    return make_batch([17, 40], 16, page_size=16, device=device,
+                      generator=torch.Generator().manual_seed(0))
 
 
 def planned(batch, **overrides):
-    w = BatchMLAPagedAttentionWrapper(workspace("cpu"), backend="triton")
+    w = BatchMLAPagedAttentionWrapper(workspace(batch.q_nope.device), backend="triton")
     args = dict(qo_indptr=batch.qo_indptr, kv_indptr=batch.kv_indptr,
                 kv_indices=batch.kv_indices, kv_len_arr=batch.kv_len, num_heads=16,
                 head_dim_ckv=512, head_dim_kpe=64, page_size=16, causal=False,
@@ -36,27 +38,31 @@ def planned(batch, **overrides):
         ({"page_size": 256}, "page_size"),
         ({"q_data_type": torch.float32}, "q_data_type"),
         ({"kv_data_type": torch.int8}, "kv_data_type"),
-        ({"kv_len_arr": torch.tensor([17, 40])}, "kv_len_arr of dtype int32"),
-        ({"kv_indptr": torch.tensor([0, 2], dtype=torch.int32)}, "kv_indptr of length 3"),
-        ({"kv_len_arr": torch.tensor([17, 60], dtype=torch.int32)}, "at least 4 pages for request 1"),
-        ({"kv_indices": torch.tensor([0, -1, 2, 3, 4], dtype=torch.int32)}, "page ids >= 0"),
-        ({"kv_indices": torch.tensor([0, 1], dtype=torch.int32)}, "kv_indices of length"),
+        ({"kv_len_arr": [17, 40]}, "kv_len_arr of dtype int32"),
+        ({"kv_indptr": [0, 2]}, "kv_indptr of length 3"),
+        ({"kv_len_arr": [17, 60]}, "at least 4 pages for request 1"),
+        ({"kv_indices": [0, -1, 2, 3, 4]}, "page ids >= 0"),
+        ({"kv_indices": [0, 1]}, "kv_indices of length"),
         ({"sm_scale": 0.0}, "sm_scale"),
     ],
 )
 def test_plan_rejects(batch, overrides, match):
+    dev = batch.q_nope.device
+    as_tensor = lambda v: torch.tensor(v, device=dev, dtype=torch.int64 if "dtype" in match
+                                       else torch.int32)
+    overrides = {k: as_tensor(v) if isinstance(v, list) else v for k, v in overrides.items()}
     with pytest.raises(ValueError, match=match):
         planned(batch, **overrides)
 
 
-def test_causal_query_longer_than_kv_rejected():
-    b = make_batch([3], 4, qo_lens=5)
+def test_causal_query_longer_than_kv_rejected(device):
+    b = make_batch([3], 4, qo_lens=5, device=device)
     with pytest.raises(ValueError, match="qo_len 5 > kv_len 3"):
         planned(b, num_heads=4, page_size=1, causal=True)
 
 
-def test_run_before_plan():
-    w = BatchMLAPagedAttentionWrapper(workspace("cpu"), backend="triton")
+def test_run_before_plan(device):
+    w = BatchMLAPagedAttentionWrapper(workspace(device), backend="triton")
     with pytest.raises(ValueError, match="plan"):
         w.run(*[torch.empty(0)] * 4)
 
@@ -90,25 +96,27 @@ def test_page_id_beyond_the_cache(batch):
 def test_bad_out_and_scales(batch):
     w = planned(batch)
     args = (batch.q_nope, batch.q_pe, batch.ckv, batch.kpe)
+    dev = batch.q_nope.device
     with pytest.raises(ValueError, match="out of dtype bfloat16"):
-        w.run(*args, out=torch.empty(batch.q_nope.shape))
+        w.run(*args, out=torch.empty(batch.q_nope.shape, device=dev))
     with pytest.raises(ValueError, match="lse of shape"):
-        w.run(*args, lse=torch.empty(3))
+        w.run(*args, lse=torch.empty(3, device=dev))
     with pytest.raises(ValueError, match="finite and > 0"):
         w.run(*args, ckv_scale=-1.0)
     with pytest.raises(ValueError, match="one element"):
-        w.run(*args, ckv_scale=torch.ones(2))
+        w.run(*args, ckv_scale=torch.ones(2, device=dev))
     with pytest.raises(ValueError, match="ckv_scale_arr of shape"):
-        w.run(*args, ckv_scale_arr=torch.ones(3, 16, 4))
+        w.run(*args, ckv_scale_arr=torch.ones(3, 16, 4, device=dev))
     with pytest.raises(ValueError, match="either ckv_scale or ckv_scale_arr"):
-        w.run(*args, ckv_scale=1.0, ckv_scale_arr=torch.ones(batch.ckv.shape[0], 16, 4))
+        w.run(*args, ckv_scale=1.0,
+              ckv_scale_arr=torch.ones(batch.ckv.shape[0], 16, 4, device=dev))
 
 
-def test_bad_backend_and_graph_buffers():
+def test_bad_backend_and_graph_buffers(device):
     with pytest.raises(ValueError, match="backend"):
-        BatchMLAPagedAttentionWrapper(workspace("cpu"), backend="cuda")
+        BatchMLAPagedAttentionWrapper(workspace(device), backend="cuda")
     with pytest.raises(ValueError, match="qo_indptr buffer"):
-        BatchMLAPagedAttentionWrapper(workspace("cpu"), True, backend="triton")
+        BatchMLAPagedAttentionWrapper(workspace(device), True, backend="triton")
 
 
 def test_triton_on_cpu_without_interpreter(monkeypatch):

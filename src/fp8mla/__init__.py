@@ -26,10 +26,10 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fp8mla.cache import MLAKVCache, PoolExhaustedError
-    from fp8mla.functional import mla_decode
-    from fp8mla.reference import mla_reference
-    from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
+    from fp8mla.cache import MLAKVCache, PoolExhaustedError  # noqa: F401
+    from fp8mla.functional import mla_decode  # noqa: F401
+    from fp8mla.reference import mla_reference  # noqa: F401
+    from fp8mla.wrapper import BatchMLAPagedAttentionWrapper  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

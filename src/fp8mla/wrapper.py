@@ -12,8 +12,8 @@ from typing import Literal, overload
 import torch
 
 from fp8mla._checks import check_index, check_last_dim_contiguous, check_tensor
-from fp8mla.formats import FP8_DTYPES, HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, Q_DTYPES, is_fp8
-from fp8mla.ops.mla_attention import Scales, launch_mla_attention
+from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, Q_DTYPES
+from fp8mla.ops.mla_attention import launch_mla_attention
 from fp8mla.ops.planner import KernelConfig, LaunchPlan, device_sm_count, make_launch_plan
 from fp8mla.plan_state import PlanState, build_plan_state
 from fp8mla.runtime import interpreted, resolve_backend
@@ -234,4 +234,4 @@ class BatchMLAPagedAttentionWrapper:
         return (out, lse) if return_lse else out
 
 
-__all__ = ["BatchMLAPagedAttentionWrapper", "FP8_DTYPES", "is_fp8"]
+__all__ = ["BatchMLAPagedAttentionWrapper"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fp8mla._progress import Progress
 
-SECTIONS = ("goals", "sweep", "seed")
+SECTIONS = ("goals", "sweep", "extend", "seed")
 
 
 @dataclass
@@ -33,7 +33,7 @@ def run(opts: BenchOptions) -> int:
     if not torch.cuda.is_available():
         print("fp8mla bench: needs a CUDA GPU (benchmarks are GPU-only)", file=sys.stderr)
         return 2
-    from fp8mla.bench.cases import GOAL_CASES, sweep_cases
+    from fp8mla.bench.cases import GOAL_CASES, extend_cases, sweep_cases
     from fp8mla.bench.report import append_jsonl, format_table, plot_bandwidth, result_stem
     from fp8mla.bench.runner import ALL_IMPLS, BenchContext, Environment, bench_case
     from fp8mla.bench.seed import bench_seed
@@ -50,18 +50,23 @@ def run(opts: BenchOptions) -> int:
         cases += GOAL_CASES
     if "sweep" in opts.sections:
         cases += sweep_cases(quick=opts.quick)
+    if "extend" in opts.sections:
+        cases += extend_cases()
     notes: list[str] = list(opts.extra_notes)
+    stem = result_stem(env.gpu, env.date)
+    jsonl = opts.out_dir / f"{stem}.jsonl"
     steps = len(cases) + ("seed" in opts.sections)
+    written = 0
     with Progress(steps, "bench") as bar:
         for case in cases:
             bench_case(ctx, case, notes)
+            append_jsonl(jsonl, ctx.records[written:])  # results survive an interrupted run
+            written = len(ctx.records)
             bar.update(case.name)
         if "seed" in opts.sections:
             bench_seed(ctx, notes, layers=8 if opts.quick else 78)
+            append_jsonl(jsonl, ctx.records[written:])
             bar.update("seed scenario")
-    stem = result_stem(env.gpu, env.date)
-    jsonl = opts.out_dir / f"{stem}.jsonl"
-    append_jsonl(jsonl, ctx.records)
     print(format_table(ctx.records))
     for note in dict.fromkeys(notes):
         print("note:", note)

@@ -27,6 +27,11 @@ class Case:
 
     @property
     def name(self) -> str:
+        if self.qo_len > 16:  # an extend chunk over a cached prefix
+            prefix = f"E{self.qo_len}_P{self.context - self.qo_len}_H{self.heads}"
+            if self.batch > 1:
+                prefix = f"B{self.batch}_{prefix}"
+            return f"{prefix}_{dtype_name(self.kv_dtype)}"
         prefix = f"B{self.batch}_H{self.heads}_L{self.context}"
         if self.qo_len > 1:
             prefix += f"_Q{self.qo_len}"
@@ -54,19 +59,31 @@ GOAL_CASES: list[Case] = [
 
 
 def sweep_cases(quick: bool = False) -> list[Case]:
-    """Context 512…131072 × batch 1…256 × heads 16/32/64/128 × page size 1/64, capped at
-    2^23 KV tokens per case so that every case fits beside the seed pool."""
-    contexts = [512, 4096, 32768, 131072] if not quick else [4096]
-    batches = [1, 8, 64, 256] if not quick else [8]
+    """Context 512…131072 × batch 1…256 at 16 heads (page size 1, and 64 at 4,096 tokens),
+    the same at 128 heads up to 32K, and 32/64 heads at 4,096 tokens; capped at 2^23 KV
+    tokens per case so that every case fits beside the seed pool."""
+    if quick:
+        return [Case(8, 16, 4096), Case(8, 128, 4096)]
     cases = []
-    for heads in (16, 32, 64, 128):
-        for batch in batches:
-            for context in contexts:
-                if batch * context > (1 << 23):
-                    continue
-                if heads in (32, 64) and context not in (4096, 32768):
-                    continue
-                cases.append(Case(batch, heads, context))
-                if heads == 16 and context == 4096:
-                    cases.append(Case(batch, heads, context, page_size=64))
+    for batch in (1, 8, 64, 256):
+        for context in (512, 4096, 32768, 131072):
+            if batch * context <= (1 << 23):
+                cases.append(Case(batch, 16, context))
+        cases.append(Case(batch, 16, 4096, page_size=64))
+    for batch in (1, 8, 64):
+        for context in (4096, 32768):
+            cases.append(Case(batch, 128, context))
+    for heads in (32, 64):
+        for batch in (1, 64):
+            cases.append(Case(batch, heads, 4096))
     return cases
+
+
+def extend_cases() -> list[Case]:
+    """Extend chunks over a cached FP8 prefix (causal), and speculative decode."""
+    return [
+        Case(1, 128, 32768 + 4096, qo_len=4096, goal=">= 350 TFLOP/s"),
+        Case(1, 32, 32768 + 4096, qo_len=4096, goal=">= 300 TFLOP/s"),
+        Case(8, 16, 8192, qo_len=4, goal="<= 1.3x one-token decode"),
+        Case(8, 16, 8192, goal="one-token decode of the same batch"),
+    ]

@@ -109,7 +109,7 @@ def torch_reference(inp: BenchInputs) -> Runner:
     """The float32 PyTorch reference (gathers per request); small cases only."""
     from fp8mla.reference import mla_reference
 
-    if inp.token_slots.numel() > (1 << 16):
+    if inp.token_slots.numel() > (1 << 16) or inp.case.qo_len > 16:
         raise Unavailable("too large for the per-request PyTorch loop")
     ckv, kpe = inp.paged()
 

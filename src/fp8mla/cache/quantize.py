@@ -13,7 +13,9 @@ MIN_GROUP_SCALE = 1e-12
 def group_scales(ckv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Per token, per 128 latent channels: ``amax / FP8_MAX`` as fp32 ``[n, D // 128]``."""
     amax = ckv.float().unflatten(-1, (-1, SCALE_GROUP)).abs().amax(dim=-1)
-    return (amax / FP8_MAX[dtype]).clamp_min(MIN_GROUP_SCALE)
+    # Divide by a tensor: PyTorch turns division by a Python scalar into a multiplication by
+    # its reciprocal on CUDA, one ulp away from the write kernel's (and IEEE's) division.
+    return (amax / torch.full_like(amax, FP8_MAX[dtype])).clamp_min(MIN_GROUP_SCALE)
 
 
 def quantize(
@@ -23,7 +25,9 @@ def quantize(
     if not is_fp8(dtype):
         return x.to(dtype)
     limit = FP8_MAX[dtype]
-    return (x.float() / scale).clamp(-limit, limit).to(dtype)
+    xf = x.float()
+    divisor = scale.to(xf) if isinstance(scale, torch.Tensor) else torch.full_like(xf, scale)
+    return (xf / divisor).clamp(-limit, limit).to(dtype)
 
 
 def quantize_token_groups(ckv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,8 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "full-pool cast, gather-then-cast, the PyTorch reference and (when importable) SGLang "
         "and FlashInfer, on the same inputs. Appends JSON lines to OUT/<date>-<gpu>.jsonl.",
     )
-    p.add_argument("--sections", default="goals,sweep,seed",
-                   help="comma-separated subset of goals,sweep,seed (default: all)")
+    p.add_argument("--sections", default="goals,sweep,extend,seed",
+                   help="comma-separated subset of goals,sweep,extend,seed (default: all)")
     p.add_argument("--impls", default=None,
                    help="comma-separated implementations (default: all available)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"),

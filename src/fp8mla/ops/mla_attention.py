@@ -36,8 +36,9 @@ def dot_dtype(kv_dtype: torch.dtype, interpreted: bool) -> tl.dtype:
 
 def fp8_conversion(kv_dtype: torch.dtype, device: torch.device, interpreted: bool,
                    choice: str = "auto") -> int:
-    """The kernels' ``FP8_CVT`` mode: PTX ``cvt`` on SM89+, integer bit moves on older CUDA
-    GPUs (no FP8 instructions there), Triton's own cast in the interpreter and on AMD."""
+    """The kernels' ``FP8_CVT`` mode. ``auto``: integer bit moves on every CUDA GPU (SM80/86
+    have no FP8 instructions; on the H200 they measured faster than ``cvt``, whose issue rate
+    limits the memory-bound case), Triton's own cast in the interpreter and on AMD."""
     from fp8mla.kernels import mla_tiles as T
 
     if choice not in ("auto", "native", "ptx", "int"):
@@ -46,8 +47,8 @@ def fp8_conversion(kv_dtype: torch.dtype, device: torch.device, interpreted: boo
     if kv_dtype.itemsize != 1 or interpreted or device.type != "cuda" or torch.version.hip \
             or choice == "native":
         return int(T.CVT_NATIVE)
-    if choice == "auto":
-        choice = "ptx" if torch.cuda.get_device_capability(device) >= (8, 9) else "int"
+    if choice == "auto" or (choice == "ptx" and torch.cuda.get_device_capability(device) < (8, 9)):
+        choice = "int"
     if choice == "ptx":
         return int(T.CVT_PTX_E4M3 if e4m3 else T.CVT_PTX_E5M2)
     return int(T.CVT_INT_E4M3 if e4m3 else T.CVT_INT_E5M2)

@@ -27,6 +27,7 @@ class KernelConfig:
     num_stages: int
     swap_ab: bool = False  # tokens × rows orientation (few rows per request)
     fp8_cvt: str = "auto"  # FP8 → fp16: "auto", "native", "ptx" (SM89+) or "int" (any CUDA)
+    occupancy: int = 1  # programs resident per SM (registers and shared memory, SM90 build)
 
 
 @dataclass(frozen=True)
@@ -53,21 +54,18 @@ def device_sm_count(device: torch.device) -> int:
 def choose_config(rows: int, kv_dtype: torch.dtype, interpreted: bool) -> KernelConfig:
     """Tiles for ``rows`` query rows per request (query tokens × heads).
 
-    Measured on an H200 (benchmarks/NOTES.md, round 1): FP8 tiles prefer 8 warps (the
-    conversion and the V-operand shared-memory loads spread over more warps), 16-bit tiles
-    4 warps with more programs per SM; more than 32 rows per request take the 64-row tile.
+    From the H200 tuning rounds (benchmarks/NOTES.md): up to 32 rows take 16-row tiles (two
+    programs per SM: 142 registers, 92 KB of shared memory for FP8; a 32-head request runs
+    as two tiles whose shared KV reads hit L2), more rows the 64-row tile (one per SM).
     """
     if interpreted:
         block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
         return KernelConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=1)
-    fp8 = kv_dtype.itemsize == 1
-    if rows <= 16:
-        return KernelConfig(16, 64, 8 if fp8 else 4, 2)
     if rows <= 32:
-        return KernelConfig(32, 32, 8, 2)
-    if rows <= 64:
-        return KernelConfig(64, 64, 8, 2)
-    return KernelConfig(64, 64, 8, 1)
+        if kv_dtype.itemsize == 1:
+            return KernelConfig(16, 64, 8, 1, occupancy=2)
+        return KernelConfig(16, 64, 4, 2, occupancy=2)
+    return KernelConfig(64, 64, 8, 1, occupancy=1)
 
 
 def choose_splits(
@@ -77,16 +75,14 @@ def choose_splits(
     max_splits_by_workspace: int,
     config: KernelConfig | None = None,
 ) -> int:
-    """Splits per request so that ``work_items × splits`` programs fill the GPU: about one
-    program per SM for 8-warp tiles (they hold most of an SM's registers), four for 4-warp
-    tiles.
+    """Splits per request: as many as keep ``work_items × splits`` programs within one wave
+    (``sms × occupancy``) -- a partial second wave costs more than the merge saves.
 
     ``max_kv_len=None`` (CUDA-graph plans, where lengths change between replays) plans for
     long contexts; the kernel leaves surplus splits empty when a request is short.
     """
-    per_sm = 1 if config is None or config.num_warps >= 8 else 4
-    target_programs = per_sm * sms
-    splits = -(-target_programs // max(work_items, 1))
+    slots = sms * (config.occupancy if config is not None else 1)
+    splits = max(1, slots // max(work_items, 1))
     if max_kv_len is not None:
         splits = min(splits, max(1, max_kv_len // MIN_TOKENS_PER_SPLIT))
     return max(1, min(splits, MAX_SPLITS, max_splits_by_workspace))
