@@ -39,13 +39,15 @@ class Environment:
     triton: str
     copy_tbps: float
     matmul_tflops: float
+    run: str  # start time of the run, to tell appended runs apart
 
     @classmethod
     def measure(cls, device: torch.device) -> Environment:
         import triton
 
         return cls(gpu=torch.cuda.get_device_name(device),
-                   date=_dt.date.today().isoformat(), torch=torch.__version__,
+                   date=_dt.date.today().isoformat(), run=_dt.datetime.now().isoformat("T", "seconds"),
+                   torch=torch.__version__,
                    triton=triton.__version__, copy_tbps=copy_bandwidth_tbps(device),
                    matmul_tflops=matmul_tflops(device))
 
@@ -152,6 +154,7 @@ def record(ctx: BenchContext, case: Case, impl: str, t: Timing, err: float | Non
         "matmul_tflops": round(env.matmul_tflops, 1),
         "floor_us": round(floor_us, 2), "x_floor": round(t.us_median / floor_us, 2),
         "qo_len": case.qo_len, "pool_slots": case.slots_needed(), "goal": case.goal,
+        "run": env.run,
     }
     row.update(extra)
     ctx.records.append(row)

@@ -139,11 +139,11 @@ def _scales(ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale
         kpe_scale = tl.load(kpe_scale_ptr).to(tl.float32)
     else:
         kpe_scale = kpe_scale_val
-    if FP8_CVT == CVT_INT_E4M3:
+    if TOKEN_GROUP:  # group scales are applied to the K tile itself
+        ckv_scale = 1.0
+    if FP8_CVT == CVT_INT_E4M3:  # tiles hold 2^-8 × the stored values
         ckv_scale = ckv_scale * 256.0
         kpe_scale = kpe_scale * 256.0
-    if TOKEN_GROUP:  # group scales are applied to the K tile itself
-        return sm_scale_log2, kpe_scale, 1.0
     return sm_scale_log2 * ckv_scale, kpe_scale / ckv_scale, ckv_scale
 
 
