@@ -23,6 +23,9 @@ _LAZY = {
     "mla_reference": "fp8mla.reference",
 }
 
+_SUBMODULES = ("reference", "testing", "cache", "formats", "doctor", "scan", "gap", "bench",
+               "demo")
+
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,6 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"fp8mla.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fp8mla' has no attribute {name!r}")
