@@ -66,29 +66,3 @@ def check_index(name: str, t: object, *, length: int | None = None) -> torch.Ten
 def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
     if t.numel() and t.stride(-1) != 1:
         raise ValueError(f"expected {name} with unit stride in the last dim, got {t.stride()}")
-
-
-def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
-    devices = {k: v.device for k, v in tensors.items() if v is not None}
-    first = next(iter(devices.values()))
-    for k, d in devices.items():
-        if d != first:
-            names = ", ".join(f"{n}: {dv}" for n, dv in devices.items())
-            raise ValueError(f"expected all tensors on one device, got {names} ({k} differs)")
-    return first
-
-
-def scalar_scale(name: str, value: object) -> float:
-    """A per-tensor scale given as a Python number or a 0-d/1-element tensor."""
-    if value is None:
-        return 1.0
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"expected {name} as a scalar or 1-element tensor, got {value.shape}")
-        value = float(value.item())
-    if not isinstance(value, (int, float)):
-        raise ValueError(f"expected {name} as a float or a 0-d tensor, got {type(value).__name__}")
-    value = float(value)
-    if not (value > 0.0 and value < float("inf")):
-        raise ValueError(f"expected {name} finite and > 0, got {value}")
-    return value
