@@ -15,6 +15,7 @@ from fp8mla._checks import check_index, check_last_dim_contiguous, check_tensor
 from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, Q_DTYPES
 from fp8mla.ops.mla_attention import launch_mla_attention
 from fp8mla.ops.planner import KernelConfig, LaunchPlan, device_sm_count, make_launch_plan
+from fp8mla.ops.targets import current_target
 from fp8mla.plan_state import PlanState, build_plan_state
 from fp8mla.runtime import interpreted, resolve_backend
 
@@ -146,6 +147,7 @@ class BatchMLAPagedAttentionWrapper:
             kv_dtype=state.kv_dtype,
             num_splits=num_splits,
             config=config,
+            target=current_target(self.device) if self.device.type == "cuda" else None,
         )
         if not self._use_cuda_graph:
             return fresh

@@ -9,6 +9,8 @@ CVT_PTX_E4M3 = tl.constexpr(1)  # cvt.rn.f16x2.e4m3x2 (SM89+)
 CVT_PTX_E5M2 = tl.constexpr(2)  # cvt.rn.f16x2.e5m2x2 (SM89+)
 CVT_INT_E4M3 = tl.constexpr(3)  # byte → fp16 bits with prmt/shift/lop3 (any CUDA GPU), value × 2^-8
 CVT_INT_E5M2 = tl.constexpr(4)  # byte → fp16 high byte (any CUDA GPU), exact
+CVT_TRITON_INT_E4M3 = tl.constexpr(5)  # the same bit moves in Triton integer ops (any target)
+CVT_TRITON_INT_E5M2 = tl.constexpr(6)  # (AMD, which has no inline PTX; the interpreter)
 
 
 @triton.jit
@@ -17,7 +19,16 @@ def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
 
     The conversion is opaque inline assembly on purpose: Triton then keeps the fp16 tile as
     the value both dots read, staging it through shared memory in fp16 (``ldmatrix``,
-    transposed for P·V) instead of re-loading FP8 bytes one by one for each dot."""
+    transposed for P·V) instead of re-loading FP8 bytes one by one for each dot.
+
+    ``CVT_TRITON_INT_*`` are the same bit moves as Triton integer operations, for targets
+    without inline PTX (AMD) and the interpreter: e4m3 → ``((b & 0x80) << 8) | ((b & 0x7F)
+    << 7)`` = 2^-8 × value, e5m2 → ``b << 8``, both exact for every non-NaN code."""
+    if FP8_CVT == CVT_TRITON_INT_E4M3:
+        h = b.to(tl.uint16)
+        return (((h & 0x80) << 8) | ((h & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    if FP8_CVT == CVT_TRITON_INT_E5M2:
+        return (b.to(tl.uint16) << 8).to(tl.float16, bitcast=True)
     if FP8_CVT == CVT_PTX_E4M3:
         asm: tl.constexpr = """{ .reg .b16 lo, hi;
         mov.b32 {lo, hi}, $2;
@@ -100,12 +111,12 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
         k = _fp8_bytes_to_f16(k, FP8_CVT)
     else:
         k = tl.load(ckv_ptr + ckv_rows, mask=n_ok[:, None], other=0.0)
-    if TOKEN_GROUP:
-        sc = tl.load(
-            scale_arr_ptr + (page * stride_sa_p + off * stride_sa_s)[:, None] + (d // 128)[None, :],
-            mask=n_ok[:, None],
-            other=0.0,
-        )
+    if TOKEN_GROUP:  # one scale per 128 channels: [BLOCK_N] loads, spread by selects
+        sa = scale_arr_ptr + page * stride_sa_p + off * stride_sa_s
+        sc = tl.load(sa, mask=n_ok, other=0.0)[:, None] + tl.zeros([1, D_CKV], tl.float32)
+        for g in tl.static_range(1, D_CKV // 128):
+            sc = tl.where((d >= g * 128)[None, :], tl.load(sa + g, mask=n_ok, other=0.0)[:, None],
+                          sc)
         k = (k.to(tl.float32) * sc).to(DOT_DTYPE)
     else:
         k = k.to(DOT_DTYPE)
@@ -115,7 +126,7 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
         if FP8_CVT != CVT_NATIVE:
             kpe = tl.load(kpe_ptr.to(tl.pointer_type(tl.uint8)) + kpe_rows, mask=n_ok[:, None],
                           other=0)
-            kpe = _fp8_bytes_to_f16(kpe, FP8_CVT)
+            kpe = _fp8_bytes_to_f16(kpe, FP8_CVT).to(DOT_DTYPE)
         else:
             kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0.0).to(DOT_DTYPE)
     else:
@@ -141,7 +152,7 @@ def _scales(ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale
         kpe_scale = kpe_scale_val
     if TOKEN_GROUP:  # group scales are applied to the K tile itself
         ckv_scale = 1.0
-    if FP8_CVT == CVT_INT_E4M3:  # tiles hold 2^-8 × the stored values
+    if FP8_CVT == CVT_INT_E4M3 or FP8_CVT == CVT_TRITON_INT_E4M3:  # tiles hold 2^-8 × values
         ckv_scale = ckv_scale * 256.0
         kpe_scale = kpe_scale * 256.0
     return sm_scale_log2 * ckv_scale, kpe_scale / ckv_scale, ckv_scale

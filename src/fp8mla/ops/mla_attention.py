@@ -13,6 +13,7 @@ import torch
 import triton.language as tl
 
 from fp8mla.ops.planner import LaunchPlan
+from fp8mla.ops.targets import Target, current_target
 
 LN2_INV = 1.4426950408889634  # 1 / ln 2: softmax runs in base 2
 
@@ -34,20 +35,35 @@ def dot_dtype(kv_dtype: torch.dtype, interpreted: bool) -> tl.dtype:
     return tl.bfloat16 if kv_dtype == torch.bfloat16 else tl.float16
 
 
+FP8_CVT_CHOICES = ("auto", "native", "ptx", "int", "portable")
+
+
 def fp8_conversion(kv_dtype: torch.dtype, device: torch.device, interpreted: bool,
-                   choice: str = "auto") -> int:
-    """The kernels' ``FP8_CVT`` mode. ``auto``: integer bit moves on every CUDA GPU (SM80/86
-    have no FP8 instructions; on the H200 they measured faster than ``cvt``, whose issue rate
-    limits the memory-bound case), Triton's own cast in the interpreter and on AMD."""
+                   choice: str = "auto", target: Target | None = None) -> int:
+    """The kernels' ``FP8_CVT`` mode for ``target`` (the device's when None).
+
+    ``auto``: integer bit moves on every GPU -- inline PTX on CUDA (SM80/86 have no FP8
+    instructions; on the H200 the integer path measured faster than ``cvt``, whose issue rate
+    limits the memory-bound case), the same moves in Triton integer ops on AMD (no inline PTX;
+    only gfx950 decodes OCP FP8 in hardware, and one decoder for all AMD parts keeps them
+    alike); Triton's own cast in the interpreter. ``portable`` forces the Triton-op integer
+    path anywhere, the interpreter included; ``ptx`` falls back to ``int`` below SM89 and
+    both fall back to ``portable`` on AMD."""
     from fp8mla.kernels import mla_tiles as T
 
-    if choice not in ("auto", "native", "ptx", "int"):
-        raise ValueError(f"expected fp8_cvt in auto/native/ptx/int, got {choice!r}")
+    if choice not in FP8_CVT_CHOICES:
+        raise ValueError(f"expected fp8_cvt in {'/'.join(FP8_CVT_CHOICES)}, got {choice!r}")
     e4m3 = kv_dtype == torch.float8_e4m3fn
-    if kv_dtype.itemsize != 1 or interpreted or device.type != "cuda" or torch.version.hip \
-            or choice == "native":
+    if kv_dtype.itemsize != 1 or choice == "native":
         return int(T.CVT_NATIVE)
-    if choice == "auto" or (choice == "ptx" and torch.cuda.get_device_capability(device) < (8, 9)):
+    if interpreted or device.type != "cuda":
+        if choice == "portable" and interpreted:
+            return int(T.CVT_TRITON_INT_E4M3 if e4m3 else T.CVT_TRITON_INT_E5M2)
+        return int(T.CVT_NATIVE)
+    target = target or current_target(device)
+    if choice == "portable" or target.is_hip:
+        return int(T.CVT_TRITON_INT_E4M3 if e4m3 else T.CVT_TRITON_INT_E5M2)
+    if choice == "auto" or (choice == "ptx" and not target.native_fp8):
         choice = "int"
     if choice == "ptx":
         return int(T.CVT_PTX_E4M3 if e4m3 else T.CVT_PTX_E5M2)
@@ -100,6 +116,10 @@ def launch_mla_attention(
     token_group = scales.ckv_arr is not None
     sa = scales.ckv_arr
     grid = (plan.m_tiles, batch, plan.num_splits)
+    fp8_cvt = fp8_conversion(ckv.dtype, ckv.device, interpreted, cfg.fp8_cvt)
+    dot = dot_dtype(ckv.dtype, interpreted)
+    if fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointer arguments
+        ckv, kpe = ckv.view(torch.uint8), kpe.view(torch.uint8)
     kernel = kernels._mla_attn_swap_kernel if cfg.swap_ab else kernels._mla_attn_rows_kernel
     kernel[grid](
         q_nope,
@@ -140,9 +160,9 @@ def launch_mla_attention(
         TOKEN_GROUP=token_group,
         CKV_SCALE_PTR=ckv_is_ptr,
         KPE_SCALE_PTR=kpe_is_ptr,
-        DOT_DTYPE=dot_dtype(ckv.dtype, interpreted),
+        DOT_DTYPE=dot,
         WRITE_LSE=write_lse,
-        FP8_CVT=fp8_conversion(ckv.dtype, ckv.device, interpreted, cfg.fp8_cvt),
+        FP8_CVT=fp8_cvt,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fp8mla.ops.targets import KB, Target
+
 # Fewest KV tokens worth giving a split of its own: below this the merge costs more than the
 # extra parallelism buys.
 MIN_TOKENS_PER_SPLIT = 128
@@ -26,8 +28,10 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False  # tokens × rows orientation (few rows per request)
-    fp8_cvt: str = "auto"  # FP8 → fp16: "auto", "native", "ptx" (SM89+) or "int" (any CUDA)
-    occupancy: int = 1  # programs resident per SM (registers and shared memory, SM90 build)
+    fp8_cvt: str = "auto"  # FP8 → fp16: auto, native, ptx (SM89+), int (CUDA), portable (any)
+    # Programs per SM the split count aims for: 2 fills two full waves when one program is
+    # resident per SM (the H200's 16-row FP8 tile: 4 splits beat 2 and 3 for 64 requests).
+    occupancy: int = 1
 
 
 @dataclass(frozen=True)
@@ -51,21 +55,87 @@ def device_sm_count(device: torch.device) -> int:
     return 8
 
 
-def choose_config(rows: int, kv_dtype: torch.dtype, interpreted: bool) -> KernelConfig:
-    """Tiles for ``rows`` query rows per request (query tokens × heads).
+@dataclass(frozen=True)
+class ConfigTable:
+    """The tiles of one family of targets: FP8 / 16-bit KV, up to 32 rows or more."""
 
-    From the H200 tuning rounds (benchmarks/NOTES.md): up to 32 rows take 16-row tiles (two
-    programs per SM: 142 registers, 92 KB of shared memory for FP8; a 32-head request runs
-    as two tiles whose shared KV reads hit L2), more rows the 64-row tile (one per SM).
-    """
+    few_fp8: KernelConfig
+    few_16bit: KernelConfig
+    many_fp8: KernelConfig
+    many_16bit: KernelConfig
+
+    def pick(self, rows: int, kv_dtype: torch.dtype) -> KernelConfig:
+        fp8 = kv_dtype.itemsize == 1
+        if rows <= FEW_ROWS:
+            return self.few_fp8 if fp8 else self.few_16bit
+        return self.many_fp8 if fp8 else self.many_16bit
+
+
+FEW_ROWS = 32
+# SM90/SM100 (227 KB): the H200 tuning rounds (benchmarks/NOTES.md). Up to 32 rows 16-row tiles
+# (a 32-head request runs as two tiles whose shared KV reads hit L2), more rows the 64-row tile:
+# it spills (~0.8 KB per thread with Triton 3.9) yet measured fastest for 128 heads (149 vs ~50
+# TFLOP/s).
+MEASURED_TABLE = ConfigTable(
+    KernelConfig(16, 64, 8, 1, occupancy=2),
+    KernelConfig(16, 64, 4, 2, occupancy=2),
+    KernelConfig(64, 64, 8, 1, occupancy=1),
+    KernelConfig(64, 64, 8, 1, occupancy=1),
+)
+# The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
+# quote). Rule: the H200 choice where it fits the target's shared memory without spilling more
+# than on the H200, else the largest tile that fits unspilled. Occupancy 1: in every one of
+# these builds registers or shared memory leave no room for a second program per SM/CU.
+TABLES: dict[str, ConfigTable] = {
+    "measured": MEASURED_TABLE,
+    # SM80 (163 KB): the H200 tiles but for 16-bit KV with many rows, whose 64-row tile needs
+    # 200 KB there (no wgmma); 32×32 in two stages needs 74 KB.
+    "smem163": ConfigTable(
+        KernelConfig(16, 64, 8, 1), KernelConfig(16, 64, 4, 2),
+        KernelConfig(64, 64, 8, 1), KernelConfig(32, 32, 8, 2)),
+    # SM86/89/120 (99 KB): 64-row tiles need 144-200 KB, 32×32 tiles 72-74 KB; the 16-bit 16×64
+    # two-stage tile fits (92 KB) but spills 180-270 B, 16×32 (55 KB) does not.
+    "smem99": ConfigTable(
+        KernelConfig(16, 64, 8, 1), KernelConfig(16, 32, 4, 2),
+        KernelConfig(32, 32, 8, 1), KernelConfig(32, 32, 8, 2)),
+    # CDNA (wave64, 64 KB LDS): 4 wavefronts keep the 512-VGPR budget of one wave per SIMD
+    # (8 wavefronts halve it and spill); 16×64 spills on gfx90a, 16×32 in two stages nowhere;
+    # the 64-row tile uses all 64 KB of LDS.
+    "wave64": ConfigTable(
+        KernelConfig(16, 32, 4, 2), KernelConfig(16, 32, 4, 2),
+        KernelConfig(64, 16, 4, 1), KernelConfig(64, 16, 4, 1)),
+    # RDNA3 (wave32, 256 VGPRs): WMMA holds 16 values per lane per 16×16 operand tile, so the
+    # 576-deep Q·Kᵀ operands alone need ~576 VGPRs: every tile spills, the smallest least.
+    "wave32": ConfigTable(*(KernelConfig(16, 16, 8, 1),) * 4),
+}
+
+
+def config_table(target: Target | None) -> ConfigTable:
+    """The table for ``target``; None (and SM90/SM100) get the H200-measured one."""
+    if target is None:
+        return MEASURED_TABLE
+    if target.is_hip:
+        return TABLES["wave64" if target.warp_size == 64 else "wave32"]
+    if target.smem_per_block >= 227 * KB:
+        return MEASURED_TABLE
+    return TABLES["smem163" if target.smem_per_block >= 163 * KB else "smem99"]
+
+
+def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[KernelConfig]:
+    """Every config :func:`choose_config` can pick for ``target`` and ``kv_dtype`` (compiled)."""
+    table = config_table(target)
+    out = [table.pick(rows, kv_dtype) for rows in (1, FEW_ROWS + 1)]
+    return list(dict.fromkeys(out))
+
+
+def choose_config(rows: int, kv_dtype: torch.dtype, interpreted: bool,
+                  target: Target | None = None) -> KernelConfig:
+    """Tiles for ``rows`` query rows per request (query tokens × heads) on ``target`` (the
+    H200-measured table when None); the interpreter takes small tiles."""
     if interpreted:
         block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
         return KernelConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=1)
-    if rows <= 32:
-        if kv_dtype.itemsize == 1:
-            return KernelConfig(16, 64, 8, 1, occupancy=2)
-        return KernelConfig(16, 64, 4, 2, occupancy=2)
-    return KernelConfig(64, 64, 8, 1, occupancy=1)
+    return config_table(target).pick(rows, kv_dtype)
 
 
 def choose_splits(
@@ -100,9 +170,12 @@ def make_launch_plan(
     kv_dtype: torch.dtype = torch.float8_e4m3fn,
     num_splits: int | None = None,
     config: KernelConfig | None = None,
+    target: Target | None = None,
 ) -> LaunchPlan:
+    """Tiles and grid of one launch; ``target`` (the device's architecture) picks the
+    config table, None meaning the H200-measured one."""
     rows = max_qo_len * num_heads
-    config = config or choose_config(rows, kv_dtype, interpreted)
+    config = config or choose_config(rows, kv_dtype, interpreted, target)
     m_tiles = max(1, -(-rows // config.block_m))
     if num_splits is None:
         num_splits = choose_splits(batch * m_tiles, max_kv_len, sms, max_splits_by_workspace,

@@ -1,0 +1,1 @@
+"""Developer tools that need no GPU (the compile matrix)."""

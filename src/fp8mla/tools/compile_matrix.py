@@ -1,0 +1,265 @@
+"""Compile matrix: every kernel configuration fp8mla's planners can select, built for every
+GPU target Triton supports, on a CPU.
+
+    python -m fp8mla.tools.compile_matrix --write docs/compile_matrix.md
+
+For each target of :data:`fp8mla.ops.targets.TARGETS` it builds the attention kernel in each
+tile the planner can pick (per KV dtype, with the FP8 decoding the launcher uses there, writing
+split partials and direct outputs), the split merge, and the KV-write kernel for every storage
+dtype and scale mode. A build fails on a compile error, on spills above its limit or on shared
+memory over the target's per-block limit. ``tests/test_compile_matrix.py`` runs it in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+
+import torch
+
+from fp8mla.ops.targets import TARGETS, Target
+from fp8mla.tools.kernel_builds import TORCH_TO_TRITON, Build, measure
+from fp8mla.tools.matrix_report import markdown
+
+KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16)
+SHORT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.bfloat16: "bf16",
+         torch.float16: "fp16"}
+CVT_NAMES = {0: "native", 1: "ptx", 2: "ptx", 3: "int-ptx", 4: "int-ptx", 5: "int-triton",
+             6: "int-triton"}
+ATTN = "fp8mla.kernels.mla_attention:_mla_attn_rows_kernel"
+MERGE = "fp8mla.kernels.merge:_mla_merge_kernel"
+KV_WRITE = "fp8mla.kernels.kv_write:_kv_write_kernel"
+
+# Spill limit per thread (CUDA spill stores) or lane (AMD: 4 bytes per spilled VGPR).
+SPILL_LIMIT = 128
+# Larger limits, each with the reason it is accepted: (target names, kernel, tile) → limit.
+SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
+    (("sm80", "sm90", "sm100"), "attention", "64x64", 1024,
+     "the H200's 64-row tile (kept where it fits) spills ~200-900 B, yet measured fastest "
+     "there for 128 heads (149 vs ~50 TFLOP/s for 16-row tiles)"),
+    (("gfx1100",), "attention", "", 4096,
+     "RDNA3 WMMA holds 16 values per lane per 16×16 operand tile, so the 576-deep Q·Kᵀ "
+     "operands alone need ~576 of 256 VGPRs: every tile spills until Q·Kᵀ is chunked over "
+     "the latent dimension"),
+]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of the matrix before it is built."""
+
+    target: str
+    kernel: str  # "attention", "merge", "kv_write"
+    variant: str
+    build: Build
+    spill_limit: int
+    spill_reason: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.target}-{self.kernel}-{self.variant.replace(' ', '-')}"
+
+
+@dataclass
+class Row:
+    """One built kernel variant: what it uses and whether that passes."""
+
+    target: str
+    kernel: str
+    variant: str
+    regs: int
+    spill_bytes: int
+    smem_bytes: int
+    limit_bytes: int
+    ok: bool
+    reason: str
+    stack_bytes: int = 0
+    spill_limit: int = SPILL_LIMIT
+    id: str = ""
+
+
+def _spill_limit(target: str, kernel: str, tile: str) -> tuple[int, str]:
+    for names, kern, tile_key, limit, why in SPILL_EXCEPTIONS:
+        if target in names and kern == kernel and tile_key in tile:
+            return limit, why
+    return SPILL_LIMIT, ""
+
+
+def attention_jobs(target: Target) -> list[Job]:
+    """The attention kernel in every config the planner picks for ``target``, per KV dtype,
+    writing split partials or the output (and, for FP8, with per-token-group scales).
+    Representative constexprs: page size 1 (an engine's pool), no causal mask (decode),
+    per-tensor scales, 512 + 64 head dims, bf16 queries."""
+    from fp8mla.ops.mla_attention import fp8_conversion
+    from fp8mla.ops.planner import selectable_configs
+
+    jobs = []
+    for kv in KV_DTYPES:
+        for cfg in selectable_configs(target, kv):
+            cvt = fp8_conversion(kv, torch.device("cuda"), False, cfg.fp8_cvt, target)
+            kv_ptr = "u8" if cvt else TORCH_TO_TRITON[str(kv).split(".")[-1]]
+            dot = "tl.bfloat16" if kv == torch.bfloat16 else "tl.float16"
+            tile = f"{cfg.block_m}x{cfg.block_n}"
+            limit, why = _spill_limit(target.name, "attention", tile)
+            outputs = [("fp32", True, False, "split"), ("bf16", False, False, "direct")]
+            if kv.itemsize == 1:  # per-token-group scales (DeepSeek's fine-grained FP8)
+                outputs.append(("fp32", True, True, "split+group"))
+            for out, write_lse, group, label in outputs:
+                ptrs = dict(q_nope_ptr="bf16", q_pe_ptr="bf16", ckv_ptr=kv_ptr, kpe_ptr=kv_ptr,
+                            scale_arr_ptr="fp32" if group else kv_ptr, ckv_scale_ptr=kv_ptr,
+                            kpe_scale_ptr=kv_ptr,
+                            qo_indptr_ptr="i32", kv_indptr_ptr="i32", kv_indices_ptr="i32",
+                            kv_len_ptr="i32", o_ptr=out, lse_ptr="fp32" if write_lse else out)
+                consts = dict(PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_CKV=512,
+                              D_KPE=64, CAUSAL=False, TOKEN_GROUP=group, CKV_SCALE_PTR=False,
+                              KPE_SCALE_PTR=False, DOT_DTYPE=dot, WRITE_LSE=write_lse,
+                              FP8_CVT=cvt)
+                build = Build(ATTN, tuple(ptrs.items()), tuple(consts.items()), cfg.num_warps,
+                              cfg.num_stages)
+                variant = (f"{SHORT[kv]} {tile} w{cfg.num_warps}s{cfg.num_stages} {label} "
+                           f"{CVT_NAMES[cvt]}")
+                jobs.append(Job(target.name, "attention", variant, build, limit, why))
+    return jobs
+
+
+def merge_jobs(target: Target) -> list[Job]:
+    """The split merge as the launcher runs it: fp32 partials into a bf16 output."""
+    jobs = []
+    for write_lse in (True, False):
+        ptrs = dict(mid_o_ptr="fp32", mid_lse_ptr="fp32", o_ptr="bf16", lse_ptr="fp32")
+        build = Build(MERGE, tuple(ptrs.items()), (("D", 512), ("WRITE_LSE", write_lse)), 4,
+                      None)
+        variant = "bf16 out + LSE" if write_lse else "bf16 out"
+        jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
+    return jobs
+
+
+def kv_write_jobs(target: Target) -> list[Job]:
+    """The fused KV write for every storage dtype and scale mode of ``MLAKVCache``."""
+    from fp8mla.formats import FP8_MAX, SCALE_GROUP
+    from fp8mla.ops.kv_write import FP8_FIELDS, STORE_KIND
+
+    jobs = []
+    for kv in KV_DTYPES:
+        kind, view = STORE_KIND[kv]
+        mbits, emin, bias = FP8_FIELDS.get(kv, (0, 0, 0))
+        for token_group in ((False, True) if kv.itemsize == 1 else (False,)):
+            ptrs = dict(ckv_ptr="bf16", kpe_ptr="bf16", slot_ptr="i64",
+                        cache_ptr=TORCH_TO_TRITON[str(view).split(".")[-1]],
+                        scale_arr_ptr="fp32" if token_group else "bf16")
+            consts = dict(D_CKV=512, D_KPE=64, GROUP=SCALE_GROUP,
+                          FP8_MAX=float(FP8_MAX.get(kv, 0.0)), MBITS=mbits, EMIN=emin,
+                          BIAS=bias, STORE_KIND=kind, TOKEN_GROUP=token_group)
+            build = Build(KV_WRITE, tuple(ptrs.items()), tuple(consts.items()), 4, None)
+            variant = f"{SHORT[kv]} {'token-group' if token_group else 'tensor'} scale"
+            jobs.append(Job(target.name, "kv_write", variant, build, SPILL_LIMIT))
+    return jobs
+
+
+def all_jobs(targets: list[str] | None = None) -> list[Job]:
+    """Every build of the matrix, in table order; pure host arithmetic (nothing compiles)."""
+    names = targets or list(TARGETS)
+    jobs = []
+    for name in names:
+        t = TARGETS[name]
+        jobs += attention_jobs(t) + merge_jobs(t) + kv_write_jobs(t)
+    return jobs
+
+
+def run_job(job: Job) -> Row:
+    """Build one job and judge it."""
+    target = TARGETS[job.target]
+    with warnings.catch_warnings():  # Triton 3.9 warns about its FP-fusion default change
+        warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
+        res = measure(job.build, target)
+    limit = target.smem_per_block
+    if not res.ok:
+        reason = f"compile error: {res.error}"
+    elif res.spill_bytes > job.spill_limit:
+        reason = f"spills {res.spill_bytes} B > {job.spill_limit} B"
+    elif res.smem_bytes > limit:
+        reason = f"shared memory {res.smem_bytes} B > {limit} B"
+    else:
+        reason = job.spill_reason if res.spill_bytes > SPILL_LIMIT else ""
+    ok = res.ok and not reason.startswith(("spills", "shared"))
+    return Row(job.target, job.kernel, job.variant, res.regs, res.spill_bytes, res.smem_bytes,
+               limit, ok, reason, res.stack_bytes, job.spill_limit, job.id)
+
+
+def build_matrix(targets: list[str] | None = None, workers: int | None = None) -> list[Row]:
+    """Build every job in ``workers`` fresh processes (kernels must be imported there with
+    ``TRITON_INTERPRET`` unset, which this function arranges)."""
+    jobs = all_jobs(targets)
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            return list(pool.map(run_job, jobs, chunksize=1))
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def available_targets() -> tuple[list[str], dict[str, str]]:
+    """Targets this Triton installation can build, and why the others cannot."""
+    import importlib.util
+
+    missing: dict[str, str] = {}
+    if importlib.util.find_spec("triton.backends.amd") is None:
+        missing["hip"] = "this Triton has no AMD backend"
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        if not os.path.exists(get_ptxas(90).path):
+            missing["cuda"] = "ptxas not found"
+    except Exception as e:  # noqa: BLE001 -- any failure means no NVIDIA builds
+        missing["cuda"] = f"no NVIDIA backend ({type(e).__name__})"
+    ok = [n for n, t in TARGETS.items() if t.backend not in missing]
+    return ok, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fp8mla.tools.compile_matrix",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", metavar="MD", help="write the markdown table to this file")
+    p.add_argument("--json", metavar="PATH", help="write the rows as JSON ('-': stdout)")
+    p.add_argument("--targets", help="comma-separated target names (default: all)")
+    p.add_argument("--workers", type=int, default=None)
+    args = p.parse_args(argv)
+    available, missing = available_targets()
+    wanted = args.targets.split(",") if args.targets else list(TARGETS)
+    unknown = [t for t in wanted if t not in TARGETS]
+    if unknown:
+        p.error(f"expected targets from {', '.join(TARGETS)}, got {', '.join(unknown)}")
+    for name in wanted:
+        if name not in available:
+            print(f"skipping {name}: {missing[TARGETS[name].backend]}", file=sys.stderr)
+    rows = build_matrix([t for t in wanted if t in available], args.workers)
+    if args.json:
+        text = json.dumps([asdict(r) for r in rows], indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    md = markdown(rows)
+    if args.write:
+        with open(args.write, "w") as f:
+            f.write(md)
+    if not args.json and not args.write:
+        print(md)
+    bad = [r for r in rows if not r.ok]
+    for r in bad:
+        print(f"FAILED {r.target} {r.kernel} {r.variant}: {r.reason}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
