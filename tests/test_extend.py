@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_utils import assert_matches_reference, run_wrapper
 
 from fp8mla.ops.planner import choose_config
 from fp8mla.testing import make_batch
+
+from attention_utils import assert_matches_reference, run_wrapper
 
 
 def gen(seed: int) -> torch.Generator:

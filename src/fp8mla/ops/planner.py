@@ -145,8 +145,8 @@ def choose_splits(
     max_splits_by_workspace: int,
     config: KernelConfig | None = None,
 ) -> int:
-    """Splits per request: as many as keep ``work_items × splits`` programs within one wave
-    (``sms × occupancy``) -- a partial second wave costs more than the merge saves.
+    """Splits per request: as many as keep ``work_items × splits`` within ``sms × occupancy``
+    programs (whole waves) -- a partial extra wave costs more than the merge saves.
 
     ``max_kv_len=None`` (CUDA-graph plans, where lengths change between replays) plans for
     long contexts; the kernel leaves surplus splits empty when a request is short.
