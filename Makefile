@@ -47,7 +47,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m ruff format --check src tests benchmarks examples
 
 info: $(STAMP)
 	$(PY) -m fp8mla info

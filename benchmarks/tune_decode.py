@@ -29,17 +29,25 @@ def cfgs(*specs: tuple) -> list[KernelConfig]:
 
 PTX_INT = ("ptx", "int")
 CASES = [  # (case, configs, split counts); round 3: FP8 conversion × splits around one wave
-    (Case(64, 16, 4096), cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT],
-                              (16, 64, 8, 2, False, "int")), (2, 3, 4, 5, 6)),
-    (Case(64, 16, 4096, kv_dtype=torch.float8_e5m2),
-     cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]), (2, 4)),
-    (Case(64, 16, 4096, kv_dtype=torch.bfloat16),
-     cfgs((16, 64, 4, 2, False, "auto"), (16, 64, 8, 1, False, "auto")), (2, 3, 4, 6)),
+    (
+        Case(64, 16, 4096),
+        cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT], (16, 64, 8, 2, False, "int")),
+        (2, 3, 4, 5, 6),
+    ),
+    (
+        Case(64, 16, 4096, kv_dtype=torch.float8_e5m2),
+        cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]),
+        (2, 4),
+    ),
+    (
+        Case(64, 16, 4096, kv_dtype=torch.bfloat16),
+        cfgs((16, 64, 4, 2, False, "auto"), (16, 64, 8, 1, False, "auto")),
+        (2, 3, 4, 6),
+    ),
     (Case(1, 32, 4096), cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]), (16, 32, 64)),
     (Case(8, 16, 32768), cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]), (8, 16, 24, 33)),
     (Case(64, 128, 4096), cfgs(*[(64, 64, 8, 1, False, c) for c in PTX_INT]), (1, 2)),
-    (Case(8, 16, 8192, qo_len=4), cfgs(*[(64, 64, 8, 1, False, c) for c in PTX_INT]),
-     (8, 16, 32)),
+    (Case(8, 16, 8192, qo_len=4), cfgs(*[(64, 64, 8, 1, False, c) for c in PTX_INT]), (8, 16, 32)),
 ]
 GRAPH_BYTES = 1 << 30
 
@@ -72,8 +80,9 @@ def main() -> int:
         inp = build_inputs(case, dev, pool=pools[case.kv_dtype])
         ref, rows = reference_subset(inp, 4)
         rot = min(64, -(-GRAPH_BYTES // kv_bytes(case)))
-        inputs = [inp] + [build_inputs(case, dev, seed=i + 1, pool=inp.pool)
-                          for i in range(rot - 1)]
+        inputs = [inp] + [
+            build_inputs(case, dev, seed=i + 1, pool=inp.pool) for i in range(rot - 1)
+        ]
         for cfg in configs[:2] if args.quick else configs:
             for splits in split_counts:
                 try:
@@ -84,13 +93,22 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 - report and go on with the sweep
                     print(f"{case.name} {cfg} splits={splits}: FAILED {exc!r}"[:300])
                     continue
-                r = dict(case=case.name, swap=cfg.swap_ab, cvt=cfg.fp8_cvt, bm=cfg.block_m,
-                         bn=cfg.block_n,
-                         warps=cfg.num_warps, stages=cfg.num_stages, splits=splits,
-                         us=round(t.us_median, 2), p20=round(t.us_p20, 2),
-                         p80=round(t.us_p80, 2),
-                         gbps=round(kv_bytes(case) / t.us_median / 1e3, 1),
-                         tflops=round(flops(case) / t.us_median / 1e6, 1), rel_err=err)
+                r = dict(
+                    case=case.name,
+                    swap=cfg.swap_ab,
+                    cvt=cfg.fp8_cvt,
+                    bm=cfg.block_m,
+                    bn=cfg.block_n,
+                    warps=cfg.num_warps,
+                    stages=cfg.num_stages,
+                    splits=splits,
+                    us=round(t.us_median, 2),
+                    p20=round(t.us_p20, 2),
+                    p80=round(t.us_p80, 2),
+                    gbps=round(kv_bytes(case) / t.us_median / 1e3, 1),
+                    tflops=round(flops(case) / t.us_median / 1e6, 1),
+                    rel_err=err,
+                )
                 results.append(r)
                 print(json.dumps(r), flush=True)
     if args.json:
@@ -101,9 +119,11 @@ def main() -> int:
         rs = [r for r in results if r["case"] == case.name and r["rel_err"] < 3e-3]
         for r in sorted(rs, key=lambda r: r["us"])[:3]:
             kind = ("swap" if r["swap"] else "rows") + "/" + r["cvt"]
-            print(f"{case.name:34} {kind:11} BM{r['bm']} BN{r['bn']} w{r['warps']} s{r['stages']} "
-                  f"splits {r['splits']:2}: {r['us']:8.1f} us {r['gbps']:7.0f} GB/s "
-                  f"{r['tflops']:6.1f} TFLOP/s err {r['rel_err']:.1e}")
+            print(
+                f"{case.name:34} {kind:11} BM{r['bm']} BN{r['bn']} w{r['warps']} s{r['stages']} "
+                f"splits {r['splits']:2}: {r['us']:8.1f} us {r['gbps']:7.0f} GB/s "
+                f"{r['tflops']:6.1f} TFLOP/s err {r['rel_err']:.1e}"
+            )
     bad = [r for r in results if not r["rel_err"] < 3e-3]
     print(f"{len(results)} variants, {len(bad)} over the 3e-3 error bar")
     return 0

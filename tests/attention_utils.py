@@ -27,21 +27,55 @@ def workspace(device, nbytes: int = 32 << 20) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
-def run_wrapper(batch: PagedBatch, *, causal=False, backend="triton", num_splits=None,
-                ckv=None, kpe=None, out=None, lse=None, config=None):
+def run_wrapper(
+    batch: PagedBatch,
+    *,
+    causal=False,
+    backend="triton",
+    num_splits=None,
+    ckv=None,
+    kpe=None,
+    out=None,
+    lse=None,
+    config=None,
+):
     w = BatchMLAPagedAttentionWrapper(workspace(batch.q_nope.device), backend=backend)
-    w.plan(*batch.plan_args(), batch.num_heads, 512, batch.q_pe.shape[-1], batch.page_size,
-           causal, SM_SCALE, batch.q_nope.dtype, batch.ckv.dtype, num_splits=num_splits,
-           kernel_config=config)
-    return w.run(batch.q_nope, batch.q_pe, batch.ckv if ckv is None else ckv,
-                 batch.kpe if kpe is None else kpe, out=out, lse=lse, return_lse=True,
-                 **batch.scale_kwargs())
+    w.plan(
+        *batch.plan_args(),
+        batch.num_heads,
+        512,
+        batch.q_pe.shape[-1],
+        batch.page_size,
+        causal,
+        SM_SCALE,
+        batch.q_nope.dtype,
+        batch.ckv.dtype,
+        num_splits=num_splits,
+        kernel_config=config,
+    )
+    return w.run(
+        batch.q_nope,
+        batch.q_pe,
+        batch.ckv if ckv is None else ckv,
+        batch.kpe if kpe is None else kpe,
+        out=out,
+        lse=lse,
+        return_lse=True,
+        **batch.scale_kwargs(),
+    )
 
 
 def reference(batch: PagedBatch, *, causal=False):
     return mla_reference(
-        batch.q_nope, batch.q_pe, batch.ckv, batch.kpe, *batch.plan_args(), sm_scale=SM_SCALE,
-        causal=causal, ckv_scale=batch.ckv_scale, kpe_scale=batch.kpe_scale,
+        batch.q_nope,
+        batch.q_pe,
+        batch.ckv,
+        batch.kpe,
+        *batch.plan_args(),
+        sm_scale=SM_SCALE,
+        causal=causal,
+        ckv_scale=batch.ckv_scale,
+        kpe_scale=batch.kpe_scale,
         ckv_scale_arr=batch.ckv_scale_arr,
     )
 

@@ -36,8 +36,9 @@ SWAP = pytest.mark.parametrize("swap_ab", [False, True], ids=["rows", "swap"])
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
 def test_lengths_page_sizes_dtypes(device, page_size, kv_dtype, swap_ab):
-    batch = make_batch(LENGTHS, 16, page_size=page_size, kv_dtype=kv_dtype, device=device,
-                       generator=gen(page_size))
+    batch = make_batch(
+        LENGTHS, 16, page_size=page_size, kv_dtype=kv_dtype, device=device, generator=gen(page_size)
+    )
     out, lse = run_wrapper(batch, config=orientation(swap_ab, 16))
     assert_matches_reference(batch, out, lse)
 
@@ -54,15 +55,17 @@ def test_head_counts(device, heads, swap_ab):
 @pytest.mark.parametrize("qo_len", [2, 4, 16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_multi_token_queries(device, qo_len, causal, swap_ab):
-    batch = make_batch([17, 114, 300], 16, qo_lens=qo_len, page_size=16, device=device,
-                       generator=gen(qo_len))
+    batch = make_batch(
+        [17, 114, 300], 16, qo_lens=qo_len, page_size=16, device=device, generator=gen(qo_len)
+    )
     out, lse = run_wrapper(batch, causal=causal, config=orientation(swap_ab, 16 * qo_len))
     assert_matches_reference(batch, out, lse, causal=causal)
 
 
 def test_mixed_query_lengths_and_empty_requests(device):
-    batch = make_batch([40, 0, 200, 5], 8, qo_lens=[3, 1, 16, 5], page_size=16, device=device,
-                       generator=gen(7))
+    batch = make_batch(
+        [40, 0, 200, 5], 8, qo_lens=[3, 1, 16, 5], page_size=16, device=device, generator=gen(7)
+    )
     out, lse = run_wrapper(batch, causal=True)
     assert_matches_reference(batch, out, lse, causal=True)
 
@@ -70,8 +73,15 @@ def test_mixed_query_lengths_and_empty_requests(device):
 @SWAP
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 def test_token_group_scales(device, kv_dtype, swap_ab):
-    batch = make_batch([33, 514], 16, page_size=16, kv_dtype=kv_dtype, scale_mode="token_group",
-                       device=device, generator=gen(11))
+    batch = make_batch(
+        [33, 514],
+        16,
+        page_size=16,
+        kv_dtype=kv_dtype,
+        scale_mode="token_group",
+        device=device,
+        generator=gen(11),
+    )
     out, lse = run_wrapper(batch, config=orientation(swap_ab, 16))
     assert_matches_reference(batch, out, lse)
 
@@ -81,9 +91,18 @@ def test_scales_as_device_scalars(device):
     ckv_scale = torch.tensor(batch.ckv_scale, dtype=torch.float32, device=device)
     kpe_scale = torch.tensor(batch.kpe_scale, dtype=torch.float32, device=device)
     out, lse = mla_decode(
-        batch.q_nope, batch.q_pe, batch.ckv, batch.kpe, batch.kv_indptr, batch.kv_indices,
-        batch.kv_len, sm_scale=SM_SCALE, ckv_scale=ckv_scale, kpe_scale=kpe_scale,
-        return_lse=True, backend="triton",
+        batch.q_nope,
+        batch.q_pe,
+        batch.ckv,
+        batch.kpe,
+        batch.kv_indptr,
+        batch.kv_indices,
+        batch.kv_len,
+        sm_scale=SM_SCALE,
+        ckv_scale=ckv_scale,
+        kpe_scale=kpe_scale,
+        return_lse=True,
+        backend="triton",
     )
     assert_matches_reference(batch, out, lse)
 
@@ -97,8 +116,9 @@ def test_split_counts_agree(device, num_splits):
 
 def test_engine_layout_views_without_copy(device):
     """An engine's ``[num_slots, 1, 576]`` pool split into ``[..., :512]`` / ``[..., 512:]``."""
-    batch = make_batch([64, 129], 16, page_size=1, pool_pages=1000, device=device,
-                       generator=gen(14))
+    batch = make_batch(
+        [64, 129], 16, page_size=1, pool_pages=1000, device=device, generator=gen(14)
+    )
     ckv, kpe = batch.pool[..., :512], batch.pool[..., 512:]
     assert ckv.data_ptr() == batch.pool.data_ptr() and not ckv.is_contiguous()
     out, lse = run_wrapper(batch, ckv=ckv, kpe=kpe)
@@ -113,16 +133,16 @@ def test_large_batch(device):
 
 
 def test_fp16_queries(device):
-    batch = make_batch([33, 96], 16, page_size=16, q_dtype=torch.float16, device=device,
-                       generator=gen(16))
+    batch = make_batch(
+        [33, 96], 16, page_size=16, q_dtype=torch.float16, device=device, generator=gen(16)
+    )
     out, lse = run_wrapper(batch)
     assert_matches_reference(batch, out, lse)
 
 
 @SWAP
 def test_no_rope_part(device, swap_ab):
-    batch = make_batch([33, 96], 16, page_size=16, head_dim_kpe=0, device=device,
-                       generator=gen(17))
+    batch = make_batch([33, 96], 16, page_size=16, head_dim_kpe=0, device=device, generator=gen(17))
     out, lse = run_wrapper(batch, config=orientation(swap_ab, 16))
     assert_matches_reference(batch, out, lse)
 
@@ -137,8 +157,7 @@ def test_given_out_and_lse_are_filled(device):
 
 
 def test_torch_backend_matches(device):
-    batch = make_batch([0, 17, 97], 16, qo_lens=2, page_size=16, device=device,
-                       generator=gen(19))
+    batch = make_batch([0, 17, 97], 16, qo_lens=2, page_size=16, device=device, generator=gen(19))
     out, lse = run_wrapper(batch, backend="torch", causal=True)
     assert_matches_reference(batch, out, lse, causal=True)
 
@@ -157,8 +176,9 @@ def test_long_contexts_on_gpu(context):
 @pytest.mark.parametrize("page_size", [1, 64])
 def test_batch_157_on_gpu(kv_dtype, page_size):
     lens = torch.randint(0, 1025, (157,), generator=gen(20)).tolist()
-    batch = make_batch(lens, 128, page_size=page_size, kv_dtype=kv_dtype, device="cuda",
-                       generator=gen(20))
+    batch = make_batch(
+        lens, 128, page_size=page_size, kv_dtype=kv_dtype, device="cuda", generator=gen(20)
+    )
     out, lse = run_wrapper(batch)
     assert_matches_reference(batch, out, lse)
 
@@ -175,14 +195,31 @@ def test_cuda_graph_replay_with_changing_lengths(qo_len):
         torch.empty(max_pages, dtype=torch.int32, device="cuda"),
         torch.empty(batch_size, dtype=torch.int32, device="cuda"),
     )
-    w = BatchMLAPagedAttentionWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"),
-                                      True, *bufs, backend="triton")
-    first = make_batch([300] * batch_size, heads, qo_lens=qo_len, page_size=page_size,
-                       pool_pages=max_pages, device="cuda", generator=gen(21))
+    w = BatchMLAPagedAttentionWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), True, *bufs, backend="triton"
+    )
+    first = make_batch(
+        [300] * batch_size,
+        heads,
+        qo_lens=qo_len,
+        page_size=page_size,
+        pool_pages=max_pages,
+        device="cuda",
+        generator=gen(21),
+    )
 
     def plan(b):
-        w.plan(*b.plan_args(), heads, 512, 64, page_size, True, SM_SCALE, torch.bfloat16,
-               torch.float8_e4m3fn)
+        w.plan(
+            *b.plan_args(),
+            heads,
+            512,
+            64,
+            page_size,
+            True,
+            SM_SCALE,
+            torch.bfloat16,
+            torch.float8_e4m3fn,
+        )
 
     plan(first)
     q_nope, q_pe = first.q_nope.clone(), first.q_pe.clone()
@@ -195,8 +232,15 @@ def test_cuda_graph_replay_with_changing_lengths(qo_len):
     with torch.cuda.graph(graph):
         w.run(q_nope, q_pe, first.ckv, first.kpe, out=out, lse=lse, **kw)
     for step, lens in enumerate([[300] * batch_size, [5, 900, 17, 4, 2000, 64, 256, 4000]]):
-        b = make_batch(lens, heads, qo_lens=qo_len, page_size=page_size, pool_pages=max_pages,
-                       device="cuda", generator=gen(22 + step))
+        b = make_batch(
+            lens,
+            heads,
+            qo_lens=qo_len,
+            page_size=page_size,
+            pool_pages=max_pages,
+            device="cuda",
+            generator=gen(22 + step),
+        )
         first.pool.copy_(b.pool)  # fresh pool contents in the captured buffers
         b.pool, b.ckv, b.kpe = first.pool, first.ckv, first.kpe
         plan(b)

@@ -54,7 +54,16 @@ def test_case_names_and_counts():
 
 
 def test_table_formats_records():
-    row = dict(case="B1_H16_L512_float8_e4m3fn", impl="fp8mla", us_median=5.0, us_p20=4.9,
-               us_p80=5.2, gbps=59.0, tflops=0.4, x_floor=3.1, rel_err=1.5e-3)
+    row = dict(
+        case="B1_H16_L512_float8_e4m3fn",
+        impl="fp8mla",
+        us_median=5.0,
+        us_p20=4.9,
+        us_p80=5.2,
+        gbps=59.0,
+        tflops=0.4,
+        x_floor=3.1,
+        rel_err=1.5e-3,
+    )
     text = format_table([row])
     assert "B1_H16_L512_float8_e4m3fn" in text and "1.5e-03" in text

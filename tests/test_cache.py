@@ -11,8 +11,12 @@ from fp8mla.cache import MLAKVCache, PageAllocator, PoolExhaustedError
 from fp8mla.reference import dequantize
 
 # Relative rounding of each format: half an ulp of the mantissa (3 bits e4m3, 2 bits e5m2).
-HALF_ULP = {torch.float8_e4m3fn: 2.0**-4, torch.float8_e5m2: 2.0**-3,
-            torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+HALF_ULP = {
+    torch.float8_e4m3fn: 2.0**-4,
+    torch.float8_e5m2: 2.0**-3,
+    torch.bfloat16: 2.0**-8,
+    torch.float16: 2.0**-11,
+}
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 BACKENDS = ["torch", "triton"]
 
@@ -40,8 +44,15 @@ def assert_within_rounding(got, want, dtype, scale_floor):
 def test_write_then_read_back(device, backend, dtype, scale_mode):
     g = torch.Generator().manual_seed(0)
     scales = {"ckv_scale": 0.05, "kpe_scale": 0.02} if scale_mode == "tensor" else {}
-    cache = MLAKVCache(256, page_size=16, dtype=dtype, scale_mode=scale_mode, device=device,
-                       backend=backend, **scales)
+    cache = MLAKVCache(
+        256,
+        page_size=16,
+        dtype=dtype,
+        scale_mode=scale_mode,
+        device=device,
+        backend=backend,
+        **scales,
+    )
     seq = cache.new_sequence()
     ckv = (torch.randn(37, 512, generator=g) * 3).to(torch.bfloat16).to(device)
     kpe = torch.randn(37, 64, generator=g).to(torch.bfloat16).to(device)
@@ -55,11 +66,18 @@ def test_write_then_read_back(device, backend, dtype, scale_mode):
         ckv_floor = subnormal * group_scale.repeat_interleave(128, dim=1)
         # the group's largest value is stored at the format's maximum, exactly
         amax = want_ckv.view(37, 4, 128).abs().amax(-1)
-        torch.testing.assert_close(group_scale, amax / {torch.float8_e4m3fn: 448.0,
-                                                        torch.float8_e5m2: 57344.0}[dtype],
-                                   rtol=1e-6, atol=0)
-    assert_within_rounding(got_ckv.cpu(), want_ckv.cpu(), dtype, ckv_floor.cpu()
-                           if isinstance(ckv_floor, torch.Tensor) else ckv_floor)
+        torch.testing.assert_close(
+            group_scale,
+            amax / {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}[dtype],
+            rtol=1e-6,
+            atol=0,
+        )
+    assert_within_rounding(
+        got_ckv.cpu(),
+        want_ckv.cpu(),
+        dtype,
+        ckv_floor.cpu() if isinstance(ckv_floor, torch.Tensor) else ckv_floor,
+    )
     assert_within_rounding(got_kpe.cpu(), want_kpe.cpu(), dtype, subnormal * cache.kpe_scale)
 
 
@@ -84,8 +102,14 @@ def test_kernel_and_torch_writes_agree(device, dtype, scale_mode):
     slots = torch.randperm(200, generator=g)[:50].to(device)
     bufs = []
     for backend in BACKENDS:
-        cache = MLAKVCache(200, dtype=dtype, scale_mode=scale_mode, ckv_scale=0.5
-                           if scale_mode == "tensor" else 1.0, device=device, backend=backend)
+        cache = MLAKVCache(
+            200,
+            dtype=dtype,
+            scale_mode=scale_mode,
+            ckv_scale=0.5 if scale_mode == "tensor" else 1.0,
+            device=device,
+            backend=backend,
+        )
         cache.write(slots, ckv, kpe)
         bufs.append(cache)
     a, b = (c.buffer.view(torch.uint8).view(200, -1)[slots].int().cpu() for c in bufs)

@@ -17,8 +17,7 @@ def all_bf16_values() -> torch.Tensor:
     return values[torch.isfinite(values)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16],
-                         ids=str)
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16], ids=str)
 def test_kernel_write_rounds_like_torch(device, dtype):
     values = all_bf16_values()
     if dtype in FP8_MAX:
@@ -37,7 +36,5 @@ def test_kernel_write_rounds_like_torch(device, dtype):
     stored = cache.buffer.view(rows, -1)
     want_ckv, want_kpe = ckv.to(dtype), kpe.to(dtype)
     as_int = torch.uint8 if dtype in FP8_MAX else torch.int16
-    assert torch.equal(stored[:, :512].contiguous().view(as_int).cpu(),
-                       want_ckv.view(as_int).cpu())
-    assert torch.equal(stored[:, 512:].contiguous().view(as_int).cpu(),
-                       want_kpe.view(as_int).cpu())
+    assert torch.equal(stored[:, :512].contiguous().view(as_int).cpu(), want_ckv.view(as_int).cpu())
+    assert torch.equal(stored[:, 512:].contiguous().view(as_int).cpu(), want_kpe.view(as_int).cpu())

@@ -32,8 +32,15 @@ def matrix(tmp_path_factory) -> dict[str, dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = str(Path(fp8mla.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "fp8mla.tools.compile_matrix", "--targets",
-           ",".join(AVAILABLE), "--json", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fp8mla.tools.compile_matrix",
+        "--targets",
+        ",".join(AVAILABLE),
+        "--json",
+        str(path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     if not path.exists():  # exit status 1 only says some rows failed; the tests name them
         pytest.fail(f"compile matrix did not run (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -49,9 +56,11 @@ def test_kernel_builds_within_limits(matrix, job):
     where = f"{job.target} {job.kernel} {job.variant}"
     assert not row["reason"].startswith("compile error"), f"{where}: {row['reason']}"
     assert row["spill_bytes"] <= job.spill_limit, (
-        f"{where}: spills {row['spill_bytes']} B > {job.spill_limit} B")
+        f"{where}: spills {row['spill_bytes']} B > {job.spill_limit} B"
+    )
     assert row["smem_bytes"] <= row["limit_bytes"], (
-        f"{where}: shared memory {row['smem_bytes']} B > {row['limit_bytes']} B")
+        f"{where}: shared memory {row['smem_bytes']} B > {row['limit_bytes']} B"
+    )
     assert row["ok"], f"{where}: {row['reason']}"
 
 

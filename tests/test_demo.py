@@ -11,9 +11,19 @@ from fp8mla.demo.config import CPU_DEFAULT, with_overrides
 
 @pytest.fixture
 def tiny(device):
-    return with_overrides(CPU_DEFAULT, layers=3, heads=4, hidden=128, pool_slots=4000,
-                          context=96, batch=2, steps=1, mlp=128, device=device,
-                          cuda_graph=device == "cuda")
+    return with_overrides(
+        CPU_DEFAULT,
+        layers=3,
+        heads=4,
+        hidden=128,
+        pool_slots=4000,
+        context=96,
+        batch=2,
+        steps=1,
+        mlp=128,
+        device=device,
+        cuda_graph=device == "cuda",
+    )
 
 
 def test_demo_strategies_agree_and_doctor_finds_the_cast(tiny, tmp_path, capsys):

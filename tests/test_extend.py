@@ -20,15 +20,23 @@ def gen(seed: int) -> torch.Generator:
 def test_chunks_mixed_with_decode(device, causal):
     # prefill chunk of 40 over a 70-token prefix, a decode request, a 25-token chunk that is
     # the whole sequence (no prefix), an empty request
-    batch = make_batch([110, 300, 25, 0], 4, qo_lens=[40, 1, 25, 1], page_size=16,
-                       device=device, generator=gen(1))
+    batch = make_batch(
+        [110, 300, 25, 0], 4, qo_lens=[40, 1, 25, 1], page_size=16, device=device, generator=gen(1)
+    )
     out, lse = run_wrapper(batch, causal=causal)
     assert_matches_reference(batch, out, lse, causal=causal)
 
 
 def test_chunk_of_fp8_e5m2_page_size_one(device):
-    batch = make_batch([90, 7], 8, qo_lens=[33, 2], page_size=1, kv_dtype=torch.float8_e5m2,
-                       device=device, generator=gen(2))
+    batch = make_batch(
+        [90, 7],
+        8,
+        qo_lens=[33, 2],
+        page_size=1,
+        kv_dtype=torch.float8_e5m2,
+        device=device,
+        generator=gen(2),
+    )
     out, lse = run_wrapper(batch, causal=True)
     assert_matches_reference(batch, out, lse, causal=True)
 
@@ -41,7 +49,13 @@ def test_long_chunks_take_the_many_row_tile():
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [16, 128])
 def test_long_chunk_over_long_prefix_on_gpu(heads):
-    batch = make_batch([4096 + 1024, 5000, 1], heads, qo_lens=[1024, 1, 1], page_size=64,
-                       device="cuda", generator=gen(heads))
+    batch = make_batch(
+        [4096 + 1024, 5000, 1],
+        heads,
+        qo_lens=[1024, 1, 1],
+        page_size=64,
+        device="cuda",
+        generator=gen(heads),
+    )
     out, lse = run_wrapper(batch, causal=True)
     assert_matches_reference(batch, out, lse, causal=True)

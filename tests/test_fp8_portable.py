@@ -42,9 +42,15 @@ def test_all_codes_through_the_kernel_helper(device, dtype):
 @pytest.mark.parametrize("dtype", FORMATS, ids=str)
 def test_attention_with_portable_decoding(device, dtype, scale_mode):
     """Unused slots of the pool hold NaN codes: masked loads must keep them out."""
-    batch = make_batch([0, 17, 97, 300], 16, page_size=16, kv_dtype=dtype,
-                       scale_mode=scale_mode, device=device,
-                       generator=torch.Generator().manual_seed(5))
+    batch = make_batch(
+        [0, 17, 97, 300],
+        16,
+        page_size=16,
+        kv_dtype=dtype,
+        scale_mode=scale_mode,
+        device=device,
+        generator=torch.Generator().manual_seed(5),
+    )
     cfg = KernelConfig(16, 32, 4, 1, fp8_cvt="portable")
     out, lse = run_wrapper(batch, config=cfg)
     assert_matches_reference(batch, out, lse)
@@ -57,15 +63,17 @@ def test_auto_picks_the_integer_paths_per_target():
     e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
     for name, t in TARGETS.items():
         got = fp8_conversion(e4, cuda, False, "auto", t), fp8_conversion(e5, cuda, False, "auto", t)
-        want = (T.CVT_TRITON_INT_E4M3, T.CVT_TRITON_INT_E5M2) if t.is_hip else \
-            (T.CVT_INT_E4M3, T.CVT_INT_E5M2)
+        want = (
+            (T.CVT_TRITON_INT_E4M3, T.CVT_TRITON_INT_E5M2)
+            if t.is_hip
+            else (T.CVT_INT_E4M3, T.CVT_INT_E5M2)
+        )
         assert got == tuple(int(w) for w in want), name
     # no PTX on AMD; cvt needs SM89+; the interpreter keeps Triton's cast unless told otherwise
     assert fp8_conversion(e4, cuda, False, "ptx", TARGETS["gfx942"]) == T.CVT_TRITON_INT_E4M3
     assert fp8_conversion(e4, cuda, False, "ptx", TARGETS["sm86"]) == T.CVT_INT_E4M3
     assert fp8_conversion(e4, cuda, False, "ptx", TARGETS["sm89"]) == T.CVT_PTX_E4M3
     assert fp8_conversion(e4, torch.device("cpu"), True) == T.CVT_NATIVE
-    assert fp8_conversion(torch.bfloat16, cuda, False, "portable", TARGETS["sm90"]) == \
-        T.CVT_NATIVE
+    assert fp8_conversion(torch.bfloat16, cuda, False, "portable", TARGETS["sm90"]) == T.CVT_NATIVE
     with pytest.raises(ValueError, match="expected fp8_cvt"):
         fp8_conversion(e4, cuda, False, "fast", TARGETS["sm90"])

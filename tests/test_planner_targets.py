@@ -22,21 +22,30 @@ KV_DTYPES = [E4M3, E5M2, torch.bfloat16, torch.float16]
 ROWS = [1, 16, 17, 32, 33, 64, 128, 16 * 128, 4096 * 128]
 
 
-@pytest.mark.parametrize("target", [None, TARGETS["sm90"], TARGETS["sm100"]],
-                         ids=["none", "sm90", "sm100"])
+@pytest.mark.parametrize(
+    "target", [None, TARGETS["sm90"], TARGETS["sm100"]], ids=["none", "sm90", "sm100"]
+)
 def test_h200_table_unchanged(target):
     assert choose_config(16, E4M3, False, target) == KernelConfig(16, 64, 8, 1, occupancy=2)
     assert choose_config(32, E5M2, False, target) == KernelConfig(16, 64, 8, 1, occupancy=2)
-    assert choose_config(32, torch.bfloat16, False, target) == \
-        KernelConfig(16, 64, 4, 2, occupancy=2)
+    assert choose_config(32, torch.bfloat16, False, target) == KernelConfig(
+        16, 64, 4, 2, occupancy=2
+    )
     for dtype in KV_DTYPES:
         assert choose_config(128, dtype, False, target) == KernelConfig(64, 64, 8, 1)
     assert config_table(target) is MEASURED_TABLE
 
 
 def test_default_arguments_keep_the_measured_plan():
-    kw = dict(batch=4, num_heads=128, max_qo_len=1, max_kv_len=4096, sms=132,
-              max_splits_by_workspace=64, interpreted=False)
+    kw = dict(
+        batch=4,
+        num_heads=128,
+        max_qo_len=1,
+        max_kv_len=4096,
+        sms=132,
+        max_splits_by_workspace=64,
+        interpreted=False,
+    )
     assert make_launch_plan(**kw) == make_launch_plan(**kw, target=TARGETS["sm90"])
     assert make_launch_plan(**kw).config.block_m == 64
 
@@ -99,8 +108,15 @@ def test_interpreter_ignores_the_target():
 
 
 def test_launch_plan_uses_the_target():
-    kw = dict(batch=2, num_heads=128, max_qo_len=1, max_kv_len=8192, sms=84,
-              max_splits_by_workspace=64, interpreted=False)
+    kw = dict(
+        batch=2,
+        num_heads=128,
+        max_qo_len=1,
+        max_kv_len=8192,
+        sms=84,
+        max_splits_by_workspace=64,
+        interpreted=False,
+    )
     plan = make_launch_plan(**kw, target=TARGETS["sm86"])
     assert plan.config == KernelConfig(32, 32, 8, 1) and plan.m_tiles == 4
     plan = make_launch_plan(**kw, target=TARGETS["gfx942"])
@@ -109,7 +125,17 @@ def test_launch_plan_uses_the_target():
 
 def test_target_presets():
     assert [t.name for t in TARGETS.values()] == [
-        "sm80", "sm86", "sm89", "sm90", "sm100", "sm120", "gfx90a", "gfx942", "gfx950", "gfx1100"]
+        "sm80",
+        "sm86",
+        "sm89",
+        "sm90",
+        "sm100",
+        "sm120",
+        "gfx90a",
+        "gfx942",
+        "gfx950",
+        "gfx1100",
+    ]
     assert not TARGETS["sm80"].native_fp8 and not TARGETS["sm86"].native_fp8
     assert TARGETS["sm89"].native_fp8 and TARGETS["sm120"].native_fp8
     assert not TARGETS["gfx942"].native_fp8  # FNUZ FP8 only, not torch's OCP formats

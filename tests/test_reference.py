@@ -51,9 +51,15 @@ def loop_attention(batch, *, sm_scale, causal, lse_base="2"):
 
 def run_ref(batch, **kw):
     return mla_reference(
-        batch.q_nope, batch.q_pe, batch.ckv, batch.kpe, *batch.plan_args(),
-        ckv_scale=batch.ckv_scale, kpe_scale=batch.kpe_scale,
-        ckv_scale_arr=batch.ckv_scale_arr, **kw,
+        batch.q_nope,
+        batch.q_pe,
+        batch.ckv,
+        batch.kpe,
+        *batch.plan_args(),
+        ckv_scale=batch.ckv_scale,
+        kpe_scale=batch.kpe_scale,
+        ckv_scale_arr=batch.ckv_scale_arr,
+        **kw,
     )
 
 
@@ -62,8 +68,9 @@ def run_ref(batch, **kw):
 @pytest.mark.parametrize("scale_mode", ["tensor", "token_group"])
 def test_reference_matches_loops(page_size, causal, scale_mode):
     g = torch.Generator().manual_seed(1)
-    batch = make_batch([5, 0, 9], 2, qo_lens=[2, 1, 3], page_size=page_size,
-                       scale_mode=scale_mode, generator=g)
+    batch = make_batch(
+        [5, 0, 9], 2, qo_lens=[2, 1, 3], page_size=page_size, scale_mode=scale_mode, generator=g
+    )
     if causal:  # kv_len 0 with queries is the empty-request case, not a causal one
         batch.kv_len[1] = 0
     out, lse = run_ref(batch, sm_scale=0.07, causal=causal)

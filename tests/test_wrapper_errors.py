@@ -13,17 +13,27 @@ from attention_utils import SM_SCALE, workspace
 
 @pytest.fixture
 def batch(device):
-    return make_batch([17, 40], 16, page_size=16, device=device,
-                      generator=torch.Generator().manual_seed(0))
+    return make_batch(
+        [17, 40], 16, page_size=16, device=device, generator=torch.Generator().manual_seed(0)
+    )
 
 
 def planned(batch, **overrides):
     w = BatchMLAPagedAttentionWrapper(workspace(batch.q_nope.device), backend="triton")
-    args = dict(qo_indptr=batch.qo_indptr, kv_indptr=batch.kv_indptr,
-                kv_indices=batch.kv_indices, kv_len_arr=batch.kv_len, num_heads=16,
-                head_dim_ckv=512, head_dim_kpe=64, page_size=16, causal=False,
-                sm_scale=SM_SCALE, q_data_type=torch.bfloat16,
-                kv_data_type=torch.float8_e4m3fn)
+    args = dict(
+        qo_indptr=batch.qo_indptr,
+        kv_indptr=batch.kv_indptr,
+        kv_indices=batch.kv_indices,
+        kv_len_arr=batch.kv_len,
+        num_heads=16,
+        head_dim_ckv=512,
+        head_dim_kpe=64,
+        page_size=16,
+        causal=False,
+        sm_scale=SM_SCALE,
+        q_data_type=torch.bfloat16,
+        kv_data_type=torch.float8_e4m3fn,
+    )
     args.update(overrides)
     w.plan(**args)
     return w
@@ -48,8 +58,9 @@ def planned(batch, **overrides):
 )
 def test_plan_rejects(batch, overrides, match):
     dev = batch.q_nope.device
-    as_tensor = lambda v: torch.tensor(v, device=dev, dtype=torch.int64 if "dtype" in match
-                                       else torch.int32)
+    as_tensor = lambda v: torch.tensor(
+        v, device=dev, dtype=torch.int64 if "dtype" in match else torch.int32
+    )
     overrides = {k: as_tensor(v) if isinstance(v, list) else v for k, v in overrides.items()}
     with pytest.raises(ValueError, match=match):
         planned(batch, **overrides)
@@ -108,8 +119,7 @@ def test_bad_out_and_scales(batch):
     with pytest.raises(ValueError, match="ckv_scale_arr of shape"):
         w.run(*args, ckv_scale_arr=torch.ones(3, 16, 4, device=dev))
     with pytest.raises(ValueError, match="either ckv_scale or ckv_scale_arr"):
-        w.run(*args, ckv_scale=1.0,
-              ckv_scale_arr=torch.ones(batch.ckv.shape[0], 16, 4, device=dev))
+        w.run(*args, ckv_scale=1.0, ckv_scale_arr=torch.ones(batch.ckv.shape[0], 16, 4, device=dev))
 
 
 def test_bad_backend_and_graph_buffers(device):

@@ -23,8 +23,7 @@ _LAZY = {
     "mla_reference": "fp8mla.reference",
 }
 
-_SUBMODULES = ("reference", "testing", "cache", "formats", "doctor", "scan", "gap", "bench",
-               "demo")
+_SUBMODULES = ("reference", "testing", "cache", "formats", "doctor", "scan", "gap", "bench", "demo")
 
 __all__ = ["__version__", *_LAZY]
 

@@ -49,7 +49,8 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     if a.type == "cuda":
         current = torch.cuda.current_device()
         return (a.index if a.index is not None else current) == (
-            b.index if b.index is not None else current)
+            b.index if b.index is not None else current
+        )
     return a.index is None or b.index is None
 
 

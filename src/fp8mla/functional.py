@@ -68,12 +68,27 @@ def mla_decode(
         qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=kv_len.device)
     wrapper = BatchMLAPagedAttentionWrapper(_workspace(device), backend=backend)
     wrapper.plan(
-        qo_indptr, kv_indptr, kv_indices, kv_len,
-        num_heads=q_nope.shape[1], head_dim_ckv=q_nope.shape[-1], head_dim_kpe=q_pe.shape[-1],
-        page_size=ckv_cache.shape[1], causal=causal, sm_scale=sm_scale,
-        q_data_type=q_nope.dtype, kv_data_type=ckv_cache.dtype,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_len,
+        num_heads=q_nope.shape[1],
+        head_dim_ckv=q_nope.shape[-1],
+        head_dim_kpe=q_pe.shape[-1],
+        page_size=ckv_cache.shape[1],
+        causal=causal,
+        sm_scale=sm_scale,
+        q_data_type=q_nope.dtype,
+        kv_data_type=ckv_cache.dtype,
     )
     return wrapper.run(
-        q_nope, q_pe, ckv_cache, kpe_cache, out=out, return_lse=return_lse,
-        ckv_scale=ckv_scale, kpe_scale=kpe_scale, ckv_scale_arr=ckv_scale_arr,
+        q_nope,
+        q_pe,
+        ckv_cache,
+        kpe_cache,
+        out=out,
+        return_lse=return_lse,
+        ckv_scale=ckv_scale,
+        kpe_scale=kpe_scale,
+        ckv_scale_arr=ckv_scale_arr,
     )

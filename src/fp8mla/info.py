@@ -26,7 +26,9 @@ class Info:
 
     def format_text(self) -> str:
         width = max(len(k) for k in asdict(self))
-        return "\n".join(f"{k:<{width}}  {'-' if v is None else v}" for k, v in asdict(self).items())
+        return "\n".join(
+            f"{k:<{width}}  {'-' if v is None else v}" for k, v in asdict(self).items()
+        )
 
 
 def collect() -> Info:
@@ -58,6 +60,14 @@ def collect() -> Info:
         mode = "compiled"
     else:
         mode = "unavailable (no GPU; set TRITON_INTERPRET=1 to interpret on the CPU)"
-    return Info(fp8mla=fp8mla.__version__, python=platform.python_version(),
-                torch=torch_version, triton=triton_version, device=device,
-                compute_capability=cc, sm_count=sms, triton_mode=mode, fp8_native=native)
+    return Info(
+        fp8mla=fp8mla.__version__,
+        python=platform.python_version(),
+        torch=torch_version,
+        triton=triton_version,
+        device=device,
+        compute_capability=cc,
+        sm_count=sms,
+        triton_mode=mode,
+        fp8_native=native,
+    )

@@ -83,32 +83,45 @@ class PlanState:
         ckv_scale_arr: torch.Tensor | None,
     ) -> Scales:
         t, h, dev = self.total_tokens, self.num_heads, self.device
-        check_tensor("q_nope", q_nope, shape=(t, h, self.head_dim_ckv), dtypes=(self.q_dtype,),
-                     device=dev)
-        check_tensor("q_pe", q_pe, shape=(t, h, self.head_dim_kpe), dtypes=(self.q_dtype,),
-                     device=dev)
+        check_tensor(
+            "q_nope", q_nope, shape=(t, h, self.head_dim_ckv), dtypes=(self.q_dtype,), device=dev
+        )
+        check_tensor(
+            "q_pe", q_pe, shape=(t, h, self.head_dim_kpe), dtypes=(self.q_dtype,), device=dev
+        )
         check_tensor("ckv_cache", ckv, ndim=3, dtypes=(self.kv_dtype,), device=dev)
         pages = ckv.shape[0]
         check_tensor("ckv_cache", ckv, shape=(None, self.page_size, self.head_dim_ckv))
-        check_tensor("kpe_cache", kpe, shape=(pages, self.page_size, self.head_dim_kpe),
-                     dtypes=(self.kv_dtype,), device=dev)
-        for name, x in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv),
-                        ("kpe_cache", kpe)):
+        check_tensor(
+            "kpe_cache",
+            kpe,
+            shape=(pages, self.page_size, self.head_dim_kpe),
+            dtypes=(self.kv_dtype,),
+            device=dev,
+        )
+        for name, x in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv), ("kpe_cache", kpe)):
             check_last_dim_contiguous(name, x)
         if self.max_page >= pages:
             raise ValueError(
                 f"expected page ids in [0, {pages}) for a cache of {pages} pages, got page id "
                 f"{self.max_page} in kv_indices"
             )
-        scales = Scales(ckv=_scale("ckv_scale", ckv_scale, dev), kpe=_scale("kpe_scale", kpe_scale, dev))
+        scales = Scales(
+            ckv=_scale("ckv_scale", ckv_scale, dev), kpe=_scale("kpe_scale", kpe_scale, dev)
+        )
         if ckv_scale_arr is not None:
             if not is_fp8(self.kv_dtype):
                 raise ValueError(f"expected an FP8 cache with ckv_scale_arr, got {self.kv_dtype}")
             if ckv_scale is not None:
                 raise ValueError("expected either ckv_scale or ckv_scale_arr, got both")
             groups = self.head_dim_ckv // SCALE_GROUP
-            check_tensor("ckv_scale_arr", ckv_scale_arr, shape=(pages, self.page_size, groups),
-                         dtypes=(torch.float32,), device=dev)
+            check_tensor(
+                "ckv_scale_arr",
+                ckv_scale_arr,
+                shape=(pages, self.page_size, groups),
+                dtypes=(torch.float32,),
+                device=dev,
+            )
             check_last_dim_contiguous("ckv_scale_arr", ckv_scale_arr)
             scales.ckv_arr = ckv_scale_arr
         return scales
@@ -126,18 +139,29 @@ class PlanState:
         from fp8mla.reference import mla_reference
 
         o, s = mla_reference(
-            q_nope, q_pe, ckv, kpe,
-            self.qo_indptr[: self.num_requests + 1], self.kv_indptr[: self.num_requests + 1],
-            self.kv_indices, self.kv_len[: self.num_requests],
-            sm_scale=self.sm_scale, causal=self.causal, ckv_scale=scales.ckv,
-            kpe_scale=scales.kpe, ckv_scale_arr=scales.ckv_arr, dtype=torch.float32,
+            q_nope,
+            q_pe,
+            ckv,
+            kpe,
+            self.qo_indptr[: self.num_requests + 1],
+            self.kv_indptr[: self.num_requests + 1],
+            self.kv_indices,
+            self.kv_len[: self.num_requests],
+            sm_scale=self.sm_scale,
+            causal=self.causal,
+            ckv_scale=scales.ckv,
+            kpe_scale=scales.kpe,
+            ckv_scale_arr=scales.ckv_arr,
+            dtype=torch.float32,
         )
         out.copy_(o)
         if lse is not None:
             lse.copy_(s)
 
 
-def _scale(name: str, value: float | torch.Tensor | None, device: torch.device) -> float | torch.Tensor:
+def _scale(
+    name: str, value: float | torch.Tensor | None, device: torch.device
+) -> float | torch.Tensor:
     """A per-tensor scale: Python number → float; CPU tensor → float (no device sync);
     1-element fp32 tensor on the run device → read by the kernel."""
     if value is None:
@@ -194,12 +218,16 @@ def build_plan_state(
         raise ValueError(f"expected qo_indptr[0] == kv_indptr[0] == 0, got {qo[0]} and {kvp[0]}")
     nnz = kvp[-1]
     if nnz > kv_indices.numel():
-        raise ValueError(f"expected kv_indices of length >= kv_indptr[-1] = {nnz}, got {kv_indices.numel()}")
+        raise ValueError(
+            f"expected kv_indices of length >= kv_indptr[-1] = {nnz}, got {kv_indices.numel()}"
+        )
     max_qo = max_kv = 0
     for b in range(batch):
         n, pages, length = qo[b + 1] - qo[b], kvp[b + 1] - kvp[b], kl[b]
         if n < 0 or pages < 0:
-            raise ValueError(f"expected non-decreasing qo_indptr and kv_indptr, got a decrease at request {b}")
+            raise ValueError(
+                f"expected non-decreasing qo_indptr and kv_indptr, got a decrease at request {b}"
+            )
         if length < 0:
             raise ValueError(f"expected kv_len_arr >= 0, got {length} for request {b}")
         if -(-length // page_size) > pages:
@@ -222,12 +250,19 @@ def build_plan_state(
 
     if graph_buffers is None:
         to_dev = lambda x: x.to(device).contiguous()
-        dev_qo, dev_kvp, dev_idx, dev_len = (to_dev(x) for x in (qo_indptr, kv_indptr, kv_indices, kv_len_arr))
+        dev_qo, dev_kvp, dev_idx, dev_len = (
+            to_dev(x) for x in (qo_indptr, kv_indptr, kv_indices, kv_len_arr)
+        )
         grid_batch = batch
     else:
         dev_qo, dev_kvp, dev_idx, dev_len = graph_buffers
         cap = dev_qo.numel() - 1
-        if batch > cap or dev_kvp.numel() < cap + 1 or dev_len.numel() < cap or nnz > dev_idx.numel():
+        if (
+            batch > cap
+            or dev_kvp.numel() < cap + 1
+            or dev_len.numel() < cap
+            or nnz > dev_idx.numel()
+        ):
             raise ValueError(
                 f"expected a batch within the CUDA-graph buffers (B <= {cap}, "
                 f"nnz pages <= {dev_idx.numel()}), got B = {batch}, nnz = {nnz}"
@@ -242,9 +277,23 @@ def build_plan_state(
         dev_idx[:nnz].copy_(kv_indices[:nnz], non_blocking=True)
         grid_batch = cap
     return PlanState(
-        batch=grid_batch, num_requests=batch, total_tokens=qo[-1], max_qo_len=max_qo,
-        max_kv_len=max_kv, max_page=max_page, num_heads=num_heads, head_dim_ckv=head_dim_ckv,
-        head_dim_kpe=head_dim_kpe, page_size=page_size, causal=causal, sm_scale=sm_scale,
-        q_dtype=q_dtype, kv_dtype=kv_dtype, device=device, qo_indptr=dev_qo,
-        kv_indptr=dev_kvp, kv_indices=dev_idx, kv_len=dev_len,
+        batch=grid_batch,
+        num_requests=batch,
+        total_tokens=qo[-1],
+        max_qo_len=max_qo,
+        max_kv_len=max_kv,
+        max_page=max_page,
+        num_heads=num_heads,
+        head_dim_ckv=head_dim_ckv,
+        head_dim_kpe=head_dim_kpe,
+        page_size=page_size,
+        causal=causal,
+        sm_scale=sm_scale,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        device=device,
+        qo_indptr=dev_qo,
+        kv_indptr=dev_kvp,
+        kv_indices=dev_idx,
+        kv_len=dev_len,
     )

@@ -91,8 +91,12 @@ def make_batch(
     elif is_fp8(kv_dtype):
         ckv_scale, kpe_scale = 0.05, 0.04  # values stored ×20 / ×25, dequantized by the scale
         rows = torch.cat(
-            [quantize(cpu_rows[:, :HEAD_DIM_CKV], kv_dtype, ckv_scale),
-             quantize(cpu_rows[:, HEAD_DIM_CKV:], kv_dtype, kpe_scale)], dim=1)
+            [
+                quantize(cpu_rows[:, :HEAD_DIM_CKV], kv_dtype, ckv_scale),
+                quantize(cpu_rows[:, HEAD_DIM_CKV:], kv_dtype, kpe_scale),
+            ],
+            dim=1,
+        )
     else:
         rows = cpu_rows.to(kv_dtype)
     page_ids = torch.randperm(num_pages, generator=g)[:used]

@@ -117,10 +117,19 @@ class BatchMLAPagedAttentionWrapper:
         if not (float(sm_scale) > 0):
             raise ValueError(f"expected sm_scale > 0, got {sm_scale}")
         state = build_plan_state(
-            qo_indptr, kv_indptr, kv_indices, kv_len_arr,
-            num_heads=num_heads, head_dim_ckv=head_dim_ckv, head_dim_kpe=head_dim_kpe,
-            page_size=page_size, causal=bool(causal), sm_scale=float(sm_scale),
-            q_dtype=q_data_type, kv_dtype=kv_data_type, device=self.device,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            kv_len_arr,
+            num_heads=num_heads,
+            head_dim_ckv=head_dim_ckv,
+            head_dim_kpe=head_dim_kpe,
+            page_size=page_size,
+            causal=bool(causal),
+            sm_scale=float(sm_scale),
+            q_dtype=q_data_type,
+            kv_dtype=kv_data_type,
+            device=self.device,
             graph_buffers=self._graph_buffers,
         )
         if self._backend == "triton":
@@ -164,18 +173,36 @@ class BatchMLAPagedAttentionWrapper:
 
     # ------------------------------------------------------------------ run
     @overload
-    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
-            kpe_cache: torch.Tensor, out: torch.Tensor | None = ..., lse: torch.Tensor | None = ...,
-            return_lse: Literal[False] = ..., *, ckv_scale: float | torch.Tensor | None = ...,
-            kpe_scale: float | torch.Tensor | None = ...,
-            ckv_scale_arr: torch.Tensor | None = ...) -> torch.Tensor: ...
+    def run(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        ckv_cache: torch.Tensor,
+        kpe_cache: torch.Tensor,
+        out: torch.Tensor | None = ...,
+        lse: torch.Tensor | None = ...,
+        return_lse: Literal[False] = ...,
+        *,
+        ckv_scale: float | torch.Tensor | None = ...,
+        kpe_scale: float | torch.Tensor | None = ...,
+        ckv_scale_arr: torch.Tensor | None = ...,
+    ) -> torch.Tensor: ...
 
     @overload
-    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
-            kpe_cache: torch.Tensor, out: torch.Tensor | None = ..., lse: torch.Tensor | None = ...,
-            return_lse: Literal[True] = ..., *, ckv_scale: float | torch.Tensor | None = ...,
-            kpe_scale: float | torch.Tensor | None = ...,
-            ckv_scale_arr: torch.Tensor | None = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def run(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        ckv_cache: torch.Tensor,
+        kpe_cache: torch.Tensor,
+        out: torch.Tensor | None = ...,
+        lse: torch.Tensor | None = ...,
+        return_lse: Literal[True] = ...,
+        *,
+        ckv_scale: float | torch.Tensor | None = ...,
+        kpe_scale: float | torch.Tensor | None = ...,
+        ckv_scale_arr: torch.Tensor | None = ...,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def run(
         self,
@@ -213,25 +240,46 @@ class BatchMLAPagedAttentionWrapper:
         st = self._plan
         if st is None:
             raise ValueError("expected plan() to be called before run(), got no plan")
-        scales = st.check_run(q_nope, q_pe, ckv_cache, kpe_cache, ckv_scale, kpe_scale,
-                              ckv_scale_arr)
+        scales = st.check_run(
+            q_nope, q_pe, ckv_cache, kpe_cache, ckv_scale, kpe_scale, ckv_scale_arr
+        )
         out = st.check_or_alloc_out(out)
         if lse is None and return_lse:
-            lse = torch.empty(st.total_tokens, st.num_heads, dtype=torch.float32, device=self.device)
+            lse = torch.empty(
+                st.total_tokens, st.num_heads, dtype=torch.float32, device=self.device
+            )
         elif lse is not None:
-            check_tensor("lse", lse, shape=(st.total_tokens, st.num_heads),
-                         dtypes=(torch.float32,), device=self.device)
+            check_tensor(
+                "lse",
+                lse,
+                shape=(st.total_tokens, st.num_heads),
+                dtypes=(torch.float32,),
+                device=self.device,
+            )
             check_last_dim_contiguous("lse", lse)
         if self._backend == "torch":
             st.run_reference(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
         elif st.total_tokens and st.batch:
             mid_o, mid_lse = st.partials()
             launch_mla_attention(
-                q_nope, q_pe, ckv_cache, kpe_cache,
-                st.qo_indptr, st.kv_indptr, st.kv_indices, st.kv_len,
-                out, lse, mid_o, mid_lse,
-                plan=st.launch, batch=st.batch, causal=st.causal, sm_scale=st.sm_scale,
-                scales=scales, interpreted=interpreted(),
+                q_nope,
+                q_pe,
+                ckv_cache,
+                kpe_cache,
+                st.qo_indptr,
+                st.kv_indptr,
+                st.kv_indices,
+                st.kv_len,
+                out,
+                lse,
+                mid_o,
+                mid_lse,
+                plan=st.launch,
+                batch=st.batch,
+                causal=st.causal,
+                sm_scale=st.sm_scale,
+                scales=scales,
+                interpreted=interpreted(),
             )
         return (out, lse) if return_lse else out
 

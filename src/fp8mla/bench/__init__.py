@@ -41,10 +41,14 @@ def run(opts: BenchOptions) -> int:
     device = torch.device("cuda")
     print("fp8mla bench: measuring copy bandwidth and matmul rate ...", file=sys.stderr)
     env = Environment.measure(device)
-    print(f"  {env.gpu}: copy {env.copy_tbps:.2f} TB/s, bf16 matmul {env.matmul_tflops:.0f} "
-          f"TFLOP/s; torch {env.torch}, triton {env.triton}", file=sys.stderr)
-    ctx = BenchContext(env=env, device=device, impls=opts.impls or ALL_IMPLS,
-                       sglang_path=opts.sglang_module)
+    print(
+        f"  {env.gpu}: copy {env.copy_tbps:.2f} TB/s, bf16 matmul {env.matmul_tflops:.0f} "
+        f"TFLOP/s; torch {env.torch}, triton {env.triton}",
+        file=sys.stderr,
+    )
+    ctx = BenchContext(
+        env=env, device=device, impls=opts.impls or ALL_IMPLS, sglang_path=opts.sglang_module
+    )
     cases = []
     if "goals" in opts.sections:
         cases += GOAL_CASES

@@ -40,15 +40,33 @@ def _workspace(device: torch.device) -> torch.Tensor:
     return _WORKSPACES[device]
 
 
-def planned_wrapper(inp: BenchInputs, kv_dtype: torch.dtype, *, kv_indptr=None, kv_indices=None,
-                    page_size=None, **plan_kw: object) -> BatchMLAPagedAttentionWrapper:
+def planned_wrapper(
+    inp: BenchInputs,
+    kv_dtype: torch.dtype,
+    *,
+    kv_indptr=None,
+    kv_indices=None,
+    page_size=None,
+    **plan_kw: object,
+) -> BatchMLAPagedAttentionWrapper:
     """A Triton-backend wrapper planned for the inputs (``plan_kw``: fp8mla's tuning
     overrides ``num_splits`` / ``kernel_config``)."""
     w = BatchMLAPagedAttentionWrapper(_workspace(inp.pool.device), backend="triton")
-    w.plan(inp.qo_indptr, inp.kv_indptr if kv_indptr is None else kv_indptr,
-           inp.kv_indices if kv_indices is None else kv_indices, inp.kv_len, inp.case.heads,
-           512, 64, page_size or inp.page_size, inp.case.qo_len > 1, SM_SCALE, torch.bfloat16,
-           kv_dtype, **plan_kw)
+    w.plan(
+        inp.qo_indptr,
+        inp.kv_indptr if kv_indptr is None else kv_indptr,
+        inp.kv_indices if kv_indices is None else kv_indices,
+        inp.kv_len,
+        inp.case.heads,
+        512,
+        64,
+        page_size or inp.page_size,
+        inp.case.qo_len > 1,
+        SM_SCALE,
+        torch.bfloat16,
+        kv_dtype,
+        **plan_kw,
+    )
     return w
 
 
@@ -89,7 +107,9 @@ def gather_then_cast(inp: BenchInputs) -> Runner:
     i32 = dict(dtype=torch.int32, device=dev)
     n = inp.token_slots.numel()
     w = planned_wrapper(
-        inp, torch.bfloat16, page_size=1,
+        inp,
+        torch.bfloat16,
+        page_size=1,
         kv_indptr=torch.arange(0, n + 1, case.context, **i32),
         kv_indices=torch.arange(n, **i32),
     )
@@ -99,8 +119,15 @@ def gather_then_cast(inp: BenchInputs) -> Runner:
 
     def run() -> torch.Tensor:
         active = rows.index_select(0, inp.token_slots).to(torch.bfloat16).view(n, 1, -1)
-        return w.run(inp.q_nope, inp.q_pe, active[..., :512], active[..., 512:], out=out,
-                     ckv_scale=s, kpe_scale=s)
+        return w.run(
+            inp.q_nope,
+            inp.q_pe,
+            active[..., :512],
+            active[..., 512:],
+            out=out,
+            ckv_scale=s,
+            kpe_scale=s,
+        )
 
     return run
 
@@ -114,10 +141,21 @@ def torch_reference(inp: BenchInputs) -> Runner:
     ckv, kpe = inp.paged()
 
     def run() -> torch.Tensor:
-        out, _ = mla_reference(inp.q_nope, inp.q_pe, ckv, kpe, inp.qo_indptr, inp.kv_indptr,
-                               inp.kv_indices, inp.kv_len, sm_scale=SM_SCALE,
-                               causal=inp.case.qo_len > 1, ckv_scale=inp.scale,
-                               kpe_scale=inp.scale, dtype=torch.float32)
+        out, _ = mla_reference(
+            inp.q_nope,
+            inp.q_pe,
+            ckv,
+            kpe,
+            inp.qo_indptr,
+            inp.kv_indptr,
+            inp.kv_indices,
+            inp.kv_len,
+            sm_scale=SM_SCALE,
+            causal=inp.case.qo_len > 1,
+            ckv_scale=inp.scale,
+            kpe_scale=inp.scale,
+            dtype=torch.float32,
+        )
         return out
 
     return run
@@ -164,8 +202,7 @@ def sglang_triton(inp: BenchInputs, module: types.ModuleType, num_kv_splits: int
     q = torch.cat([inp.q_nope, inp.q_pe], dim=-1)
     k_buffer = inp.pool
     v_buffer = inp.pool[..., :512]
-    kv_indptr = torch.arange(0, b * case.context + 1, case.context, dtype=torch.int32,
-                             device=dev)
+    kv_indptr = torch.arange(0, b * case.context + 1, case.context, dtype=torch.int32, device=dev)
     kv_indices = inp.token_slots.to(torch.int32)
     logits = torch.empty(b, h, num_kv_splits, 512, dtype=torch.float32, device=dev)
     lse = torch.empty(b, h, num_kv_splits, dtype=torch.float32, device=dev)
@@ -173,8 +210,19 @@ def sglang_triton(inp: BenchInputs, module: types.ModuleType, num_kv_splits: int
     out = torch.empty(b, h, 512, dtype=torch.bfloat16, device=dev)
 
     def run() -> torch.Tensor:
-        module.decode_attention_fwd(q, k_buffer, v_buffer, out, kv_indptr, kv_indices, logits,
-                                    lse, splits, num_kv_splits, SM_SCALE * inp.scale)
+        module.decode_attention_fwd(
+            q,
+            k_buffer,
+            v_buffer,
+            out,
+            kv_indptr,
+            kv_indices,
+            logits,
+            lse,
+            splits,
+            num_kv_splits,
+            SM_SCALE * inp.scale,
+        )
         return out
 
     return run
@@ -188,7 +236,19 @@ def flashinfer_wrapper(inp: BenchInputs, bf16_pool: torch.Tensor) -> Runner:
         raise Unavailable(f"flashinfer is not importable ({type(exc).__name__})") from exc
     ws = _workspace(inp.pool.device)
     w = FlashInferMLA(ws)
-    w.plan(inp.qo_indptr, inp.kv_indptr, inp.kv_indices, inp.kv_len, inp.case.heads, 512, 64,
-           inp.page_size, inp.case.qo_len > 1, SM_SCALE, torch.bfloat16, torch.bfloat16)
+    w.plan(
+        inp.qo_indptr,
+        inp.kv_indptr,
+        inp.kv_indices,
+        inp.kv_len,
+        inp.case.heads,
+        512,
+        64,
+        inp.page_size,
+        inp.case.qo_len > 1,
+        SM_SCALE,
+        torch.bfloat16,
+        torch.bfloat16,
+    )
     ckv, kpe = inp.paged(bf16_pool)
     return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe)

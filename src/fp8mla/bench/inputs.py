@@ -37,21 +37,24 @@ class BenchInputs:
         return self.token_slots.numel() * (HEAD_DIM_CKV + HEAD_DIM_KPE) * self.pool.element_size()
 
 
-def random_pool(slots: int, dtype: torch.dtype, device: torch.device,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def random_pool(
+    slots: int, dtype: torch.dtype, device: torch.device, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """``[slots, 1, 576]`` of N(0, 1) values stored in ``dtype`` (filled in chunks to bound
     the fp32 temporary)."""
     pool = torch.empty(slots, 1, HEAD_DIM_CKV + HEAD_DIM_KPE, dtype=dtype, device=device)
     chunk = 1 << 18
     for start in range(0, slots, chunk):
         n = min(chunk, slots - start)
-        pool[start : start + n] = torch.randn(n, 1, pool.shape[-1], device=device,
-                                              generator=generator).to(dtype)
+        pool[start : start + n] = torch.randn(
+            n, 1, pool.shape[-1], device=device, generator=generator
+        ).to(dtype)
     return pool
 
 
-def build_inputs(case: Case, device: torch.device, seed: int = 0,
-                 pool: torch.Tensor | None = None) -> BenchInputs:
+def build_inputs(
+    case: Case, device: torch.device, seed: int = 0, pool: torch.Tensor | None = None
+) -> BenchInputs:
     """Requests of ``case.context`` tokens on random pages of a ``case.pool_slots`` pool."""
     g = torch.Generator(device=device).manual_seed(seed)
     slots = case.slots_needed()
@@ -69,10 +72,12 @@ def build_inputs(case: Case, device: torch.device, seed: int = 0,
     return BenchInputs(
         case=case,
         pool=pool,
-        q_nope=torch.randn(tokens, case.heads, HEAD_DIM_CKV, device=device,
-                           generator=g).to(torch.bfloat16),
-        q_pe=torch.randn(tokens, case.heads, HEAD_DIM_KPE, device=device,
-                         generator=g).to(torch.bfloat16),
+        q_nope=torch.randn(tokens, case.heads, HEAD_DIM_CKV, device=device, generator=g).to(
+            torch.bfloat16
+        ),
+        q_pe=torch.randn(tokens, case.heads, HEAD_DIM_KPE, device=device, generator=g).to(
+            torch.bfloat16
+        ),
         qo_indptr=torch.arange(0, tokens + 1, case.qo_len, **i32),
         kv_indptr=torch.arange(0, pages_per * case.batch + 1, pages_per, **i32),
         kv_indices=page_ids.to(torch.int32),

@@ -23,8 +23,9 @@ def time_cuda(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) 
     so each call reads its KV from device memory."""
     import triton.testing
 
-    med, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
-                                            quantiles=[0.5, 0.2, 0.8])
+    med, p20, p80 = triton.testing.do_bench(
+        fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8]
+    )
     return Timing(med * 1e3, p20 * 1e3, p80 * 1e3)
 
 
@@ -85,6 +86,9 @@ def io_bytes(case: Case) -> int:
 def flops(case: Case) -> int:
     """QKᵀ (576 wide) and PV (512 wide) over every (row, visible token) pair."""
     rows = case.batch * case.heads
-    pairs = sum(case.context - case.qo_len + 1 + i for i in range(case.qo_len)) \
-        if case.qo_len > 1 else case.context
+    pairs = (
+        sum(case.context - case.qo_len + 1 + i for i in range(case.qo_len))
+        if case.qo_len > 1
+        else case.context
+    )
     return 2 * rows * pairs * (HEAD_DIM_CKV + HEAD_DIM_KPE + HEAD_DIM_CKV)

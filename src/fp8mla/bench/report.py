@@ -20,14 +20,18 @@ def append_jsonl(path: Path, records: Sequence[dict]) -> None:
 
 
 def format_table(records: Sequence[dict]) -> str:
-    head = f"{'case':40} {'impl':17} {'us':>9} {'p20-p80':>15} {'GB/s':>7} {'TFLOP/s':>8} " \
-           f"{'xfloor':>6} {'rel_err':>8}"
+    head = (
+        f"{'case':40} {'impl':17} {'us':>9} {'p20-p80':>15} {'GB/s':>7} {'TFLOP/s':>8} "
+        f"{'xfloor':>6} {'rel_err':>8}"
+    )
     lines = [head, "-" * len(head)]
     for r in records:
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
         spread = f"{r['us_p20']:.1f}-{r['us_p80']:.1f}"
-        lines.append(f"{r['case']:40} {r['impl']:17} {r['us_median']:9.1f} {spread:>15} "
-                     f"{r['gbps']:7.0f} {r['tflops']:8.1f} {r['x_floor']:6.2f} {err:>8}")
+        lines.append(
+            f"{r['case']:40} {r['impl']:17} {r['us_median']:9.1f} {spread:>15} "
+            f"{r['gbps']:7.0f} {r['tflops']:8.1f} {r['x_floor']:6.2f} {err:>8}"
+        )
     return "\n".join(lines)
 
 
@@ -41,8 +45,15 @@ def plot_bandwidth(records: Sequence[dict], path: Path, impl: str = "fp8mla") ->
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in records if r["impl"] == impl and r["heads"] == 16 and r["page_size"] == 1
-            and r["kv_dtype"].startswith("float8") and not r["case"].startswith("SEED")]
+    rows = [
+        r
+        for r in records
+        if r["impl"] == impl
+        and r["heads"] == 16
+        and r["page_size"] == 1
+        and r["kv_dtype"].startswith("float8")
+        and not r["case"].startswith("SEED")
+    ]
     if not rows:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))

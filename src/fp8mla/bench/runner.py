@@ -26,8 +26,15 @@ from fp8mla.formats import dtype_name
 from fp8mla.reference import mla_reference
 from fp8mla.testing import rel_err
 
-ALL_IMPLS = ("fp8mla", "fp8mla-bf16kv", "full-pool-cast", "gather-then-cast", "torch-reference",
-             "sglang-triton", "flashinfer")
+ALL_IMPLS = (
+    "fp8mla",
+    "fp8mla-bf16kv",
+    "full-pool-cast",
+    "gather-then-cast",
+    "torch-reference",
+    "sglang-triton",
+    "flashinfer",
+)
 CHECK_REQUESTS = 4  # requests compared with the float64 reference in each case
 
 
@@ -45,11 +52,15 @@ class Environment:
     def measure(cls, device: torch.device) -> Environment:
         import triton
 
-        return cls(gpu=torch.cuda.get_device_name(device),
-                   date=_dt.date.today().isoformat(), run=_dt.datetime.now().isoformat("T", "seconds"),
-                   torch=torch.__version__,
-                   triton=triton.__version__, copy_tbps=copy_bandwidth_tbps(device),
-                   matmul_tflops=matmul_tflops(device))
+        return cls(
+            gpu=torch.cuda.get_device_name(device),
+            date=_dt.date.today().isoformat(),
+            run=_dt.datetime.now().isoformat("T", "seconds"),
+            torch=torch.__version__,
+            triton=triton.__version__,
+            copy_tbps=copy_bandwidth_tbps(device),
+            matmul_tflops=matmul_tflops(device),
+        )
 
 
 @dataclass
@@ -99,17 +110,37 @@ def reference_subset(inp: BenchInputs, n: int) -> tuple[torch.Tensor, slice]:
     if case.qo_len > TAIL_TOKENS:
         rows = slice(case.qo_len - TAIL_TOKENS, case.qo_len)
         qo = torch.tensor([0, TAIL_TOKENS], dtype=torch.int32, device=inp.q_nope.device)
-        out, _ = mla_reference(inp.q_nope[rows], inp.q_pe[rows], ckv, kpe, qo,
-                               inp.kv_indptr[:2], inp.kv_indices, inp.kv_len[:1],
-                               sm_scale=I.SM_SCALE, causal=True, ckv_scale=inp.scale,
-                               kpe_scale=inp.scale)
+        out, _ = mla_reference(
+            inp.q_nope[rows],
+            inp.q_pe[rows],
+            ckv,
+            kpe,
+            qo,
+            inp.kv_indptr[:2],
+            inp.kv_indices,
+            inp.kv_len[:1],
+            sm_scale=I.SM_SCALE,
+            causal=True,
+            ckv_scale=inp.scale,
+            kpe_scale=inp.scale,
+        )
         return out, rows
     n = min(n, case.batch)
     rows = slice(0, n * case.qo_len)
-    out, _ = mla_reference(inp.q_nope[rows], inp.q_pe[rows], ckv, kpe, inp.qo_indptr[: n + 1],
-                           inp.kv_indptr[: n + 1], inp.kv_indices, inp.kv_len[:n],
-                           sm_scale=I.SM_SCALE, causal=case.qo_len > 1,
-                           ckv_scale=inp.scale, kpe_scale=inp.scale)
+    out, _ = mla_reference(
+        inp.q_nope[rows],
+        inp.q_pe[rows],
+        ckv,
+        kpe,
+        inp.qo_indptr[: n + 1],
+        inp.kv_indptr[: n + 1],
+        inp.kv_indices,
+        inp.kv_len[:n],
+        sm_scale=I.SM_SCALE,
+        causal=case.qo_len > 1,
+        ckv_scale=inp.scale,
+        kpe_scale=inp.scale,
+    )
     return out, rows
 
 
@@ -135,25 +166,39 @@ def make_runner(name: str, inp: BenchInputs, ctx: BenchContext) -> I.Runner:
     raise ValueError(f"expected an implementation in {ALL_IMPLS}, got {name!r}")
 
 
-def record(ctx: BenchContext, case: Case, impl: str, t: Timing, err: float | None,
-           **extra: object) -> dict:
+def record(
+    ctx: BenchContext, case: Case, impl: str, t: Timing, err: float | None, **extra: object
+) -> dict:
     env = ctx.env
     secs = t.us_median * 1e-6
-    floor_us = max(io_bytes(case) / (env.copy_tbps * 1e12),
-                   flops(case) / (env.matmul_tflops * 1e12)) * 1e6
+    floor_us = (
+        max(io_bytes(case) / (env.copy_tbps * 1e12), flops(case) / (env.matmul_tflops * 1e12)) * 1e6
+    )
     row = {
-        "gpu": env.gpu, "date": env.date, "torch": env.torch, "triton": env.triton,
-        "case": case.name, "batch": case.batch, "heads": case.heads, "context": case.context,
-        "page_size": case.page_size, "kv_dtype": dtype_name(case.kv_dtype), "impl": impl,
-        "us_median": round(t.us_median, 3), "us_p20": round(t.us_p20, 3),
+        "gpu": env.gpu,
+        "date": env.date,
+        "torch": env.torch,
+        "triton": env.triton,
+        "case": case.name,
+        "batch": case.batch,
+        "heads": case.heads,
+        "context": case.context,
+        "page_size": case.page_size,
+        "kv_dtype": dtype_name(case.kv_dtype),
+        "impl": impl,
+        "us_median": round(t.us_median, 3),
+        "us_p20": round(t.us_p20, 3),
         "us_p80": round(t.us_p80, 3),
         "gbps": round(kv_bytes(case) / secs / 1e9, 1),
         "tflops": round(flops(case) / secs / 1e12, 2),
         "rel_err": None if err is None else float(f"{err:.3e}"),
         "copy_tbps": round(env.copy_tbps, 3),
         "matmul_tflops": round(env.matmul_tflops, 1),
-        "floor_us": round(floor_us, 2), "x_floor": round(t.us_median / floor_us, 2),
-        "qo_len": case.qo_len, "pool_slots": case.slots_needed(), "goal": case.goal,
+        "floor_us": round(floor_us, 2),
+        "x_floor": round(t.us_median / floor_us, 2),
+        "qo_len": case.qo_len,
+        "pool_slots": case.slots_needed(),
+        "goal": case.goal,
         "run": env.run,
     }
     row.update(extra)
@@ -178,8 +223,11 @@ def bench_case(ctx: BenchContext, case: Case, notes: list[str]) -> None:
     rotations = min(MAX_ROTATIONS, -(-GRAPH_BYTES // max(kv_bytes(case), 1)))
     if case.qo_len > 16:  # extend chunks run for milliseconds: no launch overhead to hide
         rotations = 1
-    extra = [build_inputs(case, ctx.device, seed=i + 1, pool=inp.pool)
-             for i in range(rotations - 1)] if rotations > 1 else []
+    extra = (
+        [build_inputs(case, ctx.device, seed=i + 1, pool=inp.pool) for i in range(rotations - 1)]
+        if rotations > 1
+        else []
+    )
     for name in ctx.impls:
         try:
             runner = make_runner(name, inp, ctx)
@@ -192,8 +240,7 @@ def bench_case(ctx: BenchContext, case: Case, notes: list[str]) -> None:
         if rotations > 1 and name not in NOT_CAPTURABLE:
             runners = [runner] + [make_runner(name, x, ctx) for x in extra]
             t = time_graph(lambda rs=runners: [r() for r in rs])
-            t = Timing(t.us_median / len(runners), t.us_p20 / len(runners),
-                       t.us_p80 / len(runners))
+            t = Timing(t.us_median / len(runners), t.us_p20 / len(runners), t.us_p80 / len(runners))
             record(ctx, case, name, t, err, timing=f"cuda-graph x{len(runners)}")
             del runners
         else:

@@ -16,16 +16,16 @@ from fp8mla.bench.runner import BenchContext, record
 SEED_IMPLS = ("fp8mla", "fp8mla-bf16kv", "full-pool-cast", "gather-then-cast", "sglang-triton")
 
 
-def _layer_step(name: str, ctx: BenchContext, pools: list[torch.Tensor],
-                inp) -> Callable[[], None]:
+def _layer_step(name: str, ctx: BenchContext, pools: list[torch.Tensor], inp) -> Callable[[], None]:
     """One decode step: attention of every layer over its own pool."""
     out = torch.empty_like(inp.q_nope)
     s = inp.scale
     if name == "fp8mla":
         w = I.planned_wrapper(inp, pools[0].dtype)
         views = [inp.paged(p) for p in pools]
-        return lambda: [w.run(inp.q_nope, inp.q_pe, c, k, out=out, ckv_scale=s, kpe_scale=s)
-                        for c, k in views]
+        return lambda: [
+            w.run(inp.q_nope, inp.q_pe, c, k, out=out, ckv_scale=s, kpe_scale=s) for c, k in views
+        ]
     if name == "fp8mla-bf16kv":
         w = I.planned_wrapper(inp, torch.bfloat16)
         views = [inp.paged(p.to(torch.bfloat16)) for p in pools]
@@ -55,8 +55,14 @@ def _layer_step(name: str, ctx: BenchContext, pools: list[torch.Tensor],
     raise I.Unavailable(f"{name} is not part of the seed scenario")
 
 
-def bench_seed(ctx: BenchContext, notes: list[str], layers: int = 78, heads: int = 32,
-               context: int = 4096, pool_slots: int = SEED_POOL_SLOTS) -> None:
+def bench_seed(
+    ctx: BenchContext,
+    notes: list[str],
+    layers: int = 78,
+    heads: int = 32,
+    context: int = 4096,
+    pool_slots: int = SEED_POOL_SLOTS,
+) -> None:
     case = Case(1, heads, context, pool_slots=pool_slots, goal="<= 0.5 ms per step")
     pools = [random_pool(pool_slots, case.kv_dtype, ctx.device) for _ in range(layers)]
     inp = build_inputs(case, ctx.device, pool=pools[0])
@@ -70,8 +76,9 @@ def bench_seed(ctx: BenchContext, notes: list[str], layers: int = 78, heads: int
             notes.append(f"{name} {impl}: skipped ({exc})")
             continue
         t = time_graph(step)
-        row = record(ctx, case, impl, t, None, layers=layers,
-                     us_per_layer=round(t.us_median / layers, 3))
+        row = record(
+            ctx, case, impl, t, None, layers=layers, us_per_layer=round(t.us_median / layers, 3)
+        )
         row["case"] = name
         row["gbps"] = round(row["gbps"] * layers, 1)
         row["tflops"] = round(row["tflops"] * layers, 2)

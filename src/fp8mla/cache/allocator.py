@@ -35,8 +35,7 @@ class PageAllocator:
             raise ValueError(f"expected a page count >= 0, got {n}")
         if n > len(self._free):
             raise PoolExhaustedError(
-                f"pool exhausted: {n} pages requested, {len(self._free)} of "
-                f"{self.num_pages} free"
+                f"pool exhausted: {n} pages requested, {len(self._free)} of {self.num_pages} free"
             )
         pages = [self._free.pop() for _ in range(n)]
         self._used.update(pages)

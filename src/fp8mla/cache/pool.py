@@ -75,7 +75,9 @@ class MLAKVCache:
         if head_dim_ckv % SCALE_GROUP:
             raise ValueError(f"expected head_dim_ckv a multiple of 128, got {head_dim_ckv}")
         if not is_fp8(dtype) and (ckv_scale != 1.0 or kpe_scale != 1.0):
-            raise ValueError(f"expected scales of 1.0 for {dtype} storage, got {ckv_scale}, {kpe_scale}")
+            raise ValueError(
+                f"expected scales of 1.0 for {dtype} storage, got {ckv_scale}, {kpe_scale}"
+            )
         if not (ckv_scale > 0 and kpe_scale > 0):
             raise ValueError(f"expected positive scales, got {ckv_scale}, {kpe_scale}")
         self.num_slots = num_slots
@@ -189,27 +191,37 @@ class MLAKVCache:
         if validate and n:
             lo, hi = int(slots.min()), int(slots.max())
             if lo < 0 or hi >= self.num_slots:
-                raise ValueError(
-                    f"expected slots in [0, {self.num_slots}), got range [{lo}, {hi}]"
-                )
+                raise ValueError(f"expected slots in [0, {self.num_slots}), got range [{lo}, {hi}]")
         self._write(slots, ckv_new, kpe_new)
 
     def _check_rows(self, ckv_new: torch.Tensor, kpe_new: torch.Tensor) -> int:
         check_tensor("ckv_new", ckv_new, ndim=2, device=self.device)
         n = ckv_new.shape[0]
-        check_tensor("ckv_new", ckv_new, shape=(n, self.head_dim_ckv),
-                     dtypes=(torch.bfloat16, torch.float16, torch.float32))
-        check_tensor("kpe_new", kpe_new, shape=(n, self.head_dim_kpe), device=self.device,
-                     dtypes=(torch.bfloat16, torch.float16, torch.float32))
+        check_tensor(
+            "ckv_new",
+            ckv_new,
+            shape=(n, self.head_dim_ckv),
+            dtypes=(torch.bfloat16, torch.float16, torch.float32),
+        )
+        check_tensor(
+            "kpe_new",
+            kpe_new,
+            shape=(n, self.head_dim_kpe),
+            device=self.device,
+            dtypes=(torch.bfloat16, torch.float16, torch.float32),
+        )
         return n
 
     def _write(self, slots: torch.Tensor, ckv_new: torch.Tensor, kpe_new: torch.Tensor) -> None:
         if self.backend == "triton":
             from fp8mla.ops.kv_write import kv_write_triton
 
-            scale_arr = self.scale_arr.view(self.num_slots, -1) if self.scale_arr is not None else None
-            kv_write_triton(self.buffer, scale_arr, slots, ckv_new, kpe_new,
-                            self.ckv_scale, self.kpe_scale)
+            scale_arr = (
+                self.scale_arr.view(self.num_slots, -1) if self.scale_arr is not None else None
+            )
+            kv_write_triton(
+                self.buffer, scale_arr, slots, ckv_new, kpe_new, self.ckv_scale, self.kpe_scale
+            )
             return
         rows = self.buffer.view(self.num_slots, -1)
         idx = slots.long()

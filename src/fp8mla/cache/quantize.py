@@ -30,7 +30,9 @@ def quantize(
     return (xf / divisor).clamp(-limit, limit).to(dtype)
 
 
-def quantize_token_groups(ckv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_token_groups(
+    ckv: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token-group quantization: ``(ckv_q [n, D], scales [n, D // 128])``."""
     scales = group_scales(ckv, dtype)
     scaled = ckv.float().unflatten(-1, (-1, SCALE_GROUP)) / scales[..., None]

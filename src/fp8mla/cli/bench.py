@@ -14,15 +14,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         "full-pool cast, gather-then-cast, the PyTorch reference and (when importable) SGLang "
         "and FlashInfer, on the same inputs. Appends JSON lines to OUT/<date>-<gpu>.jsonl.",
     )
-    p.add_argument("--sections", default="goals,sweep,extend,seed",
-                   help="comma-separated subset of goals,sweep,extend,seed (default: all)")
-    p.add_argument("--impls", default=None,
-                   help="comma-separated implementations (default: all available)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                   help="results folder (default: benchmarks/results)")
-    p.add_argument("--sglang-module", default=None, metavar="PATH",
-                   help="SGLang's decode_attention.py from an unpacked wheel, when sglang is "
-                   "not installed")
+    p.add_argument(
+        "--sections",
+        default="goals,sweep,extend,seed",
+        help="comma-separated subset of goals,sweep,extend,seed (default: all)",
+    )
+    p.add_argument(
+        "--impls", default=None, help="comma-separated implementations (default: all available)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/results"),
+        help="results folder (default: benchmarks/results)",
+    )
+    p.add_argument(
+        "--sglang-module",
+        default=None,
+        metavar="PATH",
+        help="SGLang's decode_attention.py from an unpacked wheel, when sglang is not installed",
+    )
     p.add_argument("--quick", action="store_true", help="a short sweep and an 8-layer seed")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.set_defaults(func=_run)
@@ -36,6 +47,13 @@ def _run(args: argparse.Namespace) -> int:
     if bad:
         raise SystemExit(f"fp8mla bench: expected sections from {SECTIONS}, got {bad}")
     impls = tuple(args.impls.split(",")) if args.impls else None
-    return run(BenchOptions(sections=sections, impls=impls, out_dir=args.out,
-                            sglang_module=args.sglang_module, quick=args.quick,
-                            plot=not args.no_plot))
+    return run(
+        BenchOptions(
+            sections=sections,
+            impls=impls,
+            out_dir=args.out,
+            sglang_module=args.sglang_module,
+            quick=args.quick,
+            plot=not args.no_plot,
+        )
+    )

@@ -7,10 +7,13 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="versions, device and whether Triton runs compiled",
-                       description="Print fp8mla's, torch's and triton's versions, the device "
-                       "and its compute capability, and whether Triton kernels run compiled "
-                       "or interpreted.")
+    p = sub.add_parser(
+        "info",
+        help="versions, device and whether Triton runs compiled",
+        description="Print fp8mla's, torch's and triton's versions, the device "
+        "and its compute capability, and whether Triton kernels run compiled "
+        "or interpreted.",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_run)
 

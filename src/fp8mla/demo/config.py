@@ -25,12 +25,32 @@ class DemoConfig:
 
 # GLM-5 at tensor-parallel 2 on one H200: 78 layers, 32 query heads per GPU, hidden 6144,
 # the engine's 495,552-slot FP8 pool per layer, 4,096 tokens of context.
-GPU_DEFAULT = DemoConfig(layers=78, heads=32, hidden=6144, pool_slots=495_552, context=4096,
-                         batch=1, steps=20, mlp=2048, cuda_graph=True, device="cuda")
+GPU_DEFAULT = DemoConfig(
+    layers=78,
+    heads=32,
+    hidden=6144,
+    pool_slots=495_552,
+    context=4096,
+    batch=1,
+    steps=20,
+    mlp=2048,
+    cuda_graph=True,
+    device="cuda",
+)
 
 # Scaled down so that `make demo` finishes in well under three minutes on two CPU cores.
-CPU_DEFAULT = DemoConfig(layers=8, heads=16, hidden=1024, pool_slots=100_000, context=1024,
-                         batch=2, steps=3, mlp=1024, cuda_graph=False, device="cpu")
+CPU_DEFAULT = DemoConfig(
+    layers=8,
+    heads=16,
+    hidden=1024,
+    pool_slots=100_000,
+    context=1024,
+    batch=2,
+    steps=3,
+    mlp=1024,
+    cuda_graph=False,
+    device="cpu",
+)
 
 
 def default_config(device: str) -> DemoConfig:

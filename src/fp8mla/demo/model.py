@@ -53,8 +53,7 @@ class DecodeModel:
         self.caches: list[MLAKVCache] = []
         seqs: list[int] = []
         for _ in range(cfg.layers):
-            cache = MLAKVCache(cfg.pool_slots, page_size=1, dtype=torch.float8_e4m3fn,
-                               device=dev)
+            cache = MLAKVCache(cfg.pool_slots, page_size=1, dtype=torch.float8_e4m3fn, device=dev)
             seqs = [cache.new_sequence() for _ in range(cfg.batch)]
             for seq in seqs:
                 kv = torch.randn(cfg.context, D_CKV + D_KPE, generator=g, device=dev).to(**bf)
@@ -73,8 +72,10 @@ class DecodeModel:
         cfg, dev = self.cfg, self.device
         ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
         n = cfg.active_tokens
-        compact = (torch.arange(0, n + 1, cfg.context, dtype=torch.int32, device=dev),
-                   torch.arange(n, dtype=torch.int32, device=dev))
+        compact = (
+            torch.arange(0, n + 1, cfg.context, dtype=torch.int32, device=dev),
+            torch.arange(n, dtype=torch.int32, device=dev),
+        )
         plans = {
             "full-pool cast": (self.kv_indptr, self.kv_indices, torch.bfloat16),
             "gather-then-cast": (*compact, torch.bfloat16),
@@ -83,13 +84,26 @@ class DecodeModel:
         wrappers = {}
         for name, (indptr, indices, kv_dtype) in plans.items():
             w = BatchMLAPagedAttentionWrapper(ws)
-            w.plan(self.qo_indptr, indptr, indices, self.kv_len, cfg.heads, D_CKV, D_KPE, 1,
-                   False, self.sm_scale, torch.bfloat16, kv_dtype)
+            w.plan(
+                self.qo_indptr,
+                indptr,
+                indices,
+                self.kv_len,
+                cfg.heads,
+                D_CKV,
+                D_KPE,
+                1,
+                False,
+                self.sm_scale,
+                torch.bfloat16,
+                kv_dtype,
+            )
             wrappers[name] = w
         return wrappers
 
-    def attention(self, strategy: str) -> Callable[[MLAKVCache, torch.Tensor, torch.Tensor],
-                                                   torch.Tensor]:
+    def attention(
+        self, strategy: str
+    ) -> Callable[[MLAKVCache, torch.Tensor, torch.Tensor], torch.Tensor]:
         w = self.wrappers[strategy]
         if strategy == "full-pool cast":
             return lambda c, qn, qp: S.full_pool_cast(c, w, qn, qp, self.out)

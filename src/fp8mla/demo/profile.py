@@ -17,8 +17,12 @@ def profile_steps(model: DecodeModel, h0: torch.Tensor, strategy: str, path: str
     activities = [ProfilerActivity.CPU]
     if model.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities, record_shapes=True, with_stack=True,
-                 schedule=schedule(wait=1, warmup=1, active=3)) as prof:
+    with profile(
+        activities=activities,
+        record_shapes=True,
+        with_stack=True,
+        schedule=schedule(wait=1, warmup=1, active=3),
+    ) as prof:
         for _ in range(5):
             model.step(h0.clone(), strategy)
             if model.device.type == "cuda":
@@ -27,8 +31,9 @@ def profile_steps(model: DecodeModel, h0: torch.Tensor, strategy: str, path: str
     prof.export_chrome_trace(path)
 
 
-def time_steps(model: DecodeModel, h0: torch.Tensor, strategy: str, steps: int,
-               cuda_graph: bool) -> float:
+def time_steps(
+    model: DecodeModel, h0: torch.Tensor, strategy: str, steps: int, cuda_graph: bool
+) -> float:
     """Milliseconds per decode step: CUDA-graph replays on a GPU (``cuda_graph``), else eager
     steps (synchronized) timed on the host."""
     if model.device.type != "cuda":

@@ -32,16 +32,27 @@ def format_report(result: DemoResult) -> str:
         ]
     else:
         lines.append("   (no pool-proportional cast found)")
-    lines += ["", "2. fix → verify: the same decode step three ways "
-              f"({'CUDA graph' if cfg.cuda_graph and cfg.device.startswith('cuda') else 'eager'}"
-              f", {cfg.steps} steps)", ""]
-    head = (f"   {'strategy':18} {'ms/step':>9} {'tokens/s':>10} {'bytes/step':>12} "
-            f"{'speed-up':>9} {'rel. diff':>10}")
+    lines += [
+        "",
+        "2. fix → verify: the same decode step three ways "
+        f"({'CUDA graph' if cfg.cuda_graph and cfg.device.startswith('cuda') else 'eager'}"
+        f", {cfg.steps} steps)",
+        "",
+    ]
+    head = (
+        f"   {'strategy':18} {'ms/step':>9} {'tokens/s':>10} {'bytes/step':>12} "
+        f"{'speed-up':>9} {'rel. diff':>10}"
+    )
     lines += [head, "   " + "-" * (len(head) - 3)]
     for r in result.rows:
-        lines.append(f"   {r.name:18} {r.ms_per_step:9.2f} {r.tokens_per_s:10.1f} "
-                     f"{_gb(r.bytes_per_step):>12} {r.speedup:8.1f}× {r.rel_err:10.1e}")
-    lines += ["", "   bytes/step: weights plus the KV each strategy moves; rel. diff: ‖h − h_direct‖/‖h_direct‖ "
-              "of the final hidden state (all three read the same FP8 bytes)",
-              f"   trace: {result.trace_path}"]
+        lines.append(
+            f"   {r.name:18} {r.ms_per_step:9.2f} {r.tokens_per_s:10.1f} "
+            f"{_gb(r.bytes_per_step):>12} {r.speedup:8.1f}× {r.rel_err:10.1e}"
+        )
+    lines += [
+        "",
+        "   bytes/step: weights plus the KV each strategy moves; rel. diff: ‖h − h_direct‖/‖h_direct‖ "
+        "of the final hidden state (all three read the same FP8 bytes)",
+        f"   trace: {result.trace_path}",
+    ]
     return "\n".join(lines)

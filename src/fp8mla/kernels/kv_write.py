@@ -11,8 +11,14 @@ from fp8mla.kernels.codec import _encode_bf16, _encode_fp8
 
 
 @triton.jit
-def _quantize(x, FP8_MAX: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-              BIAS: tl.constexpr, STORE_KIND: tl.constexpr):
+def _quantize(
+    x,
+    FP8_MAX: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BIAS: tl.constexpr,
+    STORE_KIND: tl.constexpr,
+):
     """fp32 → storage bits. STORE_KIND 0: FP8 code; 1: bf16 bits; 2: fp16 value."""
     if STORE_KIND == 0:
         return _encode_fp8(tl.clamp(x, -FP8_MAX, FP8_MAX), MBITS, EMIN, BIAS)

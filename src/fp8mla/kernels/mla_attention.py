@@ -47,9 +47,21 @@ def _mla_attn_rows_kernel(
     kv_len_ptr,  # [B] int32 tokens
     o_ptr,  # [T, H, D_CKV] out, or [splits, T, H, D_CKV] fp32 partials
     lse_ptr,  # [T, H] fp32, or [splits, T, H] partials
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
-    stride_o_split, stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    stride_ckv_p,
+    stride_ckv_s,
+    stride_kpe_p,
+    stride_kpe_s,
+    stride_sa_p,
+    stride_sa_s,
+    stride_o_split,
+    stride_o_t,
+    stride_o_h,
+    stride_lse_split,
+    stride_lse_t,
     num_heads,
     sm_scale_log2,  # sm_scale / ln 2 (softmax in base 2)
     ckv_scale_val,
@@ -71,19 +83,41 @@ def _mla_attn_rows_kernel(
     b = tl.program_id(1)
     split = tl.program_id(2)
     row_ok, t_local, head, tok, qo_len, rows_total = _query_rows(
-        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M)
+        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M
+    )
     if m_tile * BLOCK_M >= rows_total:
         return
     qk_scale, pe_factor, v_scale = _scales(
-        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT)
+        ckv_scale_ptr,
+        kpe_scale_ptr,
+        ckv_scale_val,
+        kpe_scale_val,
+        sm_scale_log2,
+        CKV_SCALE_PTR,
+        KPE_SCALE_PTR,
+        TOKEN_GROUP,
+        FP8_CVT,
+    )
     kv_len = tl.load(kv_len_ptr + b)
-    n_begin, n_end = _split_range(kv_len, qo_len, m_tile, split, tl.num_programs(2),
-                                  num_heads, BLOCK_M, BLOCK_N, CAUSAL)
+    n_begin, n_end = _split_range(
+        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
     page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
-    q_nope, q_pe = _load_queries(q_nope_ptr, q_pe_ptr, tok, head, row_ok, stride_qn_t,
-                                 stride_qn_h, stride_qp_t, stride_qp_h, pe_factor,
-                                 D_CKV, D_KPE, DOT_DTYPE)
+    q_nope, q_pe = _load_queries(
+        q_nope_ptr,
+        q_pe_ptr,
+        tok,
+        head,
+        row_ok,
+        stride_qn_t,
+        stride_qn_h,
+        stride_qp_t,
+        stride_qp_h,
+        pe_factor,
+        D_CKV,
+        D_KPE,
+        DOT_DTYPE,
+    )
     causal_limit = kv_len - qo_len + t_local  # last KV position each row may see
 
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
@@ -92,10 +126,26 @@ def _mla_attn_rows_kernel(
     for n0 in range(n_begin, n_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_ok = pos < n_end
-        k, kpe = _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
-                               stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
-                               stride_sa_p, stride_sa_s, PAGE_SIZE, D_CKV, D_KPE,
-                               TOKEN_GROUP, DOT_DTYPE, FP8_CVT)
+        k, kpe = _load_kv_tile(
+            ckv_ptr,
+            kpe_ptr,
+            scale_arr_ptr,
+            page_base,
+            pos,
+            n_ok,
+            stride_ckv_p,
+            stride_ckv_s,
+            stride_kpe_p,
+            stride_kpe_s,
+            stride_sa_p,
+            stride_sa_s,
+            PAGE_SIZE,
+            D_CKV,
+            D_KPE,
+            TOKEN_GROUP,
+            DOT_DTYPE,
+            FP8_CVT,
+        )
         # -- q·k --
         s = tl.dot(q_nope, tl.trans(k))
         if D_KPE > 0:
@@ -120,8 +170,11 @@ def _mla_attn_rows_kernel(
     inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
     d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
-    tl.store(o_rows[:, None] + d[None, :], (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(
+        o_rows[:, None] + d[None, :],
+        (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
     if WRITE_LSE:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
@@ -129,12 +182,38 @@ def _mla_attn_rows_kernel(
 
 @triton.jit
 def _mla_attn_swap_kernel(
-    q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, scale_arr_ptr, ckv_scale_ptr, kpe_scale_ptr,
-    qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, o_ptr, lse_ptr,
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
-    stride_o_split, stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
-    num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
+    q_nope_ptr,
+    q_pe_ptr,
+    ckv_ptr,
+    kpe_ptr,
+    scale_arr_ptr,
+    ckv_scale_ptr,
+    kpe_scale_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    kv_len_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    stride_ckv_p,
+    stride_ckv_s,
+    stride_kpe_p,
+    stride_kpe_s,
+    stride_sa_p,
+    stride_sa_s,
+    stride_o_split,
+    stride_o_t,
+    stride_o_h,
+    stride_lse_split,
+    stride_lse_t,
+    num_heads,
+    sm_scale_log2,
+    ckv_scale_val,
+    kpe_scale_val,
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -153,19 +232,41 @@ def _mla_attn_swap_kernel(
     b = tl.program_id(1)
     split = tl.program_id(2)
     row_ok, t_local, head, tok, qo_len, rows_total = _query_rows(
-        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M)
+        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M
+    )
     if m_tile * BLOCK_M >= rows_total:
         return
     qk_scale, pe_factor, v_scale = _scales(
-        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT)
+        ckv_scale_ptr,
+        kpe_scale_ptr,
+        ckv_scale_val,
+        kpe_scale_val,
+        sm_scale_log2,
+        CKV_SCALE_PTR,
+        KPE_SCALE_PTR,
+        TOKEN_GROUP,
+        FP8_CVT,
+    )
     kv_len = tl.load(kv_len_ptr + b)
-    n_begin, n_end = _split_range(kv_len, qo_len, m_tile, split, tl.num_programs(2),
-                                  num_heads, BLOCK_M, BLOCK_N, CAUSAL)
+    n_begin, n_end = _split_range(
+        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
     page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
-    q_nope, q_pe = _load_queries(q_nope_ptr, q_pe_ptr, tok, head, row_ok, stride_qn_t,
-                                 stride_qn_h, stride_qp_t, stride_qp_h, pe_factor,
-                                 D_CKV, D_KPE, DOT_DTYPE)
+    q_nope, q_pe = _load_queries(
+        q_nope_ptr,
+        q_pe_ptr,
+        tok,
+        head,
+        row_ok,
+        stride_qn_t,
+        stride_qn_h,
+        stride_qp_t,
+        stride_qp_h,
+        pe_factor,
+        D_CKV,
+        D_KPE,
+        DOT_DTYPE,
+    )
     q_nope_t = tl.trans(q_nope)  # [D_CKV, BLOCK_M]
     q_pe_t = tl.trans(q_pe)
     causal_limit = kv_len - qo_len + t_local
@@ -176,10 +277,26 @@ def _mla_attn_swap_kernel(
     for n0 in range(n_begin, n_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_ok = pos < n_end
-        k, kpe = _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
-                               stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
-                               stride_sa_p, stride_sa_s, PAGE_SIZE, D_CKV, D_KPE,
-                               TOKEN_GROUP, DOT_DTYPE, FP8_CVT)
+        k, kpe = _load_kv_tile(
+            ckv_ptr,
+            kpe_ptr,
+            scale_arr_ptr,
+            page_base,
+            pos,
+            n_ok,
+            stride_ckv_p,
+            stride_ckv_s,
+            stride_kpe_p,
+            stride_kpe_s,
+            stride_sa_p,
+            stride_sa_s,
+            PAGE_SIZE,
+            D_CKV,
+            D_KPE,
+            TOKEN_GROUP,
+            DOT_DTYPE,
+            FP8_CVT,
+        )
         # -- kᵀ·q: [BLOCK_N tokens, BLOCK_M rows] --
         s = tl.dot(k, q_nope_t)
         if D_KPE > 0:
@@ -203,8 +320,11 @@ def _mla_attn_swap_kernel(
     inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
     d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
-    tl.store(o_rows[None, :] + d[:, None], (acc * inv_l[None, :]).to(o_ptr.dtype.element_ty),
-             mask=row_ok[None, :])
+    tl.store(
+        o_rows[None, :] + d[:, None],
+        (acc * inv_l[None, :]).to(o_ptr.dtype.element_ty),
+        mask=row_ok[None, :],
+    )
     if WRITE_LSE:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)

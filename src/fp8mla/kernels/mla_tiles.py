@@ -54,8 +54,9 @@ def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
     else:
         asm: tl.constexpr = """{ prmt.b32 $0, $2, 0, 0x1404;
         prmt.b32 $1, $2, 0, 0x3424; }"""
-    return tl.inline_asm_elementwise(asm=asm, constraints="=r,=r,r", args=[b],
-                                     dtype=tl.float16, is_pure=False, pack=4)
+    return tl.inline_asm_elementwise(
+        asm=asm, constraints="=r,=r,r", args=[b], dtype=tl.float16, is_pure=False, pack=4
+    )
 
 
 @triton.jit
@@ -75,8 +76,17 @@ def _query_rows(qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _split_range(kv_len, qo_len, m_tile, split, num_splits, num_heads,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def _split_range(
+    kv_len,
+    qo_len,
+    m_tile,
+    split,
+    num_splits,
+    num_heads,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     """KV positions ``[n_begin, n_end)`` of this split; causal tiles stop at the last
     position their last row may see (bottom-right aligned)."""
     kv_end = kv_len
@@ -90,12 +100,26 @@ def _split_range(kv_len, qo_len, m_tile, split, num_splits, num_heads,
 
 
 @triton.jit
-def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
-                  stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
-                  stride_sa_p, stride_sa_s,
-                  PAGE_SIZE: tl.constexpr, D_CKV: tl.constexpr, D_KPE: tl.constexpr,
-                  TOKEN_GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                  FP8_CVT: tl.constexpr):
+def _load_kv_tile(
+    ckv_ptr,
+    kpe_ptr,
+    scale_arr_ptr,
+    page_base,
+    pos,
+    n_ok,
+    stride_ckv_p,
+    stride_ckv_s,
+    stride_kpe_p,
+    stride_kpe_s,
+    stride_sa_p,
+    stride_sa_s,
+    PAGE_SIZE: tl.constexpr,
+    D_CKV: tl.constexpr,
+    D_KPE: tl.constexpr,
+    TOKEN_GROUP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    FP8_CVT: tl.constexpr,
+):
     """Gather ``BLOCK_N`` tokens through the page table and convert to the dot dtype.
 
     Returns ``k [BLOCK_N, D_CKV]`` (keys and values) and ``kpe [BLOCK_N, D_KPE]`` (``k``
@@ -106,8 +130,7 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
     d = tl.arange(0, D_CKV)
     ckv_rows = (page * stride_ckv_p + off * stride_ckv_s)[:, None] + d[None, :]
     if FP8_CVT != CVT_NATIVE:
-        k = tl.load(ckv_ptr.to(tl.pointer_type(tl.uint8)) + ckv_rows, mask=n_ok[:, None],
-                    other=0)
+        k = tl.load(ckv_ptr.to(tl.pointer_type(tl.uint8)) + ckv_rows, mask=n_ok[:, None], other=0)
         k = _fp8_bytes_to_f16(k, FP8_CVT)
     else:
         k = tl.load(ckv_ptr + ckv_rows, mask=n_ok[:, None], other=0.0)
@@ -115,8 +138,9 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
         sa = scale_arr_ptr + page * stride_sa_p + off * stride_sa_s
         sc = tl.load(sa, mask=n_ok, other=0.0)[:, None] + tl.zeros([1, D_CKV], tl.float32)
         for g in tl.static_range(1, D_CKV // 128):
-            sc = tl.where((d >= g * 128)[None, :], tl.load(sa + g, mask=n_ok, other=0.0)[:, None],
-                          sc)
+            sc = tl.where(
+                (d >= g * 128)[None, :], tl.load(sa + g, mask=n_ok, other=0.0)[:, None], sc
+            )
         k = (k.to(tl.float32) * sc).to(DOT_DTYPE)
     else:
         k = k.to(DOT_DTYPE)
@@ -124,8 +148,9 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
         e = tl.arange(0, D_KPE)
         kpe_rows = (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :]
         if FP8_CVT != CVT_NATIVE:
-            kpe = tl.load(kpe_ptr.to(tl.pointer_type(tl.uint8)) + kpe_rows, mask=n_ok[:, None],
-                          other=0)
+            kpe = tl.load(
+                kpe_ptr.to(tl.pointer_type(tl.uint8)) + kpe_rows, mask=n_ok[:, None], other=0
+            )
             kpe = _fp8_bytes_to_f16(kpe, FP8_CVT).to(DOT_DTYPE)
         else:
             kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0.0).to(DOT_DTYPE)
@@ -135,9 +160,17 @@ def _load_kv_tile(ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, pos, n_ok,
 
 
 @triton.jit
-def _scales(ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-            CKV_SCALE_PTR: tl.constexpr, KPE_SCALE_PTR: tl.constexpr,
-            TOKEN_GROUP: tl.constexpr, FP8_CVT: tl.constexpr):
+def _scales(
+    ckv_scale_ptr,
+    kpe_scale_ptr,
+    ckv_scale_val,
+    kpe_scale_val,
+    sm_scale_log2,
+    CKV_SCALE_PTR: tl.constexpr,
+    KPE_SCALE_PTR: tl.constexpr,
+    TOKEN_GROUP: tl.constexpr,
+    FP8_CVT: tl.constexpr,
+):
     """``(qk_scale, pe_factor, v_scale)``: the key scale is folded into the softmax scale
     (``q_pe`` is pre-multiplied by ``pe_factor`` so one scale serves both parts) and the
     value scale is applied once to the output. The integer e4m3 conversion yields 2^-8 × the
@@ -159,9 +192,21 @@ def _scales(ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale
 
 
 @triton.jit
-def _load_queries(q_nope_ptr, q_pe_ptr, tok, head, row_ok, stride_qn_t, stride_qn_h,
-                  stride_qp_t, stride_qp_h, pe_factor,
-                  D_CKV: tl.constexpr, D_KPE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def _load_queries(
+    q_nope_ptr,
+    q_pe_ptr,
+    tok,
+    head,
+    row_ok,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    pe_factor,
+    D_CKV: tl.constexpr,
+    D_KPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
     """``q_nope [BLOCK_M, D_CKV]`` and ``q_pe [BLOCK_M, D_KPE]`` (times ``pe_factor``) in the
     dot dtype; ``q_pe`` is ``q_nope`` when there is no RoPE part."""
     d = tl.arange(0, D_CKV)

@@ -9,8 +9,12 @@ from fp8mla.formats import FP8_MAX, SCALE_GROUP
 # (MBITS, EMIN, BIAS) of each FP8 format.
 FP8_FIELDS = {torch.float8_e4m3fn: (3, -6, 7), torch.float8_e5m2: (2, -14, 15)}
 # How the kernel stores each storage dtype, and the view it stores through.
-STORE_KIND = {torch.float8_e4m3fn: (0, torch.uint8), torch.float8_e5m2: (0, torch.uint8),
-              torch.bfloat16: (1, torch.uint16), torch.float16: (2, torch.float16)}
+STORE_KIND = {
+    torch.float8_e4m3fn: (0, torch.uint8),
+    torch.float8_e5m2: (0, torch.uint8),
+    torch.bfloat16: (1, torch.uint16),
+    torch.float16: (2, torch.float16),
+}
 
 
 def kv_write_triton(

@@ -38,8 +38,13 @@ def dot_dtype(kv_dtype: torch.dtype, interpreted: bool) -> tl.dtype:
 FP8_CVT_CHOICES = ("auto", "native", "ptx", "int", "portable")
 
 
-def fp8_conversion(kv_dtype: torch.dtype, device: torch.device, interpreted: bool,
-                   choice: str = "auto", target: Target | None = None) -> int:
+def fp8_conversion(
+    kv_dtype: torch.dtype,
+    device: torch.device,
+    interpreted: bool,
+    choice: str = "auto",
+    target: Target | None = None,
+) -> int:
     """The kernels' ``FP8_CVT`` mode for ``target`` (the device's when None).
 
     ``auto``: integer bit moves on every GPU -- inline PTX on CUDA (SM80/86 have no FP8

@@ -91,19 +91,28 @@ TABLES: dict[str, ConfigTable] = {
     # SM80 (163 KB): the H200 tiles but for 16-bit KV with many rows, whose 64-row tile needs
     # 200 KB there (no wgmma); 32×32 in two stages needs 74 KB.
     "smem163": ConfigTable(
-        KernelConfig(16, 64, 8, 1), KernelConfig(16, 64, 4, 2),
-        KernelConfig(64, 64, 8, 1), KernelConfig(32, 32, 8, 2)),
+        KernelConfig(16, 64, 8, 1),
+        KernelConfig(16, 64, 4, 2),
+        KernelConfig(64, 64, 8, 1),
+        KernelConfig(32, 32, 8, 2),
+    ),
     # SM86/89/120 (99 KB): 64-row tiles need 144-200 KB, 32×32 tiles 72-74 KB; the 16-bit 16×64
     # two-stage tile fits (92 KB) but spills 180-270 B, 16×32 (55 KB) does not.
     "smem99": ConfigTable(
-        KernelConfig(16, 64, 8, 1), KernelConfig(16, 32, 4, 2),
-        KernelConfig(32, 32, 8, 1), KernelConfig(32, 32, 8, 2)),
+        KernelConfig(16, 64, 8, 1),
+        KernelConfig(16, 32, 4, 2),
+        KernelConfig(32, 32, 8, 1),
+        KernelConfig(32, 32, 8, 2),
+    ),
     # CDNA (wave64, 64 KB LDS): 4 wavefronts keep the 512-VGPR budget of one wave per SIMD
     # (8 wavefronts halve it and spill); 16×64 spills on gfx90a, 16×32 in two stages nowhere;
     # the 64-row tile uses all 64 KB of LDS.
     "wave64": ConfigTable(
-        KernelConfig(16, 32, 4, 2), KernelConfig(16, 32, 4, 2),
-        KernelConfig(64, 16, 4, 1), KernelConfig(64, 16, 4, 1)),
+        KernelConfig(16, 32, 4, 2),
+        KernelConfig(16, 32, 4, 2),
+        KernelConfig(64, 16, 4, 1),
+        KernelConfig(64, 16, 4, 1),
+    ),
     # RDNA3 (wave32, 256 VGPRs): WMMA holds 16 values per lane per 16×16 operand tile, so the
     # 576-deep Q·Kᵀ operands alone need ~576 VGPRs: every tile spills, the smallest least.
     "wave32": ConfigTable(*(KernelConfig(16, 16, 8, 1),) * 4),
@@ -128,8 +137,9 @@ def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[Ker
     return list(dict.fromkeys(out))
 
 
-def choose_config(rows: int, kv_dtype: torch.dtype, interpreted: bool,
-                  target: Target | None = None) -> KernelConfig:
+def choose_config(
+    rows: int, kv_dtype: torch.dtype, interpreted: bool, target: Target | None = None
+) -> KernelConfig:
     """Tiles for ``rows`` query rows per request (query tokens × heads) on ``target`` (the
     H200-measured table when None); the interpreter takes small tiles."""
     if interpreted:
@@ -178,6 +188,7 @@ def make_launch_plan(
     config = config or choose_config(rows, kv_dtype, interpreted, target)
     m_tiles = max(1, -(-rows // config.block_m))
     if num_splits is None:
-        num_splits = choose_splits(batch * m_tiles, max_kv_len, sms, max_splits_by_workspace,
-                                   config)
+        num_splits = choose_splits(
+            batch * m_tiles, max_kv_len, sms, max_splits_by_workspace, config
+        )
     return LaunchPlan(config=config, m_tiles=m_tiles, num_splits=num_splits)

@@ -46,18 +46,21 @@ def _hip(arch: str, wave: int, lds_kb: int, native_fp8: bool, gpus: str) -> Targ
 # (opt-in maximum per block; 1 KB per block is reserved by the system, hence 163/99/227);
 # AMD: LDS per workgroup (gfx950 has 160 KB per CU). native_fp8 means the OCP formats torch
 # uses: gfx942's FP8 instructions decode only the FNUZ variants.
-TARGETS: dict[str, Target] = {t.name: t for t in (
-    _cuda(80, 163, 164, "A100, A800"),
-    _cuda(86, 99, 100, "A10, A40, RTX A6000, RTX 3090"),
-    _cuda(89, 99, 100, "L4, L40S, RTX 6000 Ada, RTX 4090"),
-    _cuda(90, 227, 228, "H100, H200, H20"),
-    _cuda(100, 227, 228, "B200, GB200"),
-    _cuda(120, 99, 100, "RTX PRO 6000 Blackwell, RTX 5090"),
-    _hip("gfx90a", 64, 64, False, "MI210, MI250X"),
-    _hip("gfx942", 64, 64, False, "MI300X, MI325X"),
-    _hip("gfx950", 64, 160, True, "MI350X, MI355X"),
-    _hip("gfx1100", 32, 64, False, "RX 7900 XTX, Radeon PRO W7900"),
-)}
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        _cuda(80, 163, 164, "A100, A800"),
+        _cuda(86, 99, 100, "A10, A40, RTX A6000, RTX 3090"),
+        _cuda(89, 99, 100, "L4, L40S, RTX 6000 Ada, RTX 4090"),
+        _cuda(90, 227, 228, "H100, H200, H20"),
+        _cuda(100, 227, 228, "B200, GB200"),
+        _cuda(120, 99, 100, "RTX PRO 6000 Blackwell, RTX 5090"),
+        _hip("gfx90a", 64, 64, False, "MI210, MI250X"),
+        _hip("gfx942", 64, 64, False, "MI300X, MI325X"),
+        _hip("gfx950", 64, 160, True, "MI350X, MI355X"),
+        _hip("gfx1100", 32, 64, False, "RX 7900 XTX, Radeon PRO W7900"),
+    )
+}
 # The architecture every launch configuration of the SM90/SM100 table was measured on.
 MEASURED = TARGETS["sm90"]
 
@@ -72,8 +75,9 @@ def cuda_target(cc: int) -> Target:
     same_major = [k for k in known if k // 10 == cc // 10 and k <= cc]
     lower = same_major or [k for k in known if k <= cc] or known[:1]
     base = TARGETS[f"sm{lower[-1]}"]
-    return Target(f"sm{cc}", "cuda", cc, 32, base.smem_per_block, base.smem_per_sm,
-                  cc >= 89, base.gpus)
+    return Target(
+        f"sm{cc}", "cuda", cc, 32, base.smem_per_block, base.smem_per_sm, cc >= 89, base.gpus
+    )
 
 
 def hip_target(arch: str) -> Target:

@@ -28,10 +28,21 @@ from fp8mla.tools.kernel_builds import TORCH_TO_TRITON, Build, measure
 from fp8mla.tools.matrix_report import markdown
 
 KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16)
-SHORT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.bfloat16: "bf16",
-         torch.float16: "fp16"}
-CVT_NAMES = {0: "native", 1: "ptx", 2: "ptx", 3: "int-ptx", 4: "int-ptx", 5: "int-triton",
-             6: "int-triton"}
+SHORT = {
+    torch.float8_e4m3fn: "e4m3",
+    torch.float8_e5m2: "e5m2",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+}
+CVT_NAMES = {
+    0: "native",
+    1: "ptx",
+    2: "ptx",
+    3: "int-ptx",
+    4: "int-ptx",
+    5: "int-triton",
+    6: "int-triton",
+}
 ATTN = "fp8mla.kernels.mla_attention:_mla_attn_rows_kernel"
 MERGE = "fp8mla.kernels.merge:_mla_merge_kernel"
 KV_WRITE = "fp8mla.kernels.kv_write:_kv_write_kernel"
@@ -40,13 +51,23 @@ KV_WRITE = "fp8mla.kernels.kv_write:_kv_write_kernel"
 SPILL_LIMIT = 128
 # Larger limits, each with the reason it is accepted: (target names, kernel, tile) → limit.
 SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
-    (("sm80", "sm90", "sm100"), "attention", "64x64", 1024,
-     "the H200's 64-row tile (kept where it fits) spills ~200-900 B, yet measured fastest "
-     "there for 128 heads (149 vs ~50 TFLOP/s for 16-row tiles)"),
-    (("gfx1100",), "attention", "", 4096,
-     "RDNA3 WMMA holds 16 values per lane per 16×16 operand tile, so the 576-deep Q·Kᵀ "
-     "operands alone need ~576 of 256 VGPRs: every tile spills until Q·Kᵀ is chunked over "
-     "the latent dimension"),
+    (
+        ("sm80", "sm90", "sm100"),
+        "attention",
+        "64x64",
+        1024,
+        "the H200's 64-row tile (kept where it fits) spills ~200-900 B, yet measured fastest "
+        "there for 128 heads (149 vs ~50 TFLOP/s for 16-row tiles)",
+    ),
+    (
+        ("gfx1100",),
+        "attention",
+        "",
+        4096,
+        "RDNA3 WMMA holds 16 values per lane per 16×16 operand tile, so the 576-deep Q·Kᵀ "
+        "operands alone need ~576 of 256 VGPRs: every tile spills until Q·Kᵀ is chunked over "
+        "the latent dimension",
+    ),
 ]
 
 
@@ -111,19 +132,41 @@ def attention_jobs(target: Target) -> list[Job]:
             if kv.itemsize == 1:  # per-token-group scales (DeepSeek's fine-grained FP8)
                 outputs.append(("fp32", True, True, "split+group"))
             for out, write_lse, group, label in outputs:
-                ptrs = dict(q_nope_ptr="bf16", q_pe_ptr="bf16", ckv_ptr=kv_ptr, kpe_ptr=kv_ptr,
-                            scale_arr_ptr="fp32" if group else kv_ptr, ckv_scale_ptr=kv_ptr,
-                            kpe_scale_ptr=kv_ptr,
-                            qo_indptr_ptr="i32", kv_indptr_ptr="i32", kv_indices_ptr="i32",
-                            kv_len_ptr="i32", o_ptr=out, lse_ptr="fp32" if write_lse else out)
-                consts = dict(PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_CKV=512,
-                              D_KPE=64, CAUSAL=False, TOKEN_GROUP=group, CKV_SCALE_PTR=False,
-                              KPE_SCALE_PTR=False, DOT_DTYPE=dot, WRITE_LSE=write_lse,
-                              FP8_CVT=cvt)
-                build = Build(ATTN, tuple(ptrs.items()), tuple(consts.items()), cfg.num_warps,
-                              cfg.num_stages)
-                variant = (f"{SHORT[kv]} {tile} w{cfg.num_warps}s{cfg.num_stages} {label} "
-                           f"{CVT_NAMES[cvt]}")
+                ptrs = dict(
+                    q_nope_ptr="bf16",
+                    q_pe_ptr="bf16",
+                    ckv_ptr=kv_ptr,
+                    kpe_ptr=kv_ptr,
+                    scale_arr_ptr="fp32" if group else kv_ptr,
+                    ckv_scale_ptr=kv_ptr,
+                    kpe_scale_ptr=kv_ptr,
+                    qo_indptr_ptr="i32",
+                    kv_indptr_ptr="i32",
+                    kv_indices_ptr="i32",
+                    kv_len_ptr="i32",
+                    o_ptr=out,
+                    lse_ptr="fp32" if write_lse else out,
+                )
+                consts = dict(
+                    PAGE_SIZE=1,
+                    BLOCK_M=cfg.block_m,
+                    BLOCK_N=cfg.block_n,
+                    D_CKV=512,
+                    D_KPE=64,
+                    CAUSAL=False,
+                    TOKEN_GROUP=group,
+                    CKV_SCALE_PTR=False,
+                    KPE_SCALE_PTR=False,
+                    DOT_DTYPE=dot,
+                    WRITE_LSE=write_lse,
+                    FP8_CVT=cvt,
+                )
+                build = Build(
+                    ATTN, tuple(ptrs.items()), tuple(consts.items()), cfg.num_warps, cfg.num_stages
+                )
+                variant = (
+                    f"{SHORT[kv]} {tile} w{cfg.num_warps}s{cfg.num_stages} {label} {CVT_NAMES[cvt]}"
+                )
                 jobs.append(Job(target.name, "attention", variant, build, limit, why))
     return jobs
 
@@ -133,8 +176,7 @@ def merge_jobs(target: Target) -> list[Job]:
     jobs = []
     for write_lse in (True, False):
         ptrs = dict(mid_o_ptr="fp32", mid_lse_ptr="fp32", o_ptr="bf16", lse_ptr="fp32")
-        build = Build(MERGE, tuple(ptrs.items()), (("D", 512), ("WRITE_LSE", write_lse)), 4,
-                      None)
+        build = Build(MERGE, tuple(ptrs.items()), (("D", 512), ("WRITE_LSE", write_lse)), 4, None)
         variant = "bf16 out + LSE" if write_lse else "bf16 out"
         jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
     return jobs
@@ -149,13 +191,25 @@ def kv_write_jobs(target: Target) -> list[Job]:
     for kv in KV_DTYPES:
         kind, view = STORE_KIND[kv]
         mbits, emin, bias = FP8_FIELDS.get(kv, (0, 0, 0))
-        for token_group in ((False, True) if kv.itemsize == 1 else (False,)):
-            ptrs = dict(ckv_ptr="bf16", kpe_ptr="bf16", slot_ptr="i64",
-                        cache_ptr=TORCH_TO_TRITON[str(view).split(".")[-1]],
-                        scale_arr_ptr="fp32" if token_group else "bf16")
-            consts = dict(D_CKV=512, D_KPE=64, GROUP=SCALE_GROUP,
-                          FP8_MAX=float(FP8_MAX.get(kv, 0.0)), MBITS=mbits, EMIN=emin,
-                          BIAS=bias, STORE_KIND=kind, TOKEN_GROUP=token_group)
+        for token_group in (False, True) if kv.itemsize == 1 else (False,):
+            ptrs = dict(
+                ckv_ptr="bf16",
+                kpe_ptr="bf16",
+                slot_ptr="i64",
+                cache_ptr=TORCH_TO_TRITON[str(view).split(".")[-1]],
+                scale_arr_ptr="fp32" if token_group else "bf16",
+            )
+            consts = dict(
+                D_CKV=512,
+                D_KPE=64,
+                GROUP=SCALE_GROUP,
+                FP8_MAX=float(FP8_MAX.get(kv, 0.0)),
+                MBITS=mbits,
+                EMIN=emin,
+                BIAS=bias,
+                STORE_KIND=kind,
+                TOKEN_GROUP=token_group,
+            )
             build = Build(KV_WRITE, tuple(ptrs.items()), tuple(consts.items()), 4, None)
             variant = f"{SHORT[kv]} {'token-group' if token_group else 'tensor'} scale"
             jobs.append(Job(target.name, "kv_write", variant, build, SPILL_LIMIT))
@@ -188,8 +242,20 @@ def run_job(job: Job) -> Row:
     else:
         reason = job.spill_reason if res.spill_bytes > SPILL_LIMIT else ""
     ok = res.ok and not reason.startswith(("spills", "shared"))
-    return Row(job.target, job.kernel, job.variant, res.regs, res.spill_bytes, res.smem_bytes,
-               limit, ok, reason, res.stack_bytes, job.spill_limit, job.id)
+    return Row(
+        job.target,
+        job.kernel,
+        job.variant,
+        res.regs,
+        res.spill_bytes,
+        res.smem_bytes,
+        limit,
+        ok,
+        reason,
+        res.stack_bytes,
+        job.spill_limit,
+        job.id,
+    )
 
 
 def build_matrix(targets: list[str] | None = None, workers: int | None = None) -> list[Row]:
@@ -226,8 +292,9 @@ def available_targets() -> tuple[list[str], dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fp8mla.tools.compile_matrix",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m fp8mla.tools.compile_matrix", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--write", metavar="MD", help="write the markdown table to this file")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON ('-': stdout)")
     p.add_argument("--targets", help="comma-separated target names (default: all)")

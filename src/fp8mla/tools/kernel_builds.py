@@ -114,16 +114,29 @@ def _ptxas_report(ptx: str, cc: int) -> dict[str, int]:
         with open(src, "w") as f:
             f.write(ptx)
         log = subprocess.run(
-            [get_ptxas(cc).path, "-v", "--regAllocOptLevel=2",
-             f"--gpu-name={sm_arch_from_capability(cc)}", src, "-o", src + ".o"],
-            capture_output=True, text=True, check=True).stderr
+            [
+                get_ptxas(cc).path,
+                "-v",
+                "--regAllocOptLevel=2",
+                f"--gpu-name={sm_arch_from_capability(cc)}",
+                src,
+                "-o",
+                src + ".o",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
 
     def num(pattern: str) -> int:
         m = re.search(pattern, log)
         return int(m.group(1)) if m else 0
 
-    return dict(regs=num(r"Used (\d+) registers"), spill=num(r"(\d+) bytes spill stores"),
-                stack=num(r"(\d+) bytes stack frame"))
+    return dict(
+        regs=num(r"Used (\d+) registers"),
+        spill=num(r"(\d+) bytes spill stores"),
+        stack=num(r"(\d+) bytes stack frame"),
+    )
 
 
 def _amdgcn_report(asm: str) -> dict[str, int]:
@@ -133,9 +146,13 @@ def _amdgcn_report(asm: str) -> dict[str, int]:
         m = re.search(rf"^\s*\.{key}:\s+(\d+)", asm, re.M)
         return int(m.group(1)) if m else 0
 
-    return dict(regs=num("vgpr_count"), spill=4 * num("vgpr_spill_count"),
-                stack=num("private_segment_fixed_size"), sgpr=num("sgpr_count"),
-                lds_static=num("group_segment_fixed_size"))
+    return dict(
+        regs=num("vgpr_count"),
+        spill=4 * num("vgpr_spill_count"),
+        stack=num("private_segment_fixed_size"),
+        sgpr=num("sgpr_count"),
+        lds_static=num("group_segment_fixed_size"),
+    )
 
 
 def _first_error(e: Exception) -> str:

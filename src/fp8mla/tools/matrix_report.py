@@ -55,8 +55,10 @@ Spill limit {spill_limit} B per thread/lane, except:{exceptions}
 def _exceptions() -> str:
     from fp8mla.tools.compile_matrix import SPILL_EXCEPTIONS
 
-    items = [f"{'/'.join(names)} {kernel} {tile or 'all tiles'} ≤ {limit} B: {why}"
-             for names, kernel, tile, limit, why in SPILL_EXCEPTIONS]
+    items = [
+        f"{'/'.join(names)} {kernel} {tile or 'all tiles'} ≤ {limit} B: {why}"
+        for names, kernel, tile, limit, why in SPILL_EXCEPTIONS
+    ]
     return "\n" + "\n".join(f"- {i}" for i in items) + "\n"
 
 
@@ -69,35 +71,49 @@ def summary(rows) -> str:
     by_target = defaultdict(list)
     for r in rows:
         by_target[r.target].append(r)
-    out = ["| target | GPUs | wave | smem limit (KiB) | FP8 decoding | builds ok | "
-           "attention regs | attention spill (B) | attention smem (KiB) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| target | GPUs | wave | smem limit (KiB) | FP8 decoding | builds ok | "
+        "attention regs | attention spill (B) | attention smem (KiB) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, rs in by_target.items():
         t = TARGETS[name]
         attn = [r for r in rs if r.kernel == "attention" and r.regs]
         fp8 = sorted({r.variant.split()[-1] for r in attn if r.variant.startswith("e")})
         regs = f"{min(r.regs for r in attn)}–{max(r.regs for r in attn)}" if attn else "–"
-        spill = f"{min(r.spill_bytes for r in attn)}–{max(r.spill_bytes for r in attn)}" \
-            if attn else "–"
-        smem = f"{_kb(min(r.smem_bytes for r in attn))}–{_kb(max(r.smem_bytes for r in attn))}" \
-            if attn else "–"
-        out.append(f"| {name} | {t.gpus} | {t.warp_size} | {_kb(t.smem_per_block)} | "
-                   f"{', '.join(fp8)} | {sum(r.ok for r in rs)}/{len(rs)} | {regs} | {spill} | "
-                   f"{smem} |")
+        spill = (
+            f"{min(r.spill_bytes for r in attn)}–{max(r.spill_bytes for r in attn)}"
+            if attn
+            else "–"
+        )
+        smem = (
+            f"{_kb(min(r.smem_bytes for r in attn))}–{_kb(max(r.smem_bytes for r in attn))}"
+            if attn
+            else "–"
+        )
+        out.append(
+            f"| {name} | {t.gpus} | {t.warp_size} | {_kb(t.smem_per_block)} | "
+            f"{', '.join(fp8)} | {sum(r.ok for r in rs)}/{len(rs)} | {regs} | {spill} | "
+            f"{smem} |"
+        )
     return "\n".join(out) + "\n"
 
 
 def details(rows) -> str:
-    out = ["| target | kernel | variant | regs | spill (B) | stack (B) | smem (KiB) | "
-           "limit (KiB) | ok | note |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| target | kernel | variant | regs | spill (B) | stack (B) | smem (KiB) | "
+        "limit (KiB) | ok | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         note = r.reason.replace("|", "/")
         if r.spill_bytes > 0 and r.spill_limit > 128 and r.ok:
             note = f"spill limit {r.spill_limit} B (see above)"
-        out.append(f"| {r.target} | {r.kernel} | {r.variant} | {r.regs} | {r.spill_bytes} | "
-                   f"{r.stack_bytes} | {_kb(r.smem_bytes)} | {_kb(r.limit_bytes)} | "
-                   f"{'yes' if r.ok else '**no**'} | {note} |")
+        out.append(
+            f"| {r.target} | {r.kernel} | {r.variant} | {r.regs} | {r.spill_bytes} | "
+            f"{r.stack_bytes} | {_kb(r.smem_bytes)} | {_kb(r.limit_bytes)} | "
+            f"{'yes' if r.ok else '**no**'} | {note} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -110,7 +126,13 @@ def markdown(rows) -> str:
     built = list(dict.fromkeys(r.target for r in rows))
     run = "; ".join(f"{n} ({RUN_ON[n]})" for n in built if n in RUN_ON) or "none"
     compiled = ", ".join(f"{n} ({TARGETS[n].gpus})" for n in built if n not in RUN_ON)
-    head = INTRO.format(date=datetime.date.today().isoformat(), triton=triton.__version__,
-                        torch=torch.__version__, run=run, compiled=compiled or "none",
-                        spill_limit=SPILL_LIMIT, exceptions=_exceptions())
-    return (head + "\n## Summary\n\n" + summary(rows) + "\n## Every build\n\n" + details(rows))
+    head = INTRO.format(
+        date=datetime.date.today().isoformat(),
+        triton=triton.__version__,
+        torch=torch.__version__,
+        run=run,
+        compiled=compiled or "none",
+        spill_limit=SPILL_LIMIT,
+        exceptions=_exceptions(),
+    )
+    return head + "\n## Summary\n\n" + summary(rows) + "\n## Every build\n\n" + details(rows)
