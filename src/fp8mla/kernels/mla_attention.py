@@ -21,13 +21,7 @@ Two orientations of the same computation:
 import triton
 import triton.language as tl
 
-from fp8mla.kernels.mla_tiles import (
-    _load_kv_tile,
-    _load_queries,
-    _query_rows,
-    _scales,
-    _split_range,
-)
+from fp8mla.kernels.mla_tiles import _load_kv_tile, _program_setup, _query_rows
 
 NEG_INF = tl.constexpr(float("-inf"))
 
@@ -87,38 +81,14 @@ def _mla_attn_rows_kernel(
     )
     if m_tile * BLOCK_M >= rows_total:
         return
-    qk_scale, pe_factor, v_scale = _scales(
-        ckv_scale_ptr,
-        kpe_scale_ptr,
-        ckv_scale_val,
-        kpe_scale_val,
-        sm_scale_log2,
-        CKV_SCALE_PTR,
-        KPE_SCALE_PTR,
-        TOKEN_GROUP,
-        FP8_CVT,
-    )
-    kv_len = tl.load(kv_len_ptr + b)
-    n_begin, n_end = _split_range(
-        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
-    )
-    page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
-    q_nope, q_pe = _load_queries(
-        q_nope_ptr,
-        q_pe_ptr,
-        tok,
-        head,
-        row_ok,
-        stride_qn_t,
-        stride_qn_h,
-        stride_qp_t,
-        stride_qp_h,
-        pe_factor,
-        D_CKV,
-        D_KPE,
-        DOT_DTYPE,
-    )
-    causal_limit = kv_len - qo_len + t_local  # last KV position each row may see
+    qk_scale, v_scale, n_begin, n_end, page_base, q_nope, q_pe, causal_limit = _program_setup(
+        q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
+        kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
+        stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+        num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
+        BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
+        DOT_DTYPE, FP8_CVT,
+    )  # fmt: skip
 
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -236,40 +206,16 @@ def _mla_attn_swap_kernel(
     )
     if m_tile * BLOCK_M >= rows_total:
         return
-    qk_scale, pe_factor, v_scale = _scales(
-        ckv_scale_ptr,
-        kpe_scale_ptr,
-        ckv_scale_val,
-        kpe_scale_val,
-        sm_scale_log2,
-        CKV_SCALE_PTR,
-        KPE_SCALE_PTR,
-        TOKEN_GROUP,
-        FP8_CVT,
-    )
-    kv_len = tl.load(kv_len_ptr + b)
-    n_begin, n_end = _split_range(
-        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
-    )
-    page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
-    q_nope, q_pe = _load_queries(
-        q_nope_ptr,
-        q_pe_ptr,
-        tok,
-        head,
-        row_ok,
-        stride_qn_t,
-        stride_qn_h,
-        stride_qp_t,
-        stride_qp_h,
-        pe_factor,
-        D_CKV,
-        D_KPE,
-        DOT_DTYPE,
-    )
+    qk_scale, v_scale, n_begin, n_end, page_base, q_nope, q_pe, causal_limit = _program_setup(
+        q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
+        kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
+        stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+        num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
+        BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
+        DOT_DTYPE, FP8_CVT,
+    )  # fmt: skip
     q_nope_t = tl.trans(q_nope)  # [D_CKV, BLOCK_M]
     q_pe_t = tl.trans(q_pe)
-    causal_limit = kv_len - qo_len + t_local
 
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)

@@ -226,3 +226,33 @@ def _load_queries(
     else:
         q_pe = q_nope
     return q_nope, q_pe
+
+
+@triton.jit
+def _program_setup(
+    q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
+    kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_CKV: tl.constexpr, D_KPE: tl.constexpr,
+    CAUSAL: tl.constexpr, TOKEN_GROUP: tl.constexpr, CKV_SCALE_PTR: tl.constexpr,
+    KPE_SCALE_PTR: tl.constexpr, DOT_DTYPE: tl.constexpr, FP8_CVT: tl.constexpr,
+):  # fmt: skip
+    """What every attention program needs before its KV loop: the scales, its split's KV
+    range ``[n_begin, n_end)``, the request's page table, its query tile, and the last KV
+    position each row may see under the causal mask."""
+    qk_scale, pe_factor, v_scale = _scales(
+        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    )  # fmt: skip
+    kv_len = tl.load(kv_len_ptr + b)
+    n_begin, n_end = _split_range(
+        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
+    q_nope, q_pe = _load_queries(
+        q_nope_ptr, q_pe_ptr, tok, head, row_ok, stride_qn_t, stride_qn_h, stride_qp_t,
+        stride_qp_h, pe_factor, D_CKV, D_KPE, DOT_DTYPE,
+    )  # fmt: skip
+    causal_limit = kv_len - qo_len + t_local
+    return qk_scale, v_scale, n_begin, n_end, page_base, q_nope, q_pe, causal_limit
