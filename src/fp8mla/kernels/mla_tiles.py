@@ -130,7 +130,7 @@ def _load_kv_tile(
     d = tl.arange(0, D_CKV)
     ckv_rows = (page * stride_ckv_p + off * stride_ckv_s)[:, None] + d[None, :]
     if FP8_CVT != CVT_NATIVE:
-        k = tl.load(ckv_ptr.to(tl.pointer_type(tl.uint8)) + ckv_rows, mask=n_ok[:, None], other=0)
+        k = tl.load(ckv_ptr + ckv_rows, mask=n_ok[:, None], other=0)  # uint8 view (launcher)
         k = _fp8_bytes_to_f16(k, FP8_CVT)
     else:
         k = tl.load(ckv_ptr + ckv_rows, mask=n_ok[:, None], other=0.0)
@@ -148,9 +148,7 @@ def _load_kv_tile(
         e = tl.arange(0, D_KPE)
         kpe_rows = (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :]
         if FP8_CVT != CVT_NATIVE:
-            kpe = tl.load(
-                kpe_ptr.to(tl.pointer_type(tl.uint8)) + kpe_rows, mask=n_ok[:, None], other=0
-            )
+            kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0)
             kpe = _fp8_bytes_to_f16(kpe, FP8_CVT).to(DOT_DTYPE)
         else:
             kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0.0).to(DOT_DTYPE)
