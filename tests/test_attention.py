@@ -23,42 +23,50 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def orientation(swap_ab: bool, rows: int) -> KernelConfig:
-    """Both kernel orientations, with the smallest tile that holds ``rows`` (≥ 16)."""
+def orientation(kind: str, rows: int) -> KernelConfig:
+    """The three kernels (``rows``, ``swap``, ``vsplit``) with the smallest tile that holds
+    ``rows`` (≥ 16)."""
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    return KernelConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=2, swap_ab=swap_ab)
+    return KernelConfig(
+        block_m=block_m,
+        block_n=32,
+        num_warps=4,
+        num_stages=2,
+        swap_ab=kind == "swap",
+        value_split=kind == "vsplit",
+    )
 
 
-SWAP = pytest.mark.parametrize("swap_ab", [False, True], ids=["rows", "swap"])
+KERNELS = pytest.mark.parametrize("kernel", ["rows", "swap", "vsplit"])
 
 
-@SWAP
+@KERNELS
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
-def test_lengths_page_sizes_dtypes(device, page_size, kv_dtype, swap_ab):
+def test_lengths_page_sizes_dtypes(device, page_size, kv_dtype, kernel):
     batch = make_batch(
         LENGTHS, 16, page_size=page_size, kv_dtype=kv_dtype, device=device, generator=gen(page_size)
     )
-    out, lse = run_wrapper(batch, config=orientation(swap_ab, 16))
+    out, lse = run_wrapper(batch, config=orientation(kernel, 16))
     assert_matches_reference(batch, out, lse)
 
 
-@SWAP
+@KERNELS
 @pytest.mark.parametrize("heads", [1, 20, 128])
-def test_head_counts(device, heads, swap_ab):
+def test_head_counts(device, heads, kernel):
     batch = make_batch([1, 97, 300], heads, page_size=16, device=device, generator=gen(heads))
-    out, lse = run_wrapper(batch, config=orientation(swap_ab, heads))
+    out, lse = run_wrapper(batch, config=orientation(kernel, heads))
     assert_matches_reference(batch, out, lse)
 
 
-@SWAP
+@KERNELS
 @pytest.mark.parametrize("qo_len", [2, 4, 16])
 @pytest.mark.parametrize("causal", [False, True])
-def test_multi_token_queries(device, qo_len, causal, swap_ab):
+def test_multi_token_queries(device, qo_len, causal, kernel):
     batch = make_batch(
         [17, 114, 300], 16, qo_lens=qo_len, page_size=16, device=device, generator=gen(qo_len)
     )
-    out, lse = run_wrapper(batch, causal=causal, config=orientation(swap_ab, 16 * qo_len))
+    out, lse = run_wrapper(batch, causal=causal, config=orientation(kernel, 16 * qo_len))
     assert_matches_reference(batch, out, lse, causal=causal)
 
 
@@ -70,9 +78,9 @@ def test_mixed_query_lengths_and_empty_requests(device):
     assert_matches_reference(batch, out, lse, causal=True)
 
 
-@SWAP
+@KERNELS
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
-def test_token_group_scales(device, kv_dtype, swap_ab):
+def test_token_group_scales(device, kv_dtype, kernel):
     batch = make_batch(
         [33, 514],
         16,
@@ -82,7 +90,7 @@ def test_token_group_scales(device, kv_dtype, swap_ab):
         device=device,
         generator=gen(11),
     )
-    out, lse = run_wrapper(batch, config=orientation(swap_ab, 16))
+    out, lse = run_wrapper(batch, config=orientation(kernel, 16))
     assert_matches_reference(batch, out, lse)
 
 
@@ -140,10 +148,10 @@ def test_fp16_queries(device):
     assert_matches_reference(batch, out, lse)
 
 
-@SWAP
-def test_no_rope_part(device, swap_ab):
+@KERNELS
+def test_no_rope_part(device, kernel):
     batch = make_batch([33, 96], 16, page_size=16, head_dim_kpe=0, device=device, generator=gen(17))
-    out, lse = run_wrapper(batch, config=orientation(swap_ab, 16))
+    out, lse = run_wrapper(batch, config=orientation(kernel, 16))
     assert_matches_reference(batch, out, lse)
 
 

@@ -41,9 +41,14 @@ def test_chunk_of_fp8_e5m2_page_size_one(device):
     assert_matches_reference(batch, out, lse, causal=True)
 
 
-def test_long_chunks_take_the_many_row_tile():
-    assert choose_config(4096 * 128, torch.float8_e4m3fn, False).block_m == 64
+def test_long_chunks_take_the_value_split_tile():
+    wide = choose_config(4096 * 128, torch.float8_e4m3fn, False)
+    assert (wide.block_m, wide.value_split) == (128, True)
+    spec = choose_config(4 * 16, torch.float8_e4m3fn, False)  # 4 speculative tokens, 16 heads
+    assert (spec.block_m, spec.value_split) == (64, True)
     assert choose_config(16, torch.float8_e4m3fn, False).block_m == 16
+    assert choose_config(4096 * 128, torch.bfloat16, False).block_m == 64
+    assert choose_config(40 * 4, torch.float8_e4m3fn, True).value_split  # the interpreter too
 
 
 @pytest.mark.gpu

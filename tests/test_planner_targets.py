@@ -31,9 +31,18 @@ def test_h200_table_unchanged(target):
     assert choose_config(32, torch.bfloat16, False, target) == KernelConfig(
         16, 64, 4, 2, occupancy=2
     )
-    for dtype in KV_DTYPES:
+    # FP8, many rows: value-split tiles (64 rows: two programs per SM; more: 128-row tiles)
+    for dtype in (E4M3, E5M2):
+        assert choose_config(64, dtype, False, target) == KernelConfig(
+            64, 32, 4, 3, value_split=True, occupancy=2
+        )
+        stages = 1 if target is TARGETS["sm100"] else 2  # 2 stages need 251 KB on SM100
+        assert choose_config(128, dtype, False, target) == KernelConfig(
+            128, 64, 8, stages, value_split=True, q_fp16_copy=True
+        )
+    for dtype in (torch.bfloat16, torch.float16):  # 16-bit KV keeps the 64-row tile
         assert choose_config(128, dtype, False, target) == KernelConfig(64, 64, 8, 1)
-    assert config_table(target) is MEASURED_TABLE
+    assert (config_table(target) is MEASURED_TABLE) == (target is not TARGETS["sm100"])
 
 
 def test_default_arguments_keep_the_measured_plan():
@@ -47,7 +56,10 @@ def test_default_arguments_keep_the_measured_plan():
         interpreted=False,
     )
     assert make_launch_plan(**kw) == make_launch_plan(**kw, target=TARGETS["sm90"])
-    assert make_launch_plan(**kw).config.block_m == 64
+    plan = make_launch_plan(**kw)
+    assert plan.config.block_m == 128 and plan.config.value_split
+    # 4 requests × 1 row tile × 2 halves: 16 splits fill the 132 SMs
+    assert plan.num_splits == 132 // 8
 
 
 @pytest.mark.parametrize("name", ["sm86", "sm89", "sm120"])

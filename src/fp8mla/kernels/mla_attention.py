@@ -16,12 +16,28 @@ Two orientations of the same computation:
   512 value dims fill the large M dimension of the tensor-core instructions when a request
   has few rows (16 heads of one decode token), and the converted K tile feeds the first dot
   from registers.
+
+A third variant serves many rows (extend chunks, 128 heads):
+
+- ``_mla_attn_vsplit_kernel``: two programs per row tile, each computing the whole ``S``
+  but only its half of the 512 output columns. A 128-row tile then holds a 128 × 256 fp32
+  accumulator (128 registers per thread at 8 warps) where the full width would need twice
+  the register file; the price is ``Q·Kᵀ`` computed twice, paid back by twice the rows per
+  KV tile.
 """
 
 import triton
 import triton.language as tl
 
-from fp8mla.kernels.mla_tiles import _load_kv_tile, _program_setup, _query_rows
+from fp8mla.kernels.mla_tiles import (
+    _load_kpe,
+    _load_kv_cols,
+    _load_kv_tile,
+    _program_setup,
+    _query_rows,
+    _scales,
+    _split_range,
+)
 
 NEG_INF = tl.constexpr(float("-inf"))
 
@@ -274,3 +290,143 @@ def _mla_attn_swap_kernel(
     if WRITE_LSE:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
+
+
+@triton.jit
+def _mla_attn_vsplit_kernel(
+    q_nope_ptr,
+    q_pe_ptr,
+    ckv_ptr,
+    kpe_ptr,
+    scale_arr_ptr,
+    ckv_scale_ptr,
+    kpe_scale_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    kv_len_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    stride_ckv_p,
+    stride_ckv_s,
+    stride_kpe_p,
+    stride_kpe_s,
+    stride_sa_p,
+    stride_sa_s,
+    stride_o_split,
+    stride_o_t,
+    stride_o_h,
+    stride_lse_split,
+    stride_lse_t,
+    num_heads,
+    sm_scale_log2,
+    ckv_scale_val,
+    kpe_scale_val,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_CKV: tl.constexpr,
+    D_KPE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    TOKEN_GROUP: tl.constexpr,
+    CKV_SCALE_PTR: tl.constexpr,
+    KPE_SCALE_PTR: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    FP8_CVT: tl.constexpr,
+):
+    """Same arguments and result as ``_mla_attn_rows_kernel``; the grid's first axis has two
+    programs per row tile (``2 * m_tile + half``), each writing its 256 output columns (the
+    LSE comes from half 0)."""
+    HALF: tl.constexpr = D_CKV // 2
+    m_tile = tl.program_id(0) // 2
+    half = tl.program_id(0) % 2
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+    row_ok, t_local, head, tok, qo_len, rows_total = _query_rows(
+        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M
+    )
+    if m_tile * BLOCK_M >= rows_total:
+        return
+    qk_scale, pe_factor, v_scale = _scales(
+        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    )  # fmt: skip
+    kv_len = tl.load(kv_len_ptr + b)
+    n_begin, n_end = _split_range(
+        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
+    causal_limit = kv_len - qo_len + t_local
+    # this program's output columns ("own") and the other half, both needed for S
+    c_own = half * HALF
+    c_oth = HALF - c_own
+    dh = tl.arange(0, HALF)
+    q_rows = q_nope_ptr + tok[:, None] * stride_qn_t + head[:, None] * stride_qn_h
+    q_own = tl.load(q_rows + c_own + dh[None, :], mask=row_ok[:, None], other=0.0)
+    q_oth = tl.load(q_rows + c_oth + dh[None, :], mask=row_ok[:, None], other=0.0)
+    q_own = q_own.to(DOT_DTYPE)
+    q_oth = q_oth.to(DOT_DTYPE)
+    if D_KPE > 0:
+        e = tl.arange(0, D_KPE)
+        q_pe = tl.load(
+            q_pe_ptr + tok[:, None] * stride_qp_t + head[:, None] * stride_qp_h + e[None, :],
+            mask=row_ok[:, None],
+            other=0.0,
+        ).to(tl.float32)
+        q_pe = (q_pe * pe_factor).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    for n0 in range(n_begin, n_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        n_ok = pos < n_end
+        page = tl.load(page_base + pos // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        off = pos % PAGE_SIZE
+        # -- q·k over both halves and the RoPE part; the own half is kept for p·v --
+        k_oth = _load_kv_cols(
+            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_oth, stride_ckv_p, stride_ckv_s,
+            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+        )  # fmt: skip
+        s = tl.dot(q_oth, tl.trans(k_oth))
+        if D_KPE > 0:
+            kpe = _load_kpe(
+                kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE, DOT_DTYPE, FP8_CVT
+            )
+            s = tl.dot(q_pe, tl.trans(kpe), s)
+        k_own = _load_kv_cols(
+            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_own, stride_ckv_p, stride_ckv_s,
+            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+        )  # fmt: skip
+        s = tl.dot(q_own, tl.trans(k_own), s)
+        s = s * qk_scale
+        visible = n_ok[None, :]
+        if CAUSAL:
+            visible = visible & (pos[None, :] <= causal_limit[:, None])
+        s = tl.where(visible, s, NEG_INF)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+        acc = tl.dot(p.to(DOT_DTYPE), k_own, acc * alpha[:, None])
+
+    has = l_i > 0.0
+    inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
+    o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h + c_own
+    tl.store(
+        o_rows[:, None] + dh[None, :],
+        (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+    if WRITE_LSE:
+        if half == 0:
+            lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
+            lse_ptrs = lse_ptr + split * stride_lse_split + tok * stride_lse_t + head
+            tl.store(lse_ptrs, lse, mask=row_ok)

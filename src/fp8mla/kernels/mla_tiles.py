@@ -145,16 +145,72 @@ def _load_kv_tile(
     else:
         k = k.to(DOT_DTYPE)
     if D_KPE > 0:
-        e = tl.arange(0, D_KPE)
-        kpe_rows = (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :]
-        if FP8_CVT != CVT_NATIVE:
-            kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0)
-            kpe = _fp8_bytes_to_f16(kpe, FP8_CVT).to(DOT_DTYPE)
-        else:
-            kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0.0).to(DOT_DTYPE)
+        kpe = _load_kpe(
+            kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE, DOT_DTYPE, FP8_CVT
+        )
     else:
         kpe = k
     return k, kpe
+
+
+@triton.jit
+def _load_kv_cols(
+    ckv_ptr,
+    scale_arr_ptr,
+    page,
+    off,
+    n_ok,
+    c0,
+    stride_ckv_p,
+    stride_ckv_s,
+    stride_sa_p,
+    stride_sa_s,
+    COLS: tl.constexpr,
+    TOKEN_GROUP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    FP8_CVT: tl.constexpr,
+):
+    """Latent columns ``[c0, c0 + COLS)`` of ``BLOCK_N`` tokens (``page``/``off`` from the page
+    table), converted to the dot dtype: ``[BLOCK_N, COLS]``. ``c0`` is a multiple of ``COLS``,
+    and of 128 when ``TOKEN_GROUP``. Masked tokens load as 0."""
+    d = tl.arange(0, COLS)
+    rows = (page * stride_ckv_p + off * stride_ckv_s)[:, None] + (c0 + d)[None, :]
+    if FP8_CVT != CVT_NATIVE:
+        k = _fp8_bytes_to_f16(tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0), FP8_CVT)
+    else:
+        k = tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0.0)
+    if TOKEN_GROUP:  # one scale per 128 channels
+        sa = scale_arr_ptr + page * stride_sa_p + off * stride_sa_s + c0 // 128
+        sc = tl.load(sa, mask=n_ok, other=0.0)[:, None] + tl.zeros([1, COLS], tl.float32)
+        for g in tl.static_range(1, COLS // 128):
+            sc = tl.where(
+                (d >= g * 128)[None, :], tl.load(sa + g, mask=n_ok, other=0.0)[:, None], sc
+            )
+        k = (k.to(tl.float32) * sc).to(DOT_DTYPE)
+    else:
+        k = k.to(DOT_DTYPE)
+    return k
+
+
+@triton.jit
+def _load_kpe(
+    kpe_ptr,
+    page,
+    off,
+    n_ok,
+    stride_kpe_p,
+    stride_kpe_s,
+    D_KPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    FP8_CVT: tl.constexpr,
+):
+    """RoPE part ``[BLOCK_N, D_KPE]`` of ``BLOCK_N`` tokens in the dot dtype."""
+    e = tl.arange(0, D_KPE)
+    kpe_rows = (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :]
+    if FP8_CVT != CVT_NATIVE:
+        kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0)
+        return _fp8_bytes_to_f16(kpe, FP8_CVT).to(DOT_DTYPE)
+    return tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0.0).to(DOT_DTYPE)
 
 
 @triton.jit

@@ -2,7 +2,8 @@
 
 Inputs are validated by the caller (the wrapper's ``plan``/``run``); this module only maps
 tensors to kernel arguments, so it does no host synchronization and no allocation beyond what
-the caller hands it (CUDA-graph safe).
+the caller hands it (CUDA-graph safe), except the fp16 copy of the queries that value-split
+tiles with ``q_fp16_copy`` read (PyTorch's caching allocator serves it, under graph capture too).
 """
 
 from __future__ import annotations
@@ -120,12 +121,19 @@ def launch_mla_attention(
     kpe_is_ptr = isinstance(scales.kpe, torch.Tensor)
     token_group = scales.ckv_arr is not None
     sa = scales.ckv_arr
-    grid = (plan.m_tiles, batch, plan.num_splits)
+    grid = (plan.m_tiles * cfg.programs_per_tile, batch, plan.num_splits)
     fp8_cvt = fp8_conversion(ckv.dtype, ckv.device, interpreted, cfg.fp8_cvt)
     dot = dot_dtype(ckv.dtype, interpreted)
+    if cfg.q_fp16_copy and dot == tl.float16 and q_nope.dtype == torch.bfloat16:
+        q_nope = q_nope.to(torch.float16)  # contiguous [T, H, D]: strides follow below
     if fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointer arguments
         ckv, kpe = ckv.view(torch.uint8), kpe.view(torch.uint8)
-    kernel = kernels._mla_attn_swap_kernel if cfg.swap_ab else kernels._mla_attn_rows_kernel
+    if cfg.value_split:
+        kernel = kernels._mla_attn_vsplit_kernel
+    elif cfg.swap_ab:
+        kernel = kernels._mla_attn_swap_kernel
+    else:
+        kernel = kernels._mla_attn_rows_kernel
     kernel[grid](
         q_nope,
         q_pe if d_kpe else q_nope,

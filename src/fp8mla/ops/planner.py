@@ -6,6 +6,7 @@ called once per ``plan()``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -28,10 +29,25 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False  # tokens × rows orientation (few rows per request)
+    # two programs per row tile, each with half of the 512 output columns (many rows)
+    value_split: bool = False
+    # bf16 queries converted to fp16 by the launcher (a copy the size of q_nope) when the dots
+    # run in fp16: Triton then stages the query tile from global memory into shared memory;
+    # converted in-kernel, it is re-read into registers every KV step (value split, FP8 KV).
+    q_fp16_copy: bool = False
     fp8_cvt: str = "auto"  # FP8 → fp16: auto, native, ptx (SM89+), int (CUDA), portable (any)
     # Programs per SM the split count aims for: 2 fills two full waves when one program is
     # resident per SM (the H200's 16-row FP8 tile: 4 splits beat 2 and 3 for 64 requests).
     occupancy: int = 1
+
+    def __post_init__(self) -> None:
+        if self.swap_ab and self.value_split:
+            raise ValueError("expected at most one of swap_ab and value_split")
+
+    @property
+    def programs_per_tile(self) -> int:
+        """Programs the grid launches per row tile and split."""
+        return 2 if self.value_split else 1
 
 
 @dataclass(frozen=True)
@@ -57,30 +73,44 @@ def device_sm_count(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class ConfigTable:
-    """The tiles of one family of targets: FP8 / 16-bit KV, up to 32 rows or more."""
+    """The tiles of one family of targets: FP8 / 16-bit KV; up to 32 rows, up to 64, more
+    (``wide_*``, None: the up-to-64 tile)."""
 
     few_fp8: KernelConfig
     few_16bit: KernelConfig
     many_fp8: KernelConfig
     many_16bit: KernelConfig
+    wide_fp8: KernelConfig | None = None
+    wide_16bit: KernelConfig | None = None
 
     def pick(self, rows: int, kv_dtype: torch.dtype) -> KernelConfig:
         fp8 = kv_dtype.itemsize == 1
         if rows <= FEW_ROWS:
             return self.few_fp8 if fp8 else self.few_16bit
-        return self.many_fp8 if fp8 else self.many_16bit
+        many = self.many_fp8 if fp8 else self.many_16bit
+        if rows <= MANY_ROWS:
+            return many
+        return (self.wide_fp8 if fp8 else self.wide_16bit) or many
 
 
 FEW_ROWS = 32
+MANY_ROWS = 64
+# A request with more rows than MANY_ROWS (extend chunks, 128 heads) fills 128-row tiles.
+SELECTION_ROWS = (1, FEW_ROWS + 1, MANY_ROWS + 1)  # one row count per table entry
 # SM90/SM100 (227 KB): the H200 tuning rounds (benchmarks/NOTES.md). Up to 32 rows 16-row tiles
-# (a 32-head request runs as two tiles whose shared KV reads hit L2), more rows the 64-row tile:
-# it spills (~0.8 KB per thread with Triton 3.9) yet measured fastest for 128 heads (149 vs ~50
-# TFLOP/s).
+# (a 32-head request runs as two tiles whose shared KV reads hit L2). FP8, 33-64 rows: value-split
+# 64-row tiles, 4 warps, 3 stages, two programs per SM (109 KB each); more rows: value-split
+# 128-row tiles with fp16 queries (round 6: 216 vs 162 TFLOP/s for a 4096-token chunk, 190 vs
+# 146 for 64 × 128-head decode). 16-bit KV keeps the 64-row tile (its value-split tiles need
+# more shared memory: the KV tile is staged by cp.async). These tiles spill 150-900 B per thread
+# and still measured fastest.
 MEASURED_TABLE = ConfigTable(
     KernelConfig(16, 64, 8, 1, occupancy=2),
     KernelConfig(16, 64, 4, 2, occupancy=2),
+    KernelConfig(64, 32, 4, 3, value_split=True, occupancy=2),
     KernelConfig(64, 64, 8, 1, occupancy=1),
-    KernelConfig(64, 64, 8, 1, occupancy=1),
+    KernelConfig(128, 64, 8, 2, value_split=True, q_fp16_copy=True),
+    None,
 )
 # The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
 # quote). Rule: the H200 choice where it fits the target's shared memory without spilling more
@@ -88,6 +118,12 @@ MEASURED_TABLE = ConfigTable(
 # these builds registers or shared memory leave no room for a second program per SM/CU.
 TABLES: dict[str, ConfigTable] = {
     "measured": MEASURED_TABLE,
+    # SM100: the H200 table, but Triton lays the two-stage 128-row value-split tile out in
+    # 251 KB there (> 227 KB); one stage fits.
+    "sm100": dataclasses.replace(
+        MEASURED_TABLE,
+        wide_fp8=dataclasses.replace(MEASURED_TABLE.wide_fp8, num_stages=1),
+    ),
     # SM80 (163 KB): the H200 tiles but for 16-bit KV with many rows, whose 64-row tile needs
     # 200 KB there (no wgmma); 32×32 in two stages needs 74 KB.
     "smem163": ConfigTable(
@@ -120,20 +156,20 @@ TABLES: dict[str, ConfigTable] = {
 
 
 def config_table(target: Target | None) -> ConfigTable:
-    """The table for ``target``; None (and SM90/SM100) get the H200-measured one."""
+    """The table for ``target``; None and SM90 get the H200-measured one, SM100 its variant."""
     if target is None:
         return MEASURED_TABLE
     if target.is_hip:
         return TABLES["wave64" if target.warp_size == 64 else "wave32"]
     if target.smem_per_block >= 227 * KB:
-        return MEASURED_TABLE
+        return TABLES["sm100"] if int(target.arch) >= 100 else MEASURED_TABLE
     return TABLES["smem163" if target.smem_per_block >= 163 * KB else "smem99"]
 
 
 def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[KernelConfig]:
     """Every config :func:`choose_config` can pick for ``target`` and ``kv_dtype`` (compiled)."""
     table = config_table(target)
-    out = [table.pick(rows, kv_dtype) for rows in (1, FEW_ROWS + 1)]
+    out = [table.pick(rows, kv_dtype) for rows in SELECTION_ROWS]
     return list(dict.fromkeys(out))
 
 
@@ -143,6 +179,8 @@ def choose_config(
     """Tiles for ``rows`` query rows per request (query tokens × heads) on ``target`` (the
     H200-measured table when None); the interpreter takes small tiles."""
     if interpreted:
+        if rows > MANY_ROWS:  # the value-split kernel, as on the GPU
+            return KernelConfig(block_m=64, block_n=32, num_warps=4, num_stages=1, value_split=True)
         block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
         return KernelConfig(block_m=block_m, block_n=32, num_warps=4, num_stages=1)
     return config_table(target).pick(rows, kv_dtype)
@@ -189,6 +227,10 @@ def make_launch_plan(
     m_tiles = max(1, -(-rows // config.block_m))
     if num_splits is None:
         num_splits = choose_splits(
-            batch * m_tiles, max_kv_len, sms, max_splits_by_workspace, config
+            batch * m_tiles * config.programs_per_tile,
+            max_kv_len,
+            sms,
+            max_splits_by_workspace,
+            config,
         )
     return LaunchPlan(config=config, m_tiles=m_tiles, num_splits=num_splits)

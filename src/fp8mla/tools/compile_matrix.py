@@ -44,6 +44,7 @@ CVT_NAMES = {
     6: "int-triton",
 }
 ATTN = "fp8mla.kernels.mla_attention:_mla_attn_rows_kernel"
+ATTN_VSPLIT = "fp8mla.kernels.mla_attention:_mla_attn_vsplit_kernel"
 MERGE = "fp8mla.kernels.merge:_mla_merge_kernel"
 KV_WRITE = "fp8mla.kernels.kv_write:_kv_write_kernel"
 
@@ -58,6 +59,14 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
         1024,
         "the H200's 64-row tile (kept where it fits) spills ~200-900 B, yet measured fastest "
         "there for 128 heads (149 vs ~50 TFLOP/s for 16-row tiles)",
+    ),
+    (
+        ("sm90", "sm100"),
+        "attention",
+        "v",  # the value-split tiles, 64 and 128 rows ("64x32v", "128x64v")
+        1024,
+        "the H200's value-split tiles spill ~150-650 B, yet measured fastest there for extend "
+        "chunks, 4 speculative tokens and 128-head decode (benchmarks/NOTES.md, round 6)",
     ),
     (
         ("gfx1100",),
@@ -126,14 +135,14 @@ def attention_jobs(target: Target) -> list[Job]:
             cvt = fp8_conversion(kv, torch.device("cuda"), False, cfg.fp8_cvt, target)
             kv_ptr = "u8" if cvt else TORCH_TO_TRITON[str(kv).split(".")[-1]]
             dot = "tl.bfloat16" if kv == torch.bfloat16 else "tl.float16"
-            tile = f"{cfg.block_m}x{cfg.block_n}"
+            tile = f"{cfg.block_m}x{cfg.block_n}" + ("v" if cfg.value_split else "")
             limit, why = _spill_limit(target.name, "attention", tile)
             outputs = [("fp32", True, False, "split"), ("bf16", False, False, "direct")]
             if kv.itemsize == 1:  # per-token-group scales (DeepSeek's fine-grained FP8)
                 outputs.append(("fp32", True, True, "split+group"))
             for out, write_lse, group, label in outputs:
                 ptrs = dict(
-                    q_nope_ptr="bf16",
+                    q_nope_ptr="fp16" if cfg.q_fp16_copy and dot == "tl.float16" else "bf16",
                     q_pe_ptr="bf16",
                     ckv_ptr=kv_ptr,
                     kpe_ptr=kv_ptr,
@@ -162,7 +171,11 @@ def attention_jobs(target: Target) -> list[Job]:
                     FP8_CVT=cvt,
                 )
                 build = Build(
-                    ATTN, tuple(ptrs.items()), tuple(consts.items()), cfg.num_warps, cfg.num_stages
+                    ATTN_VSPLIT if cfg.value_split else ATTN,
+                    tuple(ptrs.items()),
+                    tuple(consts.items()),
+                    cfg.num_warps,
+                    cfg.num_stages,
                 )
                 variant = (
                     f"{SHORT[kv]} {tile} w{cfg.num_warps}s{cfg.num_stages} {label} {CVT_NAMES[cvt]}"

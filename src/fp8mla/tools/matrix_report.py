@@ -28,11 +28,13 @@ compile error, on spills above the limit, or on shared memory over the target's 
 
 ## What is built
 
-- **attention** (`_mla_attn_rows_kernel`): each tile the planner (`fp8mla.ops.planner`) can
+- **attention** (`_mla_attn_rows_kernel`, and `_mla_attn_vsplit_kernel` for the value-split
+  tiles marked `v`, e.g. `128x64v`): each tile the planner (`fp8mla.ops.planner`) can
   select for the target, for KV dtypes e4m3, e5m2, bf16 and fp16, with the FP8 decoding the
   launcher uses there, writing fp32 split partials with LSE (`split`) and the bf16 output
   without LSE (`direct`). Representative constexprs: page size 1, no causal mask, per-tensor
-  scales, 512 + 64 head dims, bf16 queries, strides divisible by 16 (16+ heads).
+  scales, 512 + 64 head dims, bf16 queries (fp16 where the tile reads the launcher's fp16
+  query copy), strides divisible by 16 (16+ heads).
 - **merge** (`_mla_merge_kernel`): split partials into a bf16 output, with and without LSE.
 - **kv_write** (`_kv_write_kernel`): every storage dtype, per-tensor and per-token-group scales.
 
