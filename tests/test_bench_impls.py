@@ -32,6 +32,17 @@ def test_implementations_agree(device, page_size):
         assert err < 5e-3, f"{name}: {err:.2e}"
 
 
+def test_sdpa_baseline_matches_on_extend_chunks(device):
+    case = Case(2, 8, 48, qo_len=5, page_size=16, pool_slots=512)
+    inp = build_inputs(case, torch.device(device), seed=4)
+    ref, rows = reference_subset(inp, 2)
+    for name, run in {"torch-sdpa": I.torch_sdpa(inp), "fp8mla": I.fp8mla_direct(inp)}.items():
+        err = rel_err(run()[rows].float(), ref)
+        assert err < 5e-3, f"{name}: {err:.2e}"
+    with pytest.raises(I.Unavailable, match="extend"):
+        I.torch_sdpa(build_inputs(Case(1, 8, 48, pool_slots=512), torch.device(device)))
+
+
 def test_inputs_place_tokens_on_distinct_slots(device):
     case = Case(3, 4, 100, page_size=8, pool_slots=1024)
     inp = build_inputs(case, torch.device(device))

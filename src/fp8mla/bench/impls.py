@@ -132,6 +132,45 @@ def gather_then_cast(inp: BenchInputs) -> Runner:
     return run
 
 
+SDPA_SCORE_BYTES = 8 << 30  # fp32 scores one SDPA call may materialise (math backend)
+
+
+def torch_sdpa(inp: BenchInputs) -> Runner:
+    """Gather the active tokens, dequantize them to bf16, then PyTorch's
+    ``scaled_dot_product_attention`` per request (one shared KV head, bottom-right causal
+    mask), over head groups small enough for the math backend's score matrix. Extend and
+    speculative cases only: head dim 576 has no fused SDPA backend, so this is the
+    reference point an engine gets from PyTorch alone."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    case = inp.case
+    if case.qo_len == 1:
+        raise Unavailable("extend cases only")
+    n = inp.token_slots.numel()
+    rows = inp.pool.view(inp.pool.shape[0], -1)
+    heads_per_call = max(1, min(case.heads, SDPA_SCORE_BYTES // (4 * case.qo_len * case.context)))
+    out = torch.empty_like(inp.q_nope)
+    q_all = torch.cat([inp.q_nope, inp.q_pe], dim=-1).transpose(0, 1)  # [H, T, 576]
+
+    def run() -> torch.Tensor:
+        kv = (rows.index_select(0, inp.token_slots).float() * inp.scale).to(torch.bfloat16)
+        kv = kv.view(case.batch, case.context, -1)
+        mask = causal_lower_right(case.qo_len, case.context)
+        for b in range(case.batch):
+            k = kv[b][None, None]  # [1, 1, context, 576]
+            q_rows = slice(b * case.qo_len, (b + 1) * case.qo_len)
+            for h0 in range(0, case.heads, heads_per_call):
+                q = q_all[h0 : h0 + heads_per_call, q_rows][None]
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, k[..., :512], attn_mask=mask, scale=SM_SCALE, enable_gqa=True
+                )
+                out[q_rows, h0 : h0 + heads_per_call] = o[0].transpose(0, 1)
+        return out
+
+    assert n == case.batch * case.context
+    return run
+
+
 def torch_reference(inp: BenchInputs) -> Runner:
     """The float32 PyTorch reference (gathers per request); small cases only."""
     from fp8mla.reference import mla_reference

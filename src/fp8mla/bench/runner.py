@@ -32,6 +32,7 @@ ALL_IMPLS = (
     "full-pool-cast",
     "gather-then-cast",
     "torch-reference",
+    "torch-sdpa",
     "sglang-triton",
     "flashinfer",
 )
@@ -157,6 +158,8 @@ def make_runner(name: str, inp: BenchInputs, ctx: BenchContext) -> I.Runner:
         return I.gather_then_cast(inp)
     if name == "torch-reference":
         return I.torch_reference(inp)
+    if name == "torch-sdpa":
+        return I.torch_sdpa(inp)
     if name == "sglang-triton":
         if inp.page_size != 1:
             raise I.Unavailable("page size 1 only")
