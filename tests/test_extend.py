@@ -47,7 +47,8 @@ def test_long_chunks_take_the_value_split_tile():
     spec = choose_config(4 * 16, torch.float8_e4m3fn, False)  # 4 speculative tokens, 16 heads
     assert (spec.block_m, spec.value_split) == (64, True)
     assert choose_config(16, torch.float8_e4m3fn, False).block_m == 16
-    assert choose_config(4096 * 128, torch.bfloat16, False).block_m == 64
+    assert choose_config(4096 * 128, torch.bfloat16, False).value_split
+    assert choose_config(64, torch.bfloat16, False).block_m == 64
     assert choose_config(40 * 4, torch.float8_e4m3fn, True).value_split  # the interpreter too
 
 

@@ -40,8 +40,11 @@ def test_h200_table_unchanged(target):
         assert choose_config(128, dtype, False, target) == KernelConfig(
             128, 64, 8, stages, value_split=True, q_fp16_copy=True
         )
-    for dtype in (torch.bfloat16, torch.float16):  # 16-bit KV keeps the 64-row tile
-        assert choose_config(128, dtype, False, target) == KernelConfig(64, 64, 8, 1)
+    for dtype in (torch.bfloat16, torch.float16):  # 16-bit KV: one stage above 64 rows
+        assert choose_config(64, dtype, False, target) == KernelConfig(64, 64, 8, 1)
+        assert choose_config(128, dtype, False, target) == KernelConfig(
+            128, 64, 8, 1, value_split=True, q_fp16_copy=True
+        )
     assert (config_table(target) is MEASURED_TABLE) == (target is not TARGETS["sm100"])
 
 

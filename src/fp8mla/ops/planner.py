@@ -101,16 +101,17 @@ SELECTION_ROWS = (1, FEW_ROWS + 1, MANY_ROWS + 1)  # one row count per table ent
 # (a 32-head request runs as two tiles whose shared KV reads hit L2). FP8, 33-64 rows: value-split
 # 64-row tiles, 4 warps, 3 stages, two programs per SM (109 KB each); more rows: value-split
 # 128-row tiles with fp16 queries (round 6: 216 vs 162 TFLOP/s for a 4096-token chunk, 190 vs
-# 146 for 64 × 128-head decode). 16-bit KV keeps the 64-row tile (its value-split tiles need
-# more shared memory: the KV tile is staged by cp.async). These tiles spill 150-900 B per thread
-# and still measured fastest.
+# 146 for 64 × 128-head decode). 16-bit KV: the 64-row tile up to 64 rows, then value-split
+# 128-row tiles in one stage (two stages need 295 KB: cp.async stages the KV tile; bf16 pool:
+# 185 vs 146 TFLOP/s for the chunk, 430 vs 564 us for the decode). These tiles spill 150-900 B
+# per thread and still measured fastest.
 MEASURED_TABLE = ConfigTable(
     KernelConfig(16, 64, 8, 1, occupancy=2),
     KernelConfig(16, 64, 4, 2, occupancy=2),
     KernelConfig(64, 32, 4, 3, value_split=True, occupancy=2),
     KernelConfig(64, 64, 8, 1, occupancy=1),
     KernelConfig(128, 64, 8, 2, value_split=True, q_fp16_copy=True),
-    None,
+    KernelConfig(128, 64, 8, 1, value_split=True, q_fp16_copy=True),
 )
 # The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
 # quote). Rule: the H200 choice where it fits the target's shared memory without spilling more
