@@ -30,16 +30,17 @@ import triton
 import triton.language as tl
 
 from fp8mla.kernels.mla_tiles import (
+    NEG_INF,
+    _finish,
     _load_kpe,
     _load_kv_cols,
     _load_kv_tile,
+    _load_q_pe,
+    _online_softmax,
+    _program_kv,
     _program_setup,
     _query_rows,
-    _scales,
-    _split_range,
 )
-
-NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
@@ -136,24 +137,15 @@ def _mla_attn_rows_kernel(
         s = tl.dot(q_nope, tl.trans(k))
         if D_KPE > 0:
             s = tl.dot(q_pe, tl.trans(kpe), s)
-        s = s * qk_scale
         visible = n_ok[None, :]
         if CAUSAL:
             visible = visible & (pos[None, :] <= causal_limit[:, None])
-        s = tl.where(visible, s, NEG_INF)
-        # -- online softmax (base 2); rows with nothing visible yet keep m = -inf --
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(s * qk_scale, m_i, l_i, visible, 1)
         # -- p·v (v is the latent part of the same tile) --
         acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
 
     # -- epilogue: normalize, value scale, write out and LSE --
-    has = l_i > 0.0
-    inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
+    inv_l, lse = _finish(m_i, l_i, v_scale)
     d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
     tl.store(
@@ -162,7 +154,6 @@ def _mla_attn_rows_kernel(
         mask=row_ok[:, None],
     )
     if WRITE_LSE:
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
 
 
@@ -263,23 +254,14 @@ def _mla_attn_swap_kernel(
         s = tl.dot(k, q_nope_t)
         if D_KPE > 0:
             s = tl.dot(kpe, q_pe_t, s)
-        s = s * qk_scale
         visible = n_ok[:, None]
         if CAUSAL:
             visible = visible & (pos[:, None] <= causal_limit[None, :])
-        s = tl.where(visible, s, NEG_INF)
-        # -- online softmax over tokens (axis 0) --
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[None, :])
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(s * qk_scale, m_i, l_i, visible, 0)
         # -- vᵀ·pᵀ: [D_CKV, BLOCK_M] --
         acc = tl.dot(tl.trans(k), p.to(DOT_DTYPE), acc * alpha[None, :])
 
-    has = l_i > 0.0
-    inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
+    inv_l, lse = _finish(m_i, l_i, v_scale)
     d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
     tl.store(
@@ -288,7 +270,6 @@ def _mla_attn_swap_kernel(
         mask=row_ok[None, :],
     )
     if WRITE_LSE:
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
 
 
@@ -352,16 +333,12 @@ def _mla_attn_vsplit_kernel(
     )
     if m_tile * BLOCK_M >= rows_total:
         return
-    qk_scale, pe_factor, v_scale = _scales(
-        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, causal_limit = _program_kv(
+        ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
+        b, m_tile, split, t_local, qo_len, num_heads, sm_scale_log2, ckv_scale_val,
+        kpe_scale_val, BLOCK_M, BLOCK_N, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
+        FP8_CVT,
     )  # fmt: skip
-    kv_len = tl.load(kv_len_ptr + b)
-    n_begin, n_end = _split_range(
-        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
-    )
-    page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
-    causal_limit = kv_len - qo_len + t_local
     # this program's output columns ("own") and the other half, both needed for S
     c_own = half * HALF
     c_oth = HALF - c_own
@@ -372,13 +349,9 @@ def _mla_attn_vsplit_kernel(
     q_own = q_own.to(DOT_DTYPE)
     q_oth = q_oth.to(DOT_DTYPE)
     if D_KPE > 0:
-        e = tl.arange(0, D_KPE)
-        q_pe = tl.load(
-            q_pe_ptr + tok[:, None] * stride_qp_t + head[:, None] * stride_qp_h + e[None, :],
-            mask=row_ok[:, None],
-            other=0.0,
-        ).to(tl.float32)
-        q_pe = (q_pe * pe_factor).to(DOT_DTYPE)
+        q_pe = _load_q_pe(
+            q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h, pe_factor, D_KPE, DOT_DTYPE
+        )
 
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -404,21 +377,13 @@ def _mla_attn_vsplit_kernel(
             stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
         )  # fmt: skip
         s = tl.dot(q_own, tl.trans(k_own), s)
-        s = s * qk_scale
         visible = n_ok[None, :]
         if CAUSAL:
             visible = visible & (pos[None, :] <= causal_limit[:, None])
-        s = tl.where(visible, s, NEG_INF)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_softmax(s * qk_scale, m_i, l_i, visible, 1)
         acc = tl.dot(p.to(DOT_DTYPE), k_own, acc * alpha[:, None])
 
-    has = l_i > 0.0
-    inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
+    inv_l, lse = _finish(m_i, l_i, v_scale)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h + c_own
     tl.store(
         o_rows[:, None] + dh[None, :],
@@ -427,6 +392,5 @@ def _mla_attn_vsplit_kernel(
     )
     if WRITE_LSE:
         if half == 0:
-            lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
             lse_ptrs = lse_ptr + split * stride_lse_split + tok * stride_lse_t + head
             tl.store(lse_ptrs, lse, mask=row_ok)

@@ -127,23 +127,10 @@ def _load_kv_tile(
     slots hold (NaN included) are never read."""
     page = tl.load(page_base + pos // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
     off = pos % PAGE_SIZE
-    d = tl.arange(0, D_CKV)
-    ckv_rows = (page * stride_ckv_p + off * stride_ckv_s)[:, None] + d[None, :]
-    if FP8_CVT != CVT_NATIVE:
-        k = tl.load(ckv_ptr + ckv_rows, mask=n_ok[:, None], other=0)  # uint8 view (launcher)
-        k = _fp8_bytes_to_f16(k, FP8_CVT)
-    else:
-        k = tl.load(ckv_ptr + ckv_rows, mask=n_ok[:, None], other=0.0)
-    if TOKEN_GROUP:  # one scale per 128 channels: [BLOCK_N] loads, spread by selects
-        sa = scale_arr_ptr + page * stride_sa_p + off * stride_sa_s
-        sc = tl.load(sa, mask=n_ok, other=0.0)[:, None] + tl.zeros([1, D_CKV], tl.float32)
-        for g in tl.static_range(1, D_CKV // 128):
-            sc = tl.where(
-                (d >= g * 128)[None, :], tl.load(sa + g, mask=n_ok, other=0.0)[:, None], sc
-            )
-        k = (k.to(tl.float32) * sc).to(DOT_DTYPE)
-    else:
-        k = k.to(DOT_DTYPE)
+    k = _load_kv_cols(
+        ckv_ptr, scale_arr_ptr, page, off, n_ok, 0, stride_ckv_p, stride_ckv_s, stride_sa_p,
+        stride_sa_s, D_CKV, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+    )  # fmt: skip
     if D_KPE > 0:
         kpe = _load_kpe(
             kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE, DOT_DTYPE, FP8_CVT
@@ -213,6 +200,33 @@ def _load_kpe(
     return tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0.0).to(DOT_DTYPE)
 
 
+NEG_INF = tl.constexpr(float("-inf"))
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i, visible, AXIS: tl.constexpr):
+    """One online-softmax step (base 2) over the KV tokens, axis ``AXIS`` of the scaled scores
+    ``s``: returns ``(p, alpha, m_i, l_i)``, ``alpha`` rescaling what was accumulated before.
+    Rows with nothing visible yet keep ``m = -inf`` and ``p = 0``."""
+    s = tl.where(visible, s, NEG_INF)
+    m_new = tl.maximum(m_i, tl.max(s, axis=AXIS))
+    m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - tl.expand_dims(m_use, AXIS))
+    l_i = l_i * alpha + tl.sum(p, axis=AXIS)
+    return p, alpha, m_new, l_i
+
+
+@triton.jit
+def _finish(m_i, l_i, v_scale):
+    """``(inv_l, lse)``: the output factor (value scale over the softmax sum; 0 for rows that
+    saw no token) and the base-2 LSE (-inf for those rows)."""
+    has = l_i > 0.0
+    inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
+    return inv_l, lse
+
+
 @triton.jit
 def _scales(
     ckv_scale_ptr,
@@ -270,16 +284,58 @@ def _load_queries(
         other=0.0,
     ).to(DOT_DTYPE)
     if D_KPE > 0:
-        e = tl.arange(0, D_KPE)
-        q_pe = tl.load(
-            q_pe_ptr + tok[:, None] * stride_qp_t + head[:, None] * stride_qp_h + e[None, :],
-            mask=row_ok[:, None],
-            other=0.0,
-        ).to(tl.float32)
-        q_pe = (q_pe * pe_factor).to(DOT_DTYPE)
+        q_pe = _load_q_pe(
+            q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h, pe_factor, D_KPE, DOT_DTYPE
+        )
     else:
         q_pe = q_nope
     return q_nope, q_pe
+
+
+@triton.jit
+def _load_q_pe(
+    q_pe_ptr,
+    tok,
+    head,
+    row_ok,
+    stride_qp_t,
+    stride_qp_h,
+    pe_factor,
+    D_KPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """``q_pe [BLOCK_M, D_KPE]`` times ``pe_factor`` (in fp32) in the dot dtype."""
+    e = tl.arange(0, D_KPE)
+    q_pe = tl.load(
+        q_pe_ptr + tok[:, None] * stride_qp_t + head[:, None] * stride_qp_h + e[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    ).to(tl.float32)
+    return (q_pe * pe_factor).to(DOT_DTYPE)
+
+
+@triton.jit
+def _program_kv(
+    ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
+    b, m_tile, split, t_local, qo_len, num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    TOKEN_GROUP: tl.constexpr, CKV_SCALE_PTR: tl.constexpr, KPE_SCALE_PTR: tl.constexpr,
+    FP8_CVT: tl.constexpr,
+):  # fmt: skip
+    """The KV side of a program before its loop: ``(qk_scale, pe_factor, v_scale)``, its
+    split's KV range ``[n_begin, n_end)``, the request's page table and the last KV position
+    each row may see under the causal mask."""
+    qk_scale, pe_factor, v_scale = _scales(
+        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    )  # fmt: skip
+    kv_len = tl.load(kv_len_ptr + b)
+    n_begin, n_end = _split_range(
+        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
+    causal_limit = kv_len - qo_len + t_local
+    return qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, causal_limit
 
 
 @triton.jit
@@ -292,21 +348,16 @@ def _program_setup(
     CAUSAL: tl.constexpr, TOKEN_GROUP: tl.constexpr, CKV_SCALE_PTR: tl.constexpr,
     KPE_SCALE_PTR: tl.constexpr, DOT_DTYPE: tl.constexpr, FP8_CVT: tl.constexpr,
 ):  # fmt: skip
-    """What every attention program needs before its KV loop: the scales, its split's KV
-    range ``[n_begin, n_end)``, the request's page table, its query tile, and the last KV
-    position each row may see under the causal mask."""
-    qk_scale, pe_factor, v_scale = _scales(
-        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    """What a full-width program needs before its KV loop: :func:`_program_kv` and its query
+    tile."""
+    qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, causal_limit = _program_kv(
+        ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
+        b, m_tile, split, t_local, qo_len, num_heads, sm_scale_log2, ckv_scale_val,
+        kpe_scale_val, BLOCK_M, BLOCK_N, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
+        FP8_CVT,
     )  # fmt: skip
-    kv_len = tl.load(kv_len_ptr + b)
-    n_begin, n_end = _split_range(
-        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
-    )
-    page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
     q_nope, q_pe = _load_queries(
         q_nope_ptr, q_pe_ptr, tok, head, row_ok, stride_qn_t, stride_qn_h, stride_qp_t,
         stride_qp_h, pe_factor, D_CKV, D_KPE, DOT_DTYPE,
     )  # fmt: skip
-    causal_limit = kv_len - qo_len + t_local
     return qk_scale, v_scale, n_begin, n_end, page_base, q_nope, q_pe, causal_limit
