@@ -31,12 +31,13 @@ import triton.language as tl
 
 from fp8mla.kernels.mla_tiles import (
     NEG_INF,
-    _finish,
     _load_kpe,
     _load_kv_cols,
     _load_kv_tile,
     _load_q_pe,
+    _lse,
     _online_softmax,
+    _out_factor,
     _program_kv,
     _program_setup,
     _query_rows,
@@ -145,7 +146,7 @@ def _mla_attn_rows_kernel(
         acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
 
     # -- epilogue: normalize, value scale, write out and LSE --
-    inv_l, lse = _finish(m_i, l_i, v_scale)
+    inv_l = _out_factor(l_i, v_scale)
     d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
     tl.store(
@@ -154,6 +155,7 @@ def _mla_attn_rows_kernel(
         mask=row_ok[:, None],
     )
     if WRITE_LSE:
+        lse = _lse(m_i, l_i)
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
 
 
@@ -261,7 +263,7 @@ def _mla_attn_swap_kernel(
         # -- vᵀ·pᵀ: [D_CKV, BLOCK_M] --
         acc = tl.dot(tl.trans(k), p.to(DOT_DTYPE), acc * alpha[None, :])
 
-    inv_l, lse = _finish(m_i, l_i, v_scale)
+    inv_l = _out_factor(l_i, v_scale)
     d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
     tl.store(
@@ -270,6 +272,7 @@ def _mla_attn_swap_kernel(
         mask=row_ok[None, :],
     )
     if WRITE_LSE:
+        lse = _lse(m_i, l_i)
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
 
 
@@ -383,7 +386,7 @@ def _mla_attn_vsplit_kernel(
         p, alpha, m_i, l_i = _online_softmax(s * qk_scale, m_i, l_i, visible, 1)
         acc = tl.dot(p.to(DOT_DTYPE), k_own, acc * alpha[:, None])
 
-    inv_l, lse = _finish(m_i, l_i, v_scale)
+    inv_l = _out_factor(l_i, v_scale)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h + c_own
     tl.store(
         o_rows[:, None] + dh[None, :],
@@ -392,5 +395,6 @@ def _mla_attn_vsplit_kernel(
     )
     if WRITE_LSE:
         if half == 0:
+            lse = _lse(m_i, l_i)
             lse_ptrs = lse_ptr + split * stride_lse_split + tok * stride_lse_t + head
             tl.store(lse_ptrs, lse, mask=row_ok)

@@ -218,13 +218,19 @@ def _online_softmax(s, m_i, l_i, visible, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _finish(m_i, l_i, v_scale):
-    """``(inv_l, lse)``: the output factor (value scale over the softmax sum; 0 for rows that
-    saw no token) and the base-2 LSE (-inf for those rows)."""
+def _out_factor(l_i, v_scale):
+    """What the accumulator is multiplied by: the value scale over the softmax sum, 0 for
+    rows that saw no token."""
     has = l_i > 0.0
-    inv_l = tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
-    return inv_l, lse
+    return tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
+
+
+@triton.jit
+def _lse(m_i, l_i):
+    """Base-2 log-sum-exp of the scores, -inf for rows that saw no token (computed after the
+    output stores, so it is not live across them)."""
+    has = l_i > 0.0
+    return tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
 
 
 @triton.jit
