@@ -1,8 +1,11 @@
-"""Tuning sweep (GPU): kernel orientation, tile shape, warps, stages and KV splits per case.
+"""Tuning sweep (GPU): kernel, tile shape, warps, stages and KV splits per case.
 
-Checks every variant against the float64 reference on the same FP8 bytes, times it with
-``do_bench`` and prints the best per case; ``--json PATH`` keeps every measurement. The
-planner's table (``fp8mla.ops.planner``) is written from these results.
+Checks every variant against the float64 reference on the same KV bytes, times it as
+``fp8mla bench`` does and prints the best per case; ``--json PATH`` keeps every measurement.
+The planner's table (``fp8mla.ops.planner``) is written from these results. ``--set`` picks
+the sweep: ``decode`` (round 3, the default), ``many-rows`` (round 6: extend chunks,
+speculative tokens and 128-head decode over FP8 KV) or ``wide-16bit`` (round 6: the same
+many-row tiles over a bf16 pool).
 """
 
 from __future__ import annotations
@@ -17,18 +20,20 @@ from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs, random_pool
 from fp8mla.bench.measure import Timing, flops, kv_bytes, time_cuda, time_graph
-from fp8mla.bench.runner import reference_subset
+from fp8mla.bench.runner import placements, reference_subset
 from fp8mla.ops.planner import KernelConfig
 from fp8mla.testing import rel_err
 
 
 def cfgs(*specs: tuple) -> list[KernelConfig]:
     """``(block_m, block_n, warps, stages, swap_ab, fp8_cvt)`` tuples → configs."""
-    return [KernelConfig(bm, bn, w, st, swap, cvt) for bm, bn, w, st, swap, cvt in specs]
+    return [
+        KernelConfig(bm, bn, w, st, swap_ab=swap, fp8_cvt=cvt) for bm, bn, w, st, swap, cvt in specs
+    ]
 
 
 PTX_INT = ("ptx", "int")
-CASES = [  # (case, configs, split counts); round 3: FP8 conversion × splits around one wave
+DECODE = [  # (case, configs, split counts); round 3: FP8 conversion × splits around one wave
     (
         Case(64, 16, 4096),
         cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT], (16, 64, 8, 2, False, "int")),
@@ -49,7 +54,56 @@ CASES = [  # (case, configs, split counts); round 3: FP8 conversion × splits ar
     (Case(64, 128, 4096), cfgs(*[(64, 64, 8, 1, False, c) for c in PTX_INT]), (1, 2)),
     (Case(8, 16, 8192, qo_len=4), cfgs(*[(64, 64, 8, 1, False, c) for c in PTX_INT]), (8, 16, 32)),
 ]
-GRAPH_BYTES = 1 << 30
+
+ROWS64 = KernelConfig(64, 64, 8, 1)  # the 64-row tile the value split replaced for FP8
+
+
+def vsplit(bm: int, bn: int, warps: int, stages: int, q_copy: bool = False) -> KernelConfig:
+    return KernelConfig(bm, bn, warps, stages, value_split=True, q_fp16_copy=q_copy)
+
+
+EXTEND = [Case(1, heads, 32768 + 4096, qo_len=4096) for heads in (128, 32)]
+MANY_ROWS = [  # round 6, FP8 KV (None: the planner's split count)
+    *[
+        (
+            case,
+            [
+                ROWS64,
+                vsplit(128, 64, 8, 2),
+                vsplit(128, 64, 8, 2, q_copy=True),
+                vsplit(128, 64, 8, 1, q_copy=True),
+                vsplit(128, 32, 8, 3, q_copy=True),
+                vsplit(64, 32, 4, 3),
+            ],
+            (None,),
+        )
+        for case in EXTEND
+    ],
+    (
+        Case(8, 16, 8192, qo_len=4),
+        [vsplit(64, bn, 4, st) for bn in (16, 32) for st in (2, 3, 4)]
+        + [KernelConfig(bm, 64, 8, 1) for bm in (64, 32, 16)],
+        (8, 12, 16, 24, 32),
+    ),
+    (
+        Case(64, 128, 4096),
+        [ROWS64, vsplit(128, 64, 8, 2, q_copy=True), vsplit(64, 32, 4, 3)],
+        (None,),
+    ),
+]
+WIDE_16BIT = [  # round 6, bf16 KV: two-stage 128x64 value-split tiles need 295 KB
+    (
+        case,
+        [ROWS64, vsplit(128, 32, 8, 2), vsplit(128, 32, 8, 1), vsplit(128, 64, 8, 1)]
+        + [vsplit(64, 32, 4, 3)],
+        (None,),
+    )
+    for case in (
+        *[Case(1, c.heads, c.context, qo_len=c.qo_len, kv_dtype=torch.bfloat16) for c in EXTEND],
+        Case(64, 128, 4096, kv_dtype=torch.bfloat16),
+    )
+]
+SETS = {"decode": DECODE, "many-rows": MANY_ROWS, "wide-16bit": WIDE_16BIT}
 
 
 def timed(case: Case, inputs: list, cfg: KernelConfig, splits: int):
@@ -68,20 +122,21 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="first two configs per case")
     ap.add_argument("--cases", default=None, help="comma-separated case names to run")
+    ap.add_argument("--set", default="decode", choices=sorted(SETS), help="which sweep")
     args = ap.parse_args()
+    sweep = SETS[args.set]
     dev = torch.device("cuda")
     results = []
     pools: dict[torch.dtype, torch.Tensor] = {}
-    for case, configs, split_counts in CASES:
+    for case, configs, split_counts in sweep:
         if args.cases and case.name not in args.cases.split(","):
             continue
         if case.kv_dtype not in pools:
             pools[case.kv_dtype] = random_pool(case.slots_needed(), case.kv_dtype, dev)
         inp = build_inputs(case, dev, pool=pools[case.kv_dtype])
         ref, rows = reference_subset(inp, 4)
-        rot = min(64, -(-GRAPH_BYTES // kv_bytes(case)))
         inputs = [inp] + [
-            build_inputs(case, dev, seed=i + 1, pool=inp.pool) for i in range(rot - 1)
+            build_inputs(case, dev, seed=i + 1, pool=inp.pool) for i in range(placements(case) - 1)
         ]
         for cfg in configs[:2] if args.quick else configs:
             for splits in split_counts:
@@ -96,12 +151,14 @@ def main() -> int:
                 r = dict(
                     case=case.name,
                     swap=cfg.swap_ab,
+                    value_split=cfg.value_split,
+                    q_fp16_copy=cfg.q_fp16_copy,
                     cvt=cfg.fp8_cvt,
                     bm=cfg.block_m,
                     bn=cfg.block_n,
                     warps=cfg.num_warps,
                     stages=cfg.num_stages,
-                    splits=splits,
+                    splits=splits if splits is not None else "planner",
                     us=round(t.us_median, 2),
                     p20=round(t.us_p20, 2),
                     p80=round(t.us_p80, 2),
@@ -115,12 +172,13 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     print("\nbest per case:")
-    for case, _, _ in CASES:
+    for case, _, _ in sweep:
         rs = [r for r in results if r["case"] == case.name and r["rel_err"] < 3e-3]
         for r in sorted(rs, key=lambda r: r["us"])[:3]:
-            kind = ("swap" if r["swap"] else "rows") + "/" + r["cvt"]
+            kernel = "swap" if r["swap"] else "vsplit" if r.get("value_split") else "rows"
+            kind = kernel + "/" + r["cvt"] + ("/q16" if r.get("q_fp16_copy") else "")
             print(
-                f"{case.name:34} {kind:11} BM{r['bm']} BN{r['bn']} w{r['warps']} s{r['stages']} "
+                f"{case.name:34} {kind:15} BM{r['bm']} BN{r['bn']} w{r['warps']} s{r['stages']} "
                 f"splits {r['splits']:2}: {r['us']:8.1f} us {r['gbps']:7.0f} GB/s "
                 f"{r['tflops']:6.1f} TFLOP/s err {r['rel_err']:.1e}"
             )

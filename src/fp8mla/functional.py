@@ -7,13 +7,16 @@ import torch
 from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
 
 _WORKSPACE_BYTES = 128 << 20
-_workspaces: dict[torch.device, torch.Tensor] = {}
+_workspaces: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
-def _workspace(device: torch.device) -> torch.Tensor:
-    ws = _workspaces.get(device)
+def shared_workspace(device: torch.device, nbytes: int = _WORKSPACE_BYTES) -> torch.Tensor:
+    """One ``nbytes`` scratch buffer per device, for wrappers that run one after another on
+    one stream (as the layers of an engine share theirs): ``mla_decode`` and the benchmark."""
+    key = (torch.device(device), nbytes)
+    ws = _workspaces.get(key)
     if ws is None:
-        ws = _workspaces[device] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        ws = _workspaces[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return ws
 
 
@@ -66,7 +69,7 @@ def mla_decode(
     if qo_indptr is None:
         batch = kv_len.numel()
         qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=kv_len.device)
-    wrapper = BatchMLAPagedAttentionWrapper(_workspace(device), backend=backend)
+    wrapper = BatchMLAPagedAttentionWrapper(shared_workspace(device), backend=backend)
     wrapper.plan(
         qo_indptr,
         kv_indptr,

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from fp8mla.bench.inputs import BenchInputs
+from fp8mla.functional import shared_workspace
 from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
 
 SM_SCALE = 1 / math.sqrt(192)
@@ -27,17 +28,6 @@ Runner = Callable[[], torch.Tensor]
 
 class Unavailable(RuntimeError):
     """The implementation cannot run in this environment or on this case."""
-
-
-_WORKSPACES: dict[torch.device, torch.Tensor] = {}
-
-
-def _workspace(device: torch.device) -> torch.Tensor:
-    """One scratch buffer per device, shared by every wrapper the benchmark plans (they run
-    one after another on one stream, as the layers of an engine share theirs)."""
-    if device not in _WORKSPACES:
-        _WORKSPACES[device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    return _WORKSPACES[device]
 
 
 def planned_wrapper(
@@ -51,7 +41,9 @@ def planned_wrapper(
 ) -> BatchMLAPagedAttentionWrapper:
     """A Triton-backend wrapper planned for the inputs (``plan_kw``: fp8mla's tuning
     overrides ``num_splits`` / ``kernel_config``)."""
-    w = BatchMLAPagedAttentionWrapper(_workspace(inp.pool.device), backend="triton")
+    w = BatchMLAPagedAttentionWrapper(
+        shared_workspace(inp.pool.device, WORKSPACE_BYTES), backend="triton"
+    )
     w.plan(
         inp.qo_indptr,
         inp.kv_indptr if kv_indptr is None else kv_indptr,
@@ -273,7 +265,7 @@ def flashinfer_wrapper(inp: BenchInputs, bf16_pool: torch.Tensor) -> Runner:
         from flashinfer.mla import BatchMLAPagedAttentionWrapper as FlashInferMLA
     except Exception as exc:  # noqa: BLE001
         raise Unavailable(f"flashinfer is not importable ({type(exc).__name__})") from exc
-    ws = _workspace(inp.pool.device)
+    ws = shared_workspace(inp.pool.device, WORKSPACE_BYTES)
     w = FlashInferMLA(ws)
     w.plan(
         inp.qo_indptr,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -28,6 +28,7 @@ class KernelConfig:
     block_n: int  # KV tokens per inner-loop step
     num_warps: int
     num_stages: int
+    _: KW_ONLY  # the options below are named at every call: new ones cannot shift them
     swap_ab: bool = False  # tokens × rows orientation (few rows per request)
     # two programs per row tile, each with half of the 512 output columns (many rows)
     value_split: bool = False
