@@ -5,7 +5,8 @@ Checks every variant against the float64 reference on the same KV bytes, times i
 The planner's table (``fp8mla.ops.planner``) is written from these results. ``--set`` picks
 the sweep: ``decode`` (round 3, the default), ``many-rows`` (round 6: extend chunks,
 speculative tokens and 128-head decode over FP8 KV) or ``wide-16bit`` (round 6: the same
-many-row tiles over a bf16 pool).
+many-row tiles over a bf16 pool) or ``wgmma`` (round 7: the Gluon SM90 kernel against the
+best Triton tiles).
 """
 
 from __future__ import annotations
@@ -103,7 +104,27 @@ WIDE_16BIT = [  # round 6, bf16 KV: two-stage 128x64 value-split tiles need 295 
         Case(64, 128, 4096, kv_dtype=torch.bfloat16),
     )
 ]
-SETS = {"decode": DECODE, "many-rows": MANY_ROWS, "wide-16bit": WIDE_16BIT}
+WGMMA = [  # round 7: the Gluon kernel against the best Triton tiles, FP8 KV
+    *[
+        (
+            case,
+            [
+                vsplit(128, 64, 8, 2, q_copy=True),
+                KernelConfig(64, 64, 8, 1, wgmma=True),
+                KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx"),
+            ],
+            (None,),
+        )
+        for case in (*EXTEND, Case(64, 128, 4096), Case(1, 128, 8192 + 2048, qo_len=2048))
+    ],
+    (
+        Case(8, 16, 8192, qo_len=4),
+        [vsplit(64, 32, 4, 3), KernelConfig(64, 64, 8, 1, wgmma=True)]
+        + [KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx")],
+        (8, 16, 32),
+    ),
+]
+SETS = {"decode": DECODE, "many-rows": MANY_ROWS, "wide-16bit": WIDE_16BIT, "wgmma": WGMMA}
 
 
 def timed(case: Case, inputs: list, cfg: KernelConfig, splits: int):
@@ -152,6 +173,7 @@ def main() -> int:
                     case=case.name,
                     swap=cfg.swap_ab,
                     value_split=cfg.value_split,
+                    wgmma=cfg.wgmma,
                     q_fp16_copy=cfg.q_fp16_copy,
                     cvt=cfg.fp8_cvt,
                     bm=cfg.block_m,
@@ -176,6 +198,7 @@ def main() -> int:
         rs = [r for r in results if r["case"] == case.name and r["rel_err"] < 3e-3]
         for r in sorted(rs, key=lambda r: r["us"])[:3]:
             kernel = "swap" if r["swap"] else "vsplit" if r.get("value_split") else "rows"
+            kernel = "wgmma" if r.get("wgmma") else kernel
             kind = kernel + "/" + r["cvt"] + ("/q16" if r.get("q_fp16_copy") else "")
             print(
                 f"{case.name:34} {kind:15} BM{r['bm']} BN{r['bn']} w{r['warps']} s{r['stages']} "

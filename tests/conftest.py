@@ -22,6 +22,8 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# the Gluon wgmma kernel runs on Hopper only (no interpreter)
+IS_SM90 = HAS_CUDA and not INTERPRETED and torch.cuda.get_device_capability() == (9, 0)
 
 
 def pytest_collection_modifyitems(config, items):

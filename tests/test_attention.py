@@ -13,7 +13,7 @@ from fp8mla.ops.planner import KernelConfig
 from fp8mla.testing import make_batch
 
 from attention_utils import SM_SCALE, assert_matches_reference, run_wrapper
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, IS_SM90
 
 LENGTHS = [0, 1, 17, 33, 96, 97, 114, 514, 1024]
 KV_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16]
@@ -24,8 +24,10 @@ def gen(seed: int) -> torch.Generator:
 
 
 def orientation(kind: str, rows: int) -> KernelConfig:
-    """The three kernels (``rows``, ``swap``, ``vsplit``) with the smallest tile that holds
-    ``rows`` (≥ 16)."""
+    """The kernels (``rows``, ``swap``, ``vsplit``) with the smallest tile that holds ``rows``
+    (≥ 16); ``wgmma`` has one tile."""
+    if kind == "wgmma":
+        return KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx")
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     return KernelConfig(
         block_m=block_m,
@@ -37,13 +39,18 @@ def orientation(kind: str, rows: int) -> KernelConfig:
     )
 
 
-KERNELS = pytest.mark.parametrize("kernel", ["rows", "swap", "vsplit"])
+SM90_ONLY = pytest.mark.skipif(not IS_SM90, reason="the wgmma kernel runs on SM90 GPUs only")
+KERNELS = pytest.mark.parametrize(
+    "kernel", ["rows", "swap", "vsplit", pytest.param("wgmma", marks=SM90_ONLY)]
+)
 
 
 @KERNELS
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
 def test_lengths_page_sizes_dtypes(device, page_size, kv_dtype, kernel):
+    if kernel == "wgmma" and kv_dtype.itemsize != 1:
+        pytest.skip("the wgmma kernel reads FP8 KV")
     batch = make_batch(
         LENGTHS, 16, page_size=page_size, kv_dtype=kv_dtype, device=device, generator=gen(page_size)
     )
@@ -151,6 +158,10 @@ def test_fp16_queries(device):
 @KERNELS
 def test_no_rope_part(device, kernel):
     batch = make_batch([33, 96], 16, page_size=16, head_dim_kpe=0, device=device, generator=gen(17))
+    if kernel == "wgmma":
+        with pytest.raises(ValueError, match="head_dim_kpe 64 for the wgmma kernel"):
+            run_wrapper(batch, config=orientation(kernel, 16))
+        return
     out, lse = run_wrapper(batch, config=orientation(kernel, 16))
     assert_matches_reference(batch, out, lse)
 

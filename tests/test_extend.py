@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fp8mla.ops.planner import choose_config
+from fp8mla.ops.targets import cuda_target
 from fp8mla.testing import make_batch
 
 from attention_utils import assert_matches_reference, run_wrapper
@@ -41,11 +42,13 @@ def test_chunk_of_fp8_e5m2_page_size_one(device):
     assert_matches_reference(batch, out, lse, causal=True)
 
 
-def test_long_chunks_take_the_value_split_tile():
-    wide = choose_config(4096 * 128, torch.float8_e4m3fn, False)
-    assert (wide.block_m, wide.value_split) == (128, True)
+def test_long_chunks_take_the_wide_tiles():
+    wide = choose_config(4096 * 128, torch.float8_e4m3fn, False)  # the H200 table
+    assert (wide.block_m, wide.wgmma) == (64, True)
+    sm100 = choose_config(4096 * 128, torch.float8_e4m3fn, False, cuda_target(100))
+    assert (sm100.block_m, sm100.value_split, sm100.wgmma) == (128, True, False)
     spec = choose_config(4 * 16, torch.float8_e4m3fn, False)  # 4 speculative tokens, 16 heads
-    assert (spec.block_m, spec.value_split) == (64, True)
+    assert (spec.block_m, spec.wgmma) == (64, True)
     assert choose_config(16, torch.float8_e4m3fn, False).block_m == 16
     assert choose_config(4096 * 128, torch.bfloat16, False).value_split
     assert choose_config(64, torch.bfloat16, False).block_m == 64

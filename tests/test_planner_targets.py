@@ -9,6 +9,8 @@ import torch
 from fp8mla.ops import targets as targets_mod
 from fp8mla.ops.planner import (
     MEASURED_TABLE,
+    TRITON_TABLE,
+    WGMMA_TILE,
     KernelConfig,
     choose_config,
     config_table,
@@ -31,14 +33,23 @@ def test_h200_table_unchanged(target):
     assert choose_config(32, torch.bfloat16, False, target) == KernelConfig(
         16, 64, 4, 2, occupancy=2
     )
-    # FP8, many rows: value-split tiles (64 rows: two programs per SM; more: 128-row tiles)
+    # FP8, many rows: the wgmma kernel on SM90; on SM100 value-split tiles (64 rows: two
+    # programs per SM; more: 128-row tiles)
     for dtype in (E4M3, E5M2):
+        if target is not TARGETS["sm100"]:
+            for rows in (33, 64, 128, 4096 * 128):
+                assert choose_config(rows, dtype, False, target) == WGMMA_TILE
+            continue
         assert choose_config(64, dtype, False, target) == KernelConfig(
             64, 32, 4, 3, value_split=True, occupancy=2
         )
-        stages = 1 if target is TARGETS["sm100"] else 2  # 2 stages need 251 KB on SM100
         assert choose_config(128, dtype, False, target) == KernelConfig(
-            128, 64, 8, stages, value_split=True, q_fp16_copy=True
+            128,
+            64,
+            8,
+            1,
+            value_split=True,
+            q_fp16_copy=True,  # 2 stages need 251 KB there
         )
     for dtype in (torch.bfloat16, torch.float16):  # 16-bit KV: one stage above 64 rows
         assert choose_config(64, dtype, False, target) == KernelConfig(64, 64, 8, 1)
@@ -46,6 +57,51 @@ def test_h200_table_unchanged(target):
             128, 64, 8, 1, value_split=True, q_fp16_copy=True
         )
     assert (config_table(target) is MEASURED_TABLE) == (target is not TARGETS["sm100"])
+
+
+def plan_kw(**kw):
+    base = dict(
+        batch=1, num_heads=128, max_qo_len=4096, max_kv_len=36864, sms=132,
+        max_splits_by_workspace=64, interpreted=False, kv_dtype=E4M3, target=TARGETS["sm90"],
+    )  # fmt: skip
+    return {**base, **kw}
+
+
+def test_wgmma_tile_gives_way_without_a_rope_part():
+    assert make_launch_plan(**plan_kw()).config == WGMMA_TILE
+    plan = make_launch_plan(**plan_kw(head_dim_kpe=0))
+    assert plan.config == TRITON_TABLE.wide_fp8 and plan.m_tiles == 4096 * 128 // 128
+    assert make_launch_plan(**plan_kw(max_qo_len=1, num_heads=64, head_dim_kpe=0)).config == (
+        TRITON_TABLE.many_fp8
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(interpreted=True), "SM90 GPU for the wgmma kernel, got the interpreter"),
+        (dict(target=TARGETS["sm100"]), "SM90 GPU for the wgmma kernel, got cuda 100"),
+        (dict(target=TARGETS["sm86"]), "SM90 GPU for the wgmma kernel, got cuda 86"),
+        (dict(kv_dtype=torch.bfloat16), "FP8 KV with head_dim_kpe 64 for the wgmma kernel"),
+        (dict(head_dim_kpe=0), "FP8 KV with head_dim_kpe 64 for the wgmma kernel"),
+    ],
+)
+def test_wgmma_tile_asked_for_where_it_cannot_run(kw, match):
+    with pytest.raises(ValueError, match=match):
+        make_launch_plan(**plan_kw(config=WGMMA_TILE, **kw))
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(block_m=128, block_n=64, num_warps=8, num_stages=1, wgmma=True),
+        dict(block_m=64, block_n=64, num_warps=4, num_stages=1, wgmma=True),
+        dict(block_m=64, block_n=64, num_warps=8, num_stages=1, wgmma=True, value_split=True),
+    ],
+)
+def test_wgmma_config_is_checked(cfg):
+    with pytest.raises(ValueError, match="wgmma"):
+        KernelConfig(**cfg)
 
 
 def test_default_arguments_keep_the_measured_plan():
@@ -60,8 +116,8 @@ def test_default_arguments_keep_the_measured_plan():
     )
     assert make_launch_plan(**kw) == make_launch_plan(**kw, target=TARGETS["sm90"])
     plan = make_launch_plan(**kw)
-    assert plan.config.block_m == 128 and plan.config.value_split
-    # 4 requests × 1 row tile × 2 halves: 16 splits fill the 132 SMs
+    assert plan.config == WGMMA_TILE
+    # 4 requests × 2 row tiles: 16 splits fill the 132 SMs
     assert plan.num_splits == 132 // 8
 
 

@@ -157,6 +157,7 @@ class BatchMLAPagedAttentionWrapper:
             num_splits=num_splits,
             config=config,
             target=current_target(self.device) if self.device.type == "cuda" else None,
+            head_dim_kpe=state.head_dim_kpe,
         )
         if not self._use_cuda_graph:
             return fresh

@@ -36,14 +36,22 @@ class KernelConfig:
     # run in fp16: Triton then stages the query tile from global memory into shared memory;
     # converted in-kernel, it is re-read into registers every KV step (value split, FP8 KV).
     q_fp16_copy: bool = False
+    # SM90 only: the Gluon kernel whose two warpgroups split the columns of one Q·Kᵀ and of the
+    # output (``kernels/mla_wgmma.py``): 64 × 64 tiles, 8 warps, FP8 KV with a 64-dim RoPE part.
+    wgmma: bool = False
     fp8_cvt: str = "auto"  # FP8 → fp16: auto, native, ptx (SM89+), int (CUDA), portable (any)
     # Programs per SM the split count aims for: 2 fills two full waves when one program is
     # resident per SM (the H200's 16-row FP8 tile: 4 splits beat 2 and 3 for 64 requests).
     occupancy: int = 1
 
     def __post_init__(self) -> None:
-        if self.swap_ab and self.value_split:
-            raise ValueError("expected at most one of swap_ab and value_split")
+        if self.swap_ab + self.value_split + self.wgmma > 1:
+            raise ValueError("expected at most one of swap_ab, value_split and wgmma")
+        if self.wgmma and (self.block_m, self.block_n, self.num_warps) != (64, 64, 8):
+            raise ValueError(
+                f"expected 64 × 64 tiles and 8 warps for the wgmma kernel, got "
+                f"{self.block_m} × {self.block_n} and {self.num_warps} warps"
+            )
 
     @property
     def programs_per_tile(self) -> int:
@@ -83,6 +91,8 @@ class ConfigTable:
     many_16bit: KernelConfig
     wide_fp8: KernelConfig | None = None
     wide_16bit: KernelConfig | None = None
+    # the table without the wgmma kernel, for batches it cannot serve (no RoPE part)
+    no_wgmma: ConfigTable | None = None
 
     def pick(self, rows: int, kv_dtype: torch.dtype) -> KernelConfig:
         fp8 = kv_dtype.itemsize == 1
@@ -105,8 +115,9 @@ SELECTION_ROWS = (1, FEW_ROWS + 1, MANY_ROWS + 1)  # one row count per table ent
 # 146 for 64 × 128-head decode). 16-bit KV: the 64-row tile up to 64 rows, then value-split
 # 128-row tiles in one stage (two stages need 295 KB: cp.async stages the KV tile; bf16 pool:
 # 185 vs 146 TFLOP/s for the chunk, 430 vs 564 us for the decode). These tiles spill 150-900 B
-# per thread and still measured fastest.
-MEASURED_TABLE = ConfigTable(
+# per thread and still measured fastest. This Triton-only table serves SM100 and the batches the
+# wgmma kernel cannot (no RoPE part).
+TRITON_TABLE = ConfigTable(
     KernelConfig(16, 64, 8, 1, occupancy=2),
     KernelConfig(16, 64, 4, 2, occupancy=2),
     KernelConfig(64, 32, 4, 3, value_split=True, occupancy=2),
@@ -114,17 +125,24 @@ MEASURED_TABLE = ConfigTable(
     KernelConfig(128, 64, 8, 2, value_split=True, q_fp16_copy=True),
     KernelConfig(128, 64, 8, 1, value_split=True, q_fp16_copy=True),
 )
+# SM90, FP8 KV above 32 rows: the Gluon wgmma kernel (round 7: 322 vs 215 TFLOP/s for the
+# 4096-token chunk, 54 vs 77 us for 8 x 4 speculative tokens, 289 vs 361 us for 64 x 128-head
+# decode). It decodes FP8 with cvt.rn.f16x2 (322 vs 299 TFLOP/s for the integer bit moves: it is
+# bound by instruction issue, not memory).
+WGMMA_TILE = KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx")
+MEASURED_TABLE = dataclasses.replace(
+    TRITON_TABLE, many_fp8=WGMMA_TILE, wide_fp8=WGMMA_TILE, no_wgmma=TRITON_TABLE
+)
 # The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
 # quote). Rule: the H200 choice where it fits the target's shared memory without spilling more
 # than on the H200, else the largest tile that fits unspilled. Occupancy 1: in every one of
 # these builds registers or shared memory leave no room for a second program per SM/CU.
 TABLES: dict[str, ConfigTable] = {
     "measured": MEASURED_TABLE,
-    # SM100: the H200 table, but Triton lays the two-stage 128-row value-split tile out in
-    # 251 KB there (> 227 KB); one stage fits.
+    # SM100: the H200 table without the wgmma kernel (Hopper only); Triton lays the two-stage
+    # 128-row value-split tile out in 251 KB there (> 227 KB), one stage fits.
     "sm100": dataclasses.replace(
-        MEASURED_TABLE,
-        wide_fp8=dataclasses.replace(MEASURED_TABLE.wide_fp8, num_stages=1),
+        TRITON_TABLE, wide_fp8=dataclasses.replace(TRITON_TABLE.wide_fp8, num_stages=1)
     ),
     # SM80 (163 KB): the H200 tiles but for 16-bit KV with many rows, whose 64-row tile needs
     # 200 KB there (no wgmma); 32×32 in two stages needs 74 KB.
@@ -208,6 +226,27 @@ def choose_splits(
     return max(1, min(splits, MAX_SPLITS, max_splits_by_workspace))
 
 
+def check_wgmma(
+    config: KernelConfig, kv_dtype: torch.dtype, head_dim_kpe: int, interpreted: bool,
+    target: Target | None,
+) -> None:  # fmt: skip
+    """Raise unless the wgmma kernel can run: compiled on SM90 (``target`` None: the H200 the
+    table was measured on), FP8 KV, a 64-dim RoPE part."""
+    if not config.wgmma:
+        return
+    if interpreted:
+        raise ValueError("expected an SM90 GPU for the wgmma kernel, got the interpreter")
+    if target is not None and (target.backend != "cuda" or target.arch != 90):
+        raise ValueError(
+            f"expected an SM90 GPU for the wgmma kernel, got {target.backend} {target.arch}"
+        )
+    if kv_dtype.itemsize != 1 or head_dim_kpe != 64:
+        raise ValueError(
+            f"expected FP8 KV with head_dim_kpe 64 for the wgmma kernel, got {kv_dtype} with "
+            f"head_dim_kpe {head_dim_kpe}"
+        )
+
+
 def make_launch_plan(
     *,
     batch: int,
@@ -221,11 +260,18 @@ def make_launch_plan(
     num_splits: int | None = None,
     config: KernelConfig | None = None,
     target: Target | None = None,
+    head_dim_kpe: int = 64,
 ) -> LaunchPlan:
     """Tiles and grid of one launch; ``target`` (the device's architecture) picks the
-    config table, None meaning the H200-measured one."""
+    config table, None meaning the H200-measured one. A chosen wgmma tile that cannot run
+    (no RoPE part) gives way to the table's ``no_wgmma`` choice; a given one raises."""
     rows = max_qo_len * num_heads
-    config = config or choose_config(rows, kv_dtype, interpreted, target)
+    if config is None:
+        config = choose_config(rows, kv_dtype, interpreted, target)
+        table = config_table(target)
+        if config.wgmma and (kv_dtype.itemsize != 1 or head_dim_kpe != 64) and table.no_wgmma:
+            config = table.no_wgmma.pick(rows, kv_dtype)
+    check_wgmma(config, kv_dtype, head_dim_kpe, interpreted, target)
     m_tiles = max(1, -(-rows // config.block_m))
     if num_splits is None:
         num_splits = choose_splits(

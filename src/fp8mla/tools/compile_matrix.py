@@ -45,12 +45,14 @@ CVT_NAMES = {
 }
 ATTN = "fp8mla.kernels.mla_attention:_mla_attn_rows_kernel"
 ATTN_VSPLIT = "fp8mla.kernels.mla_attention:_mla_attn_vsplit_kernel"
+ATTN_WGMMA = "fp8mla.kernels.mla_wgmma:_mla_attn_wgmma_kernel"
 MERGE = "fp8mla.kernels.merge:_mla_merge_kernel"
 KV_WRITE = "fp8mla.kernels.kv_write:_kv_write_kernel"
 
 # Spill limit per thread (CUDA spill stores) or lane (AMD: 4 bytes per spilled VGPR).
 SPILL_LIMIT = 128
 # Larger limits, each with the reason it is accepted: (target names, kernel, tile) → limit.
+# A tile key is one tile ("64x64"), a suffix ("*v": every value-split tile) or "" (all).
 SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
     (
         ("sm80", "sm90", "sm100"),
@@ -63,7 +65,7 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
     (
         ("sm90", "sm100"),
         "attention",
-        "v",  # the value-split tiles, 64 and 128 rows ("64x32v", "128x64v")
+        "*v",  # the value-split tiles, 64 and 128 rows ("64x32v", "128x64v")
         1024,
         "the H200's value-split tiles spill ~150-650 B, yet measured fastest there for extend "
         "chunks, 4 speculative tokens and 128-head decode (benchmarks/NOTES.md, round 6)",
@@ -116,7 +118,11 @@ class Row:
 
 def _spill_limit(target: str, kernel: str, tile: str) -> tuple[int, str]:
     for names, kern, tile_key, limit, why in SPILL_EXCEPTIONS:
-        if target in names and kern == kernel and tile_key in tile:
+        if tile_key.startswith("*"):
+            fits = tile.endswith(tile_key[1:])
+        else:
+            fits = tile_key in ("", tile)
+        if target in names and kern == kernel and fits:
             return limit, why
     return SPILL_LIMIT, ""
 
@@ -136,6 +142,7 @@ def attention_jobs(target: Target) -> list[Job]:
             kv_ptr = "u8" if cvt else TORCH_TO_TRITON[str(kv).split(".")[-1]]
             dot = "tl.bfloat16" if kv == torch.bfloat16 else "tl.float16"
             tile = f"{cfg.block_m}x{cfg.block_n}" + ("v" if cfg.value_split else "")
+            tile += "g" if cfg.wgmma else ""
             limit, why = _spill_limit(target.name, "attention", tile)
             outputs = [("fp32", True, False, "split"), ("bf16", False, False, "direct")]
             if kv.itemsize == 1:  # per-token-group scales (DeepSeek's fine-grained FP8)
@@ -170,12 +177,13 @@ def attention_jobs(target: Target) -> list[Job]:
                     WRITE_LSE=write_lse,
                     FP8_CVT=cvt,
                 )
+                kernel = ATTN_WGMMA if cfg.wgmma else ATTN_VSPLIT if cfg.value_split else ATTN
                 build = Build(
-                    ATTN_VSPLIT if cfg.value_split else ATTN,
+                    kernel,
                     tuple(ptrs.items()),
                     tuple(consts.items()),
                     cfg.num_warps,
-                    cfg.num_stages,
+                    None if cfg.wgmma else cfg.num_stages,
                 )
                 variant = (
                     f"{SHORT[kv]} {tile} w{cfg.num_warps}s{cfg.num_stages} {label} {CVT_NAMES[cvt]}"

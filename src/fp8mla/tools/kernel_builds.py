@@ -97,6 +97,8 @@ def compile_build(build: Build, target: Target):
             sig[name] = "i32"
             if name.startswith("stride"):  # the launchers' strides are multiples of 16
                 attrs[(i,)] = [["tt.divisibility", 16]]
+    if getattr(fn, "is_gluon", lambda: False)():  # Gluon kernels have their own front end
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     gpu = GPUTarget(target.backend, target.arch, target.warp_size)
     options = dict(num_warps=build.num_warps)
@@ -136,6 +138,8 @@ def _ptxas_report(ptx: str, cc: int) -> dict[str, int]:
         regs=num(r"Used (\d+) registers"),
         spill=num(r"(\d+) bytes spill stores"),
         stack=num(r"(\d+) bytes stack frame"),
+        # ptxas C7515: it waits after every wgmma instead of pipelining them (slow, not wrong)
+        wgmma_serialized=int("wgmma.mma_async instructions are serialized" in log),
     )
 
 

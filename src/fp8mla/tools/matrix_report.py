@@ -28,8 +28,9 @@ compile error, on spills above the limit, or on shared memory over the target's 
 
 ## What is built
 
-- **attention** (`_mla_attn_rows_kernel`, and `_mla_attn_vsplit_kernel` for the value-split
-  tiles marked `v`, e.g. `128x64v`): each tile the planner (`fp8mla.ops.planner`) can
+- **attention** (`_mla_attn_rows_kernel`, `_mla_attn_vsplit_kernel` for the value-split
+  tiles marked `v`, e.g. `128x64v`, and on SM90 the Gluon `_mla_attn_wgmma_kernel` for the
+  tile marked `g`, `64x64g`, FP8 KV only): each tile the planner (`fp8mla.ops.planner`) can
   select for the target, for KV dtypes e4m3, e5m2, bf16 and fp16, with the FP8 decoding the
   launcher uses there, writing fp32 split partials with LSE (`split`) and the bf16 output
   without LSE (`direct`). Representative constexprs: page size 1, no causal mask, per-tensor
