@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fp8mla import mla_decode
-from fp8mla.ops.planner import KernelConfig
+from fp8mla.ops.planner import WGMMA_TILE, KernelConfig
 from fp8mla.testing import make_batch
 
 from attention_utils import SM_SCALE, assert_matches_reference, run_wrapper
@@ -27,7 +27,7 @@ def orientation(kind: str, rows: int) -> KernelConfig:
     """The kernels (``rows``, ``swap``, ``vsplit``) with the smallest tile that holds ``rows``
     (≥ 16); ``wgmma`` has one tile."""
     if kind == "wgmma":
-        return KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx")
+        return WGMMA_TILE
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     return KernelConfig(
         block_m=block_m,

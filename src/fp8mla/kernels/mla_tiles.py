@@ -13,30 +13,6 @@ CVT_TRITON_INT_E4M3 = tl.constexpr(5)  # the same bit moves in Triton integer op
 CVT_TRITON_INT_E5M2 = tl.constexpr(6)  # (AMD, which has no inline PTX; the interpreter)
 
 
-# Inline PTX of the CVT_PTX_* / CVT_INT_* modes: four FP8 codes in, four fp16 lanes out.
-ASM_PTX_E4M3 = tl.constexpr("""{ .reg .b16 lo, hi;
-        mov.b32 {lo, hi}, $2;
-        cvt.rn.f16x2.e4m3x2 $0, lo;
-        cvt.rn.f16x2.e4m3x2 $1, hi; }""")
-ASM_PTX_E5M2 = tl.constexpr("""{ .reg .b16 lo, hi;
-        mov.b32 {lo, hi}, $2;
-        cvt.rn.f16x2.e5m2x2 $0, lo;
-        cvt.rn.f16x2.e5m2x2 $1, hi; }""")
-# each code to the high byte of an fp16 lane; then the sign stays and exponent and mantissa
-# move right by one: ((b & 0x80) << 8) | ((b & 0x7F) << 7) = 2^-8 × value
-ASM_INT_E4M3 = tl.constexpr("""{ .reg .b32 w0, w1, t0, t1;
-        prmt.b32 w0, $2, 0, 0x1404;
-        prmt.b32 w1, $2, 0, 0x3424;
-        and.b32 t0, w0, 0x7F007F00;
-        and.b32 t1, w1, 0x7F007F00;
-        shr.b32 t0, t0, 1;
-        shr.b32 t1, t1, 1;
-        lop3.b32 $0, w0, t0, 0x80008000, 0xEC;
-        lop3.b32 $1, w1, t1, 0x80008000, 0xEC; }""")
-ASM_INT_E5M2 = tl.constexpr("""{ prmt.b32 $0, $2, 0, 0x1404;
-        prmt.b32 $1, $2, 0, 0x3424; }""")
-
-
 @triton.jit
 def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
     """uint8 FP8 codes → fp16 in registers, four codes per PTX block.
@@ -54,13 +30,30 @@ def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
     if FP8_CVT == CVT_TRITON_INT_E5M2:
         return (b.to(tl.uint16) << 8).to(tl.float16, bitcast=True)
     if FP8_CVT == CVT_PTX_E4M3:
-        asm: tl.constexpr = ASM_PTX_E4M3
+        asm: tl.constexpr = """{ .reg .b16 lo, hi;
+        mov.b32 {lo, hi}, $2;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        cvt.rn.f16x2.e4m3x2 $1, hi; }"""
     elif FP8_CVT == CVT_PTX_E5M2:
-        asm: tl.constexpr = ASM_PTX_E5M2
+        asm: tl.constexpr = """{ .reg .b16 lo, hi;
+        mov.b32 {lo, hi}, $2;
+        cvt.rn.f16x2.e5m2x2 $0, lo;
+        cvt.rn.f16x2.e5m2x2 $1, hi; }"""
     elif FP8_CVT == CVT_INT_E4M3:
-        asm: tl.constexpr = ASM_INT_E4M3
+        # each code to the high byte of an fp16 lane; then the sign stays and exponent and
+        # mantissa move right by one: ((b & 0x80) << 8) | ((b & 0x7F) << 7) = 2^-8 × value
+        asm: tl.constexpr = """{ .reg .b32 w0, w1, t0, t1;
+        prmt.b32 w0, $2, 0, 0x1404;
+        prmt.b32 w1, $2, 0, 0x3424;
+        and.b32 t0, w0, 0x7F007F00;
+        and.b32 t1, w1, 0x7F007F00;
+        shr.b32 t0, t0, 1;
+        shr.b32 t1, t1, 1;
+        lop3.b32 $0, w0, t0, 0x80008000, 0xEC;
+        lop3.b32 $1, w1, t1, 0x80008000, 0xEC; }"""
     else:
-        asm: tl.constexpr = ASM_INT_E5M2
+        asm: tl.constexpr = """{ prmt.b32 $0, $2, 0, 0x1404;
+        prmt.b32 $1, $2, 0, 0x3424; }"""
     return tl.inline_asm_elementwise(
         asm=asm, constraints="=r,=r,r", args=[b], dtype=tl.float16, is_pure=False, pack=4
     )

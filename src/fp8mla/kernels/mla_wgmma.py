@@ -30,7 +30,6 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -47,37 +46,11 @@ NEG_INF = gl.constexpr(float("-inf"))
 
 @gluon.jit
 def _fp8_to_f16(b, FP8_CVT: gl.constexpr):
-    """FP8 codes (uint8, or FP8 for ``CVT_NATIVE``) → fp16, as ``mla_tiles._fp8_bytes_to_f16``."""
+    """FP8 codes → fp16: Triton's cast for ``CVT_NATIVE`` (FP8 pointers), else the bit moves
+    of ``mla_tiles._fp8_bytes_to_f16`` on the bytes."""
     if FP8_CVT == T.CVT_NATIVE:
         return b.to(gl.float16)
-    if FP8_CVT == T.CVT_TRITON_INT_E4M3:
-        h = b.to(gl.uint16)
-        return (((h & 0x80) << 8) | ((h & 0x7F) << 7)).to(gl.float16, bitcast=True)
-    if FP8_CVT == T.CVT_TRITON_INT_E5M2:
-        return (b.to(gl.uint16) << 8).to(gl.float16, bitcast=True)
-    if FP8_CVT == T.CVT_PTX_E4M3:
-        asm: gl.constexpr = T.ASM_PTX_E4M3
-    elif FP8_CVT == T.CVT_PTX_E5M2:
-        asm: gl.constexpr = T.ASM_PTX_E5M2
-    elif FP8_CVT == T.CVT_INT_E4M3:
-        asm: gl.constexpr = T.ASM_INT_E4M3
-    else:
-        asm: gl.constexpr = T.ASM_INT_E5M2
-    return gl.inline_asm_elementwise(
-        asm=asm, constraints="=r,=r,r", args=[b], dtype=gl.float16, is_pure=False, pack=4
-    )
-
-
-@gluon.jit
-def _tile_rows(page_base, n0, n_end, stride_p, stride_s, PAGE_SIZE: gl.constexpr,
-               BLOCK_N: gl.constexpr, layout: gl.constexpr):  # fmt: skip
-    """Element offsets of the ``BLOCK_N`` tokens from ``n0`` through the page table (int64), their
-    mask (positions below ``n_end``), page and in-page slot; ``layout`` is a 1-D slice layout."""
-    pos = n0 + gl.arange(0, BLOCK_N, layout=layout)
-    ok = pos < n_end
-    page = gl.load(page_base + pos // PAGE_SIZE, mask=ok, other=0).to(gl.int64)
-    off = pos % PAGE_SIZE
-    return page * stride_p + off * stride_s, ok, page, off
+    return T._fp8_bytes_to_f16(b, FP8_CVT)
 
 
 @gluon.jit
@@ -119,11 +92,12 @@ def _convert_kv_tile(
 ):  # fmt: skip
     """The staged FP8 tile → fp16 shared tile, ``CVT_COLS`` columns at a time; with
     ``TOKEN_GROUP`` each 128 columns are multiplied by their tokens' group scale."""
-    if TOKEN_GROUP:
-        _, ok, page, off = _tile_rows(
-            page_base, n0, n_end, 0, 0, PAGE_SIZE, BLOCK_N, gl.SliceLayout(1, cv)
-        )
-        sa = scale_arr_ptr + page * stride_sa_p + off * stride_sa_s
+    if TOKEN_GROUP:  # the tokens' scale rows, through the page table
+        rows: gl.constexpr = gl.SliceLayout(1, cv)
+        pos = n0 + gl.arange(0, BLOCK_N, layout=rows)
+        ok = pos < n_end
+        page = _tile_pages(page_base, n0, n_end, PAGE_SIZE, BLOCK_N, rows).to(gl.int64)
+        sa = scale_arr_ptr + page * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
         col = gl.arange(0, CVT_COLS, layout=gl.SliceLayout(0, cv))
     for c in gl.static_range(D_CKV // CVT_COLS):
         k = _fp8_to_f16(kb_smem.slice(c * CVT_COLS, CVT_COLS, dim=1).load(cv), FP8_CVT)
@@ -231,22 +205,10 @@ def _mla_attn_wgmma_kernel(
     qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
     rows_total = qo_len * num_heads
     if m_tile * BLOCK_M < rows_total:
-        # -- scales (as mla_tiles._scales) --
-        if CKV_SCALE_PTR:
-            ckv_scale = gl.load(ckv_scale_ptr).to(gl.float32)
-        else:
-            ckv_scale = ckv_scale_val
-        if KPE_SCALE_PTR:
-            kpe_scale = gl.load(kpe_scale_ptr).to(gl.float32)
-        else:
-            kpe_scale = kpe_scale_val
-        if TOKEN_GROUP:
-            ckv_scale = 1.0
-        if FP8_CVT == T.CVT_INT_E4M3 or FP8_CVT == T.CVT_TRITON_INT_E4M3:
-            ckv_scale = ckv_scale * 256.0
-            kpe_scale = kpe_scale * 256.0
-        qk_scale = sm_scale_log2 * ckv_scale
-        pe_factor = kpe_scale / ckv_scale
+        qk_scale, pe_factor, v_scale = T._scales(
+            ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+            CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+        )  # fmt: skip
 
         # -- this split's KV range; causal tiles end where their last row stops seeing --
         kv_len = gl.load(kv_len_ptr + b)
@@ -282,8 +244,7 @@ def _mla_attn_wgmma_kernel(
 
         m_i = gl.full([BLOCK_M], NEG_INF, gl.float32, layout=s_rows)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
-        # the P·V accumulator, in flight across loop iterations
-        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, D_CKV], gl.float32, layout=o_layout))
+        o = gl.zeros([BLOCK_M, D_CKV], gl.float32, layout=o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
         cp_rows: gl.constexpr = gl.SliceLayout(1, cp)
@@ -298,10 +259,9 @@ def _mla_attn_wgmma_kernel(
         pages = _tile_pages(page_base, n_begin + BLOCK_N, n_end, PAGE_SIZE, BLOCK_N, cp_rows)
         pe_pages = _tile_pages(page_base, n_begin + BLOCK_N, n_end, PAGE_SIZE, BLOCK_N, pe_rows_l)
         for n0 in range(n_begin, n_end, BLOCK_N):
-            # this tile's bytes have landed; the previous P·V is done with the fp16 KV tile
-            # and P (both warpgroups)
+            # this tile's bytes have landed; both warpgroups' previous P·V is done with the fp16
+            # KV tile and P
             async_copy.wait_group(0)
-            o = warpgroup_mma_wait(0, deps=[acc])
             _BARRIER()
             _convert_kv_tile(
                 k_smem, kpe_smem, kb_smem, kpeb_smem, scale_arr_ptr, page_base, n0, n_end,
@@ -340,12 +300,14 @@ def _mla_attn_wgmma_kernel(
             o = o * gl.convert_layout(alpha, o_rows)[:, None]
             fence_async_shared()
             _BARRIER()
-            acc = warpgroup_mma(p_smem, k_smem, o, is_async=True)
-        o = warpgroup_mma_wait(0, deps=[acc])
+            # waited for here, not at the next step's top: nothing would run in between, and an
+            # accumulator in flight across the loop's back edge makes ptxas copy its registers
+            # and serialize every wgmma (C7515)
+            o = warpgroup_mma_wait(0, deps=[warpgroup_mma(p_smem, k_smem, o, is_async=True)])
 
         # -- epilogue: O / l times the value scale; LSE (base 2) --
         has = l_i > 0.0
-        inv_l = gl.where(has, ckv_scale / gl.where(has, l_i, 1.0), 0.0)
+        inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
         ro = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
         ro_ok = ro < rows_total
         o_rows_ptr = o_ptr + split * stride_o_split

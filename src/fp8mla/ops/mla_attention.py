@@ -128,11 +128,10 @@ def launch_mla_attention(
         q_nope = q_nope.to(torch.float16)  # contiguous [T, H, D]: strides follow below
     if fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointer arguments
         ckv, kpe = ckv.view(torch.uint8), kpe.view(torch.uint8)
-    launch_opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    # the Gluon kernel's pipeline is written out in it: no num_stages
+    stages = {} if cfg.wgmma else {"num_stages": cfg.num_stages}
     if cfg.wgmma:
         from fp8mla.kernels.mla_wgmma import _mla_attn_wgmma_kernel as kernel
-
-        launch_opts.pop("num_stages")  # its pipeline is written out in the kernel
     elif cfg.value_split:
         kernel = kernels._mla_attn_vsplit_kernel
     elif cfg.swap_ab:
@@ -181,7 +180,8 @@ def launch_mla_attention(
         DOT_DTYPE=dot,
         WRITE_LSE=write_lse,
         FP8_CVT=fp8_cvt,
-        **launch_opts,
+        num_warps=cfg.num_warps,
+        **stages,
     )
     if not split:
         return

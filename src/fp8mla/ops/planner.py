@@ -126,7 +126,7 @@ TRITON_TABLE = ConfigTable(
     KernelConfig(128, 64, 8, 1, value_split=True, q_fp16_copy=True),
 )
 # SM90, FP8 KV above 32 rows: the Gluon wgmma kernel (round 7: 322 vs 215 TFLOP/s for the
-# 4096-token chunk, 54 vs 77 us for 8 x 4 speculative tokens, 289 vs 361 us for 64 x 128-head
+# 4096-token chunk, 54 vs 77 us for 8 x 4 speculative tokens, 238 vs 361 us for 64 x 128-head
 # decode). It decodes FP8 with cvt.rn.f16x2 (322 vs 299 TFLOP/s for the integer bit moves: it is
 # bound by instruction issue, not memory).
 WGMMA_TILE = KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx")

@@ -263,6 +263,8 @@ def run_job(job: Job) -> Row:
     else:
         reason = job.spill_reason if res.spill_bytes > SPILL_LIMIT else ""
     ok = res.ok and not reason.startswith(("spills", "shared"))
+    if res.extra.get("wgmma_serialized"):  # reported, not failed: slower, not wrong
+        reason = "; ".join(filter(None, [reason, "ptxas serializes its wgmma (C7515)"]))
     return Row(
         job.target,
         job.kernel,

@@ -51,6 +51,8 @@ by loading 0, never by NaN propagation.
 Columns: `regs` = registers per thread (NVIDIA, `ptxas -v`) or VGPRs incl. AGPRs per lane
 (AMD, kernel descriptor); `spill` = spill-store bytes per thread (NVIDIA) or 4 × spilled VGPRs
 (AMD); `stack` = stack frame / scratch per lane; `smem` = shared memory (LDS) per program.
+A note "ptxas serializes its wgmma (C7515)" marks a build whose tensor-core instructions ptxas
+runs one at a time: slower, not wrong, and not a failure.
 Spill limit {spill_limit} B per thread/lane, except:{exceptions}
 """
 
@@ -111,7 +113,8 @@ def details(rows) -> str:
     for r in rows:
         note = r.reason.replace("|", "/")
         if r.spill_bytes > 0 and r.spill_limit > 128 and r.ok:
-            note = f"spill limit {r.spill_limit} B (see above)"
+            serialized = [part for part in r.reason.split("; ") if "C7515" in part]
+            note = "; ".join([f"spill limit {r.spill_limit} B (see above)", *serialized])
         out.append(
             f"| {r.target} | {r.kernel} | {r.variant} | {r.regs} | {r.spill_bytes} | "
             f"{r.stack_bytes} | {_kb(r.smem_bytes)} | {_kb(r.limit_bytes)} | "
