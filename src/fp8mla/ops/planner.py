@@ -36,8 +36,10 @@ class KernelConfig:
     # run in fp16: Triton then stages the query tile from global memory into shared memory;
     # converted in-kernel, it is re-read into registers every KV step (value split, FP8 KV).
     q_fp16_copy: bool = False
-    # SM90 only: the Gluon kernel whose two warpgroups split the columns of one Q·Kᵀ and of the
-    # output (``kernels/mla_wgmma.py``): 64 × 64 tiles, 8 warps, FP8 KV with a 64-dim RoPE part.
+    # SM90 only: the warp-specialized Gluon kernel whose two consumer warpgroups split the
+    # columns of one Q·Kᵀ and of the output while a producer warpgroup converts the next FP8
+    # tile (``kernels/mla_wgmma.py``): 64 × 64 tiles, 8 consumer warps (the producer's 4 come on
+    # top), FP8 KV with a 64-dim RoPE part.
     wgmma: bool = False
     fp8_cvt: str = "auto"  # FP8 → fp16: auto, native, ptx (SM89+), int (CUDA), portable (any)
     # Programs per SM the split count aims for: 2 fills two full waves when one program is
@@ -125,10 +127,10 @@ TRITON_TABLE = ConfigTable(
     KernelConfig(128, 64, 8, 2, value_split=True, q_fp16_copy=True),
     KernelConfig(128, 64, 8, 1, value_split=True, q_fp16_copy=True),
 )
-# SM90, FP8 KV above 32 rows: the Gluon wgmma kernel (round 7: 322 vs 215 TFLOP/s for the
-# 4096-token chunk, 54 vs 77 us for 8 x 4 speculative tokens, 238 vs 361 us for 64 x 128-head
-# decode). It decodes FP8 with cvt.rn.f16x2 (322 vs 299 TFLOP/s for the integer bit moves: it is
-# bound by instruction issue, not memory).
+# SM90, FP8 KV above 32 rows: the warp-specialized Gluon wgmma kernel (round 8: 373 vs 215
+# TFLOP/s for the 4096-token chunk with 128 heads, 47 vs 77 us for 8 x 4 speculative tokens, 220
+# vs 361 us for 64 x 128-head decode). It decodes FP8 with cvt.rn.f16x2 (round 7: 322 vs 299
+# TFLOP/s for the integer bit moves, when the consumers still converted).
 WGMMA_TILE = KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx")
 MEASURED_TABLE = dataclasses.replace(
     TRITON_TABLE, many_fp8=WGMMA_TILE, wide_fp8=WGMMA_TILE, no_wgmma=TRITON_TABLE

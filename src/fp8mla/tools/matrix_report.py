@@ -51,6 +51,9 @@ by loading 0, never by NaN propagation.
 Columns: `regs` = registers per thread (NVIDIA, `ptxas -v`) or VGPRs incl. AGPRs per lane
 (AMD, kernel descriptor); `spill` = spill-store bytes per thread (NVIDIA) or 4 × spilled VGPRs
 (AMD); `stack` = stack frame / scratch per lane; `smem` = shared memory (LDS) per program.
+The warp-specialized Gluon kernel (`g`) launches 12 warps: `regs` is the launch budget of
+65,536 / 384 threads; at run time its partitions re-divide it (`setmaxnreg`: 208 per consumer
+thread, 88 per producer thread).
 A note "ptxas serializes its wgmma (C7515)" marks a build whose tensor-core instructions ptxas
 runs one at a time: slower, not wrong, and not a failure.
 Spill limit {spill_limit} B per thread/lane, except:{exceptions}
