@@ -8,9 +8,15 @@ import torch
 
 from fp8mla.ops.planner import choose_config
 from fp8mla.ops.targets import cuda_target
-from fp8mla.testing import make_batch
+from fp8mla.reference import mla_reference
+from fp8mla.testing import make_batch, rel_err
 
-from attention_utils import assert_matches_reference, run_wrapper
+from attention_utils import (
+    SM_SCALE,
+    assert_matches_reference,
+    out_tolerance,
+    run_wrapper,
+)
 
 
 def gen(seed: int) -> torch.Generator:
@@ -68,3 +74,73 @@ def test_long_chunk_over_long_prefix_on_gpu(heads):
     )
     out, lse = run_wrapper(batch, causal=True)
     assert_matches_reference(batch, out, lse, causal=True)
+
+
+def reference_rows(batch, req: int, first: int, count: int):
+    """float64 reference of query tokens ``[first, first + count)`` of request ``req`` under
+    bottom-right causal masking: the same rows as a request of ``count`` tokens whose KV ends
+    where the last of them stops seeing."""
+    qo = batch.qo_indptr.tolist()
+    q0, qo_len = qo[req] + first, qo[req + 1] - qo[req]
+    kv_len = int(batch.kv_len[req]) - (qo_len - first - count)
+    pages = batch.kv_indices[int(batch.kv_indptr[req]) : int(batch.kv_indptr[req + 1])]
+    i32 = dict(dtype=torch.int32, device=batch.kv_len.device)
+    return mla_reference(
+        batch.q_nope[q0 : q0 + count],
+        batch.q_pe[q0 : q0 + count],
+        batch.ckv,
+        batch.kpe,
+        torch.tensor([0, count], **i32),
+        torch.tensor([0, pages.numel()], **i32),
+        pages,
+        torch.tensor([kv_len], **i32),
+        sm_scale=SM_SCALE,
+        causal=True,
+        **batch.scale_kwargs(),
+    )
+
+
+def test_reference_rows_are_the_full_references_rows():
+    batch = make_batch([110, 9], 2, qo_lens=[40, 3], page_size=16, generator=gen(3))
+    full_out, full_lse = mla_reference(
+        batch.q_nope,
+        batch.q_pe,
+        batch.ckv,
+        batch.kpe,
+        *batch.plan_args(),
+        sm_scale=SM_SCALE,
+        causal=True,
+        **batch.scale_kwargs(),
+    )
+    for req, first, count in [(0, 0, 4), (0, 17, 5), (0, 36, 4), (1, 1, 2)]:
+        q0 = int(batch.qo_indptr[req]) + first
+        out, lse = reference_rows(batch, req, first, count)
+        # float64; only the summation order differs (fewer masked keys)
+        torch.testing.assert_close(out, full_out[q0 : q0 + count], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(lse, full_lse[q0 : q0 + count], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_longest_chunk_over_longest_prefix_on_gpu(kv_dtype):
+    # the issue's limits: a 16,384-token chunk over a 131,072-token prefix, beside a decode
+    # request; checked on the chunk's first, middle and last tokens and on the decode row
+    chunk, prefix = 16384, 131072
+    batch = make_batch(
+        [prefix + chunk, 300],
+        16,
+        qo_lens=[chunk, 1],
+        page_size=64,
+        kv_dtype=kv_dtype,
+        device="cuda",
+        generator=gen(7),
+    )
+    out, lse = run_wrapper(batch, causal=True)
+    assert torch.isfinite(out).all()
+    for req, first, count in [(0, 0, 4), (0, chunk // 2 - 2, 4), (0, chunk - 4, 4), (1, 0, 1)]:
+        q0 = int(batch.qo_indptr[req]) + first
+        ref_out, ref_lse = reference_rows(batch, req, first, count)
+        got = out[q0 : q0 + count]
+        err = rel_err(got, ref_out)
+        assert err <= out_tolerance(got.dtype), f"request {req} token {first}: {err:.2e}"
+        assert (lse[q0 : q0 + count].double() - ref_lse).abs().max().item() < 2e-3
