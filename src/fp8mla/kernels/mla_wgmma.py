@@ -12,7 +12,8 @@ explicit. One program owns 64 query rows and runs three warpgroups:
   hand the buffers over, so the next tile is converted while the current one is multiplied;
 * two **consumer** warpgroups (the default partition, 8 warps) split the columns of every
   product. ``S = Q·Kᵀ`` ``[64, BLOCK_N]``: each computes ``BLOCK_N / 2`` of the KV tokens; the
-  row maximum and sum cross the two through shared memory. ``O += P·V`` ``[64, 512]``: each
+  row maximum crosses the two through shared memory every step (one barrier), the row sums
+  only once, after the loop. ``O += P·V`` ``[64, 512]``: each
   accumulates 256 output columns in registers (128 fp32 per thread), reading the whole ``P``
   from shared memory. The fp16 KV tile serves both products: keys for Q·Kᵀ (K-major) and
   values for P·V (the same bytes, MN-major).
@@ -20,8 +21,8 @@ explicit. One program owns 64 query rows and runs three warpgroups:
 The query tile is converted to fp16 and staged in shared memory once. The softmax runs in
 base 2 as in the Triton kernels; ``S`` and the output are fp32 accumulators.
 
-Shared memory (RoPE part included): the query 72 KB, two fp16 KV tiles 144 KB, P 8 KB
-(224 KB: one program per SM). Same arguments and results as ``_mla_attn_rows_kernel``
+Shared memory (RoPE part included): the query 72 KB, two fp16 KV tiles 144 KB, P 8 KB, the
+row maxima 0.5 KB (224.5 KB: one program per SM). Same arguments and results as ``_mla_attn_rows_kernel``
 (``kernels/mla_attention.py``); ``BLOCK_M`` and ``BLOCK_N`` are 64, ``num_warps`` 8 (the
 producer's 4 warps come on top), the KV FP8 (read as bytes) with a 64-dim RoPE part. Gluon has
 no interpreter: this kernel runs on SM90 GPUs only, and the planner picks it only there.
@@ -219,9 +220,19 @@ def _attn_consumer(
     rs = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
     causal_limit = kv_len - qo_len + rs // num_heads
     m_i = gl.full([BLOCK_M], NEG_INF, gl.float32, layout=s_rows)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
     o = gl.zeros([BLOCK_M, D_CKV], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    # Row statistics per warpgroup: S viewed as [BLOCK_M, 2, BLOCK_N / 2] (the middle dimension
+    # is the warpgroup) reduces over its last dimension without leaving the warp.
+    # The row sums stay per warpgroup ([BLOCK_M, 2]): both shares are scaled by the same alpha,
+    # so they are added once after the loop instead of crossing every step.
+    l_part = gl.sum(gl.reshape(s_zero, [BLOCK_M, 2, BLOCK_N // 2]), axis=2)
+    l_rows: gl.constexpr = gl.SliceLayout(1, l_part.type.layout)
+    # The row maxima do cross every step: each warpgroup writes its column of this buffer, and
+    # after one barrier each reads both (Gluon's cross-warp reduction spends two barriers).
+    m_smem = gl.allocate_shared_memory(
+        gl.float32, [BLOCK_M, 2], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    )
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     for j in range(n_tiles):
         n0 = n_begin + j * BLOCK_N
@@ -237,11 +248,16 @@ def _attn_consumer(
         if CAUSAL:
             visible = visible & (pos[None, :] <= causal_limit[:, None])
         s = gl.where(visible, s * qk_scale, NEG_INF)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_smem.store(gl.max(gl.reshape(s, [BLOCK_M, 2, BLOCK_N // 2]), axis=2))
+        _BARRIER()
+        m0 = gl.reshape(m_smem.slice(0, 1, dim=1).load(s_layout), [BLOCK_M])
+        m1 = gl.reshape(m_smem.slice(1, 1, dim=1).load(s_layout), [BLOCK_M])
+        m_new = gl.maximum(m_i, gl.convert_layout(gl.maximum(m0, m1), s_rows))
         m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
         p = gl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        p_sum = gl.sum(gl.reshape(p, [BLOCK_M, 2, BLOCK_N // 2]), axis=2)
+        l_part = l_part * gl.convert_layout(alpha, l_rows)[:, None] + p_sum
         m_i = m_new
         p_smem.store(p.to(DOT_DTYPE))
         o = o * gl.convert_layout(alpha, o_rows)[:, None]
@@ -254,6 +270,7 @@ def _attn_consumer(
         _BARRIER()
         mbarrier.arrive(empty.index(buf))
 
+    l_i = gl.convert_layout(gl.sum(l_part, axis=1), s_rows)
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
     ro = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)

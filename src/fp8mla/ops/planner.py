@@ -127,9 +127,9 @@ TRITON_TABLE = ConfigTable(
     KernelConfig(128, 64, 8, 2, value_split=True, q_fp16_copy=True),
     KernelConfig(128, 64, 8, 1, value_split=True, q_fp16_copy=True),
 )
-# SM90, FP8 KV above 32 rows: the warp-specialized Gluon wgmma kernel (round 9: 422 vs 215
-# TFLOP/s for the 4096-token chunk with 128 heads, 44.5 vs 77 us for 8 x 4 speculative tokens,
-# 195 vs 361 us for 64 x 128-head decode). It decodes FP8 with cvt.rn.f16x2 (round 7: 322 vs 299
+# SM90, FP8 KV above 32 rows: the warp-specialized Gluon wgmma kernel (round 10: 448 vs 215
+# TFLOP/s for the 4096-token chunk with 128 heads, 44 vs 77 us for 8 x 4 speculative tokens,
+# 188 vs 361 us for 64 x 128-head decode). It decodes FP8 with cvt.rn.f16x2 (round 7: 322 vs 299
 # TFLOP/s for the integer bit moves, when the consumers still converted).
 WGMMA_TILE = KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx")
 MEASURED_TABLE = dataclasses.replace(
