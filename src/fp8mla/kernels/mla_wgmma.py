@@ -8,24 +8,26 @@ explicit. One program owns 64 query rows and runs three warpgroups:
 
 * a **producer** (4 warps, 88 registers per thread) reads each 64-token FP8 tile from the pool
   through the page table, converts it to fp16 and stores it into one of two shared KV buffers;
-  the next tile's page-table entries are loaded and its rows prefetched into the L2 meanwhile. ``mbarrier`` pairs (ready / empty)
-  hand the buffers over, so the next tile is converted while the current one is multiplied;
+  meanwhile it loads the next tile's page-table entries and prefetches its rows into the L2.
+  ``mbarrier`` pairs (ready / empty) hand the buffers over, so the next tile is converted while
+  the current one is multiplied;
 * two **consumer** warpgroups (the default partition, 8 warps) split the columns of every
   product. ``S = Q·Kᵀ`` ``[64, BLOCK_N]``: each computes ``BLOCK_N / 2`` of the KV tokens; the
   row maximum crosses the two through shared memory every step (one barrier), the row sums
-  only once, after the loop. ``O += P·V`` ``[64, 512]``: each
-  accumulates 256 output columns in registers (128 fp32 per thread), reading the whole ``P``
-  from shared memory. The fp16 KV tile serves both products: keys for Q·Kᵀ (K-major) and
-  values for P·V (the same bytes, MN-major).
+  only once, after the loop. ``O += P·V`` ``[64, 512]``: each accumulates 256 output columns
+  in registers (128 fp32 per thread), reading the whole ``P`` from shared memory. The fp16 KV
+  tile serves both products: keys for Q·Kᵀ (K-major) and values for P·V (the same bytes,
+  MN-major).
 
 The query tile is converted to fp16 and staged in shared memory once. The softmax runs in
 base 2 as in the Triton kernels; ``S`` and the output are fp32 accumulators.
 
 Shared memory (RoPE part included): the query 72 KB, two fp16 KV tiles 144 KB, P 8 KB, the
-row maxima 0.5 KB (224.5 KB: one program per SM). Same arguments and results as ``_mla_attn_rows_kernel``
-(``kernels/mla_attention.py``); ``BLOCK_M`` and ``BLOCK_N`` are 64, ``num_warps`` 8 (the
-producer's 4 warps come on top), the KV FP8 (read as bytes) with a 64-dim RoPE part. Gluon has
-no interpreter: this kernel runs on SM90 GPUs only, and the planner picks it only there.
+row maxima 0.5 KB (224.5 KB: one program per SM). Same arguments and results as
+``_mla_attn_rows_kernel`` (``kernels/mla_attention.py``); ``BLOCK_M`` and ``BLOCK_N`` are 64,
+``num_warps`` 8 (the producer's 4 warps come on top), the KV FP8 (read as bytes) with a 64-dim
+RoPE part. Gluon has no interpreter: this kernel runs on SM90 GPUs only, and the planner picks
+it only there.
 """
 
 from triton.experimental import gluon
