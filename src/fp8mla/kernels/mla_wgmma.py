@@ -369,14 +369,12 @@ def _mla_attn_wgmma_kernel(
         CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
     kv_len = gl.load(kv_len_ptr + b)
-    kv_end = kv_len
-    if CAUSAL:
-        last_t = gl.minimum((m_tile * BLOCK_M + BLOCK_M - 1) // num_heads, qo_len - 1)
-        kv_end = gl.minimum(kv_len, kv_len - qo_len + last_t + 1)
-    kv_end = gl.where(m_tile * BLOCK_M < rows_total, kv_end, 0)  # a tile past the rows: no work
-    per_split = gl.cdiv(gl.cdiv(kv_end, gl.num_programs(2)), BLOCK_N) * BLOCK_N
-    n_begin = split * per_split
-    n_end = gl.maximum(gl.minimum(n_begin + per_split, kv_end), n_begin)
+    n_begin, n_end = T._split_range(
+        kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    # both partitions run the same number of steps: none for a tile past the rows or a split
+    # past the (causal) end
+    n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)
     page_base = kv_indices_ptr + gl.load(kv_indptr_ptr + b)
 
     gl.warp_specialize(
