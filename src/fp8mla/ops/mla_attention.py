@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 import triton.language as tl
 
 from fp8mla.ops.planner import LaunchPlan
@@ -185,22 +186,46 @@ def launch_mla_attention(
     )
     if not split:
         return
-    rows = tokens * heads
-    if rows == 0:
-        return
-    _mla_merge_kernel[(rows,)](
+    launch_merge(mid_o, mid_lse, out, lse, qo_indptr, plan, batch, heads)
+
+
+MERGE_BLOCK_D = 128
+
+
+def launch_merge(
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    qo_indptr: torch.Tensor,
+    plan: LaunchPlan,
+    batch: int,
+    heads: int,
+) -> None:
+    """The split merge over the launch's capacity: ``plan.m_tiles × block_m`` rows per request
+    of ``batch`` requests (rows past a request's own exit at once)."""
+    from fp8mla.kernels.merge import _mla_merge_kernel
+
+    d = out.shape[-1]
+    rows_per_request = plan.m_tiles * plan.config.block_m
+    block_s = min(16, triton.next_power_of_2(plan.num_splits))
+    _mla_merge_kernel[(d // MERGE_BLOCK_D, rows_per_request, batch)](
         mid_o,
         mid_lse,
         out,
         lse if lse is not None else mid_lse,
+        qo_indptr,
         plan.num_splits,
         heads,
+        out.shape[0],
         mid_o.stride(0),
         mid_lse.stride(0),
         out.stride(0),
         out.stride(1),
         lse.stride(0) if lse is not None else 0,
-        D=d_ckv,
+        D=d,
+        BLOCK_D=MERGE_BLOCK_D,
+        BLOCK_S=block_s,
         WRITE_LSE=lse is not None,
         num_warps=4,
     )

@@ -1,0 +1,470 @@
+"""Hopper (SM90) MLA decode for few query rows (≤ 32 per request), in Gluon: KV tokens as the
+wgmma M dimension, the query rows as N.
+
+A decode request of a tensor-parallel MLA model has 16–32 query rows (heads × query tokens).
+A tile of 64 query rows would waste half or more of every tensor-core instruction, and the
+Triton kernels' 16-row ``mma.sync`` tiles are bound by instruction issue, not by memory. Here
+every product is computed transposed, so that the 64 KV tokens of a tile fill wgmma's M:
+
+* ``Sᵀ [64, R] = K [64, 576] · Qᵀ [576, R]`` — the converted KV tile and the query tile, both
+  K-major in shared memory;
+* ``Oᵀ [512, R] += Vᵀ [512, 64] · Pᵀ [64, R]`` — the same KV tile read MN-major as the
+  values (``V`` is the latent part of ``K``).
+
+One program owns all ``R`` (16 or 32) rows of one request over one KV split, and runs three
+partitions:
+
+* a **producer** (``PRODUCER_WARPS``) gathers each 64-token FP8 tile through the page table,
+  converts it to fp16 into one of two shared buffers, and prefetches the next tile's rows into
+  the L2; page ids outside the cache are never read: such a token's RoPE row becomes NaN, so
+  the request's output is NaN, not a quiet finite answer;
+* the **softmax warpgroup** (the default partition) computes ``Sᵀ``, the online softmax over
+  the tile's tokens (the M dimension, across its four warps), hands ``Pᵀ`` and the rescale
+  factor to the other warpgroup through shared memory, and accumulates output columns
+  0–255;
+* the **value warpgroup** accumulates output columns 256–511 from the same ``Pᵀ``.
+
+Shared memory for R = 32: two fp16 KV tiles 144 KB, the query 36 KB, two ``Pᵀ`` buffers 8 KB
+(about 190 KB: one program per SM). Same arguments and results as ``_mla_attn_rows_kernel``
+(``kernels/mla_attention.py``) plus the bounds of the cache and of the index array; FP8 KV with
+a 64-dim RoPE part; launched with 4 warps (the other partitions' warps come on top). Gluon has
+no interpreter: this kernel runs on SM90 GPUs only.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fp8mla.kernels import mla_tiles as T
+from fp8mla.kernels.mla_wgmma import _fp8_to_f16, _prefetch_l2
+
+_BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+BLOCK_N = gl.constexpr(64)  # KV tokens per tile: wgmma's M
+CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
+HALF = gl.constexpr(256)  # output columns per consumer warpgroup
+NEG_INF = gl.constexpr(float("-inf"))
+NUM_BUF = gl.constexpr(2)  # fp16 KV tiles in flight
+
+
+@gluon.jit
+def _page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE: gl.constexpr):
+    """Page ids of the tokens at ``pos`` (where ``ok``) and which of them are bad: an entry past
+    the request's own ``n_entries`` or a page id outside ``[0, num_pages)``. Bad entries are
+    never dereferenced; their page reads as 0."""
+    entry = pos // PAGE_SIZE
+    in_list = ok & (entry < n_entries)
+    page = gl.load(page_base + entry, mask=in_list, other=0)
+    bad = ok & ((~in_list) | (page < 0) | (page >= num_pages))
+    return gl.where(bad, 0, page), bad
+
+
+@gluon.jit
+def _producer(
+    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
+    num_pages, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
+    stride_sa_p, stride_sa_s,
+    FIRST: gl.constexpr, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, P_WARPS: gl.constexpr,
+):  # fmt: skip
+    """Tiles ``FIRST, FIRST + 2, …`` of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared
+    buffer ``FIRST`` (tokens past ``n_end`` as 0, tokens with a bad page entry with a NaN RoPE
+    row). Two producers alternate, so each has two consumer steps per tile. Per tile: all of its
+    bytes are requested before the buffer is waited for, its successor (two tiles on) is
+    prefetched into the L2, and the page entries of the one after that are loaded — no load
+    waits for another issued in the same step."""
+    # 16 bytes per thread, 8 threads per 128-byte row chunk, 4 rows per warp
+    ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])
+    pe: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
+    pf: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [P_WARPS, 1], [1, 0])
+    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+    pe_rows_l: gl.constexpr = gl.SliceLayout(1, pe)
+    pf_rows_l: gl.constexpr = gl.SliceLayout(1, pf)
+    e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe))
+    d = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld))
+    seg_end = gl.arange(0, D_CKV // 64, layout=gl.SliceLayout(0, pf)) * 64 + 63
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    my_tiles = gl.maximum(n_tiles - FIRST + 1, 0) // 2
+    k_dst = k_bufs.index(FIRST)
+    kpe_dst = kpe_bufs.index(FIRST)
+    pos = n_begin + FIRST * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
+    pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
+    pos2 = pos + 2 * BLOCK_N
+    pages2, bad2 = _page_entries(page_base, n_entries, num_pages, pos2, pos2 < n_end, PAGE_SIZE)
+    for i in range(my_tiles):
+        pos = n_begin + (FIRST + 2 * i) * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
+        ok = (pos < n_end) & (~bad)
+        slot = pages.to(gl.int64)
+        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
+        # -- every byte of this tile requested at once --
+        x0 = gl.load(ckv_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0)
+        x1 = gl.load(ckv_ptr + rows[:, None] + (CHUNK + d)[None, :], mask=ok[:, None], other=0)
+        x2 = gl.load(ckv_ptr + rows[:, None] + (2 * CHUNK + d)[None, :], mask=ok[:, None], other=0)
+        x3 = gl.load(ckv_ptr + rows[:, None] + (3 * CHUNK + d)[None, :], mask=ok[:, None], other=0)
+        pe_pos = gl.convert_layout(pos, pe_rows_l)
+        pe_ok = gl.convert_layout(ok, pe_rows_l)
+        pe_bad = gl.convert_layout(bad, pe_rows_l)
+        pe_rows = gl.convert_layout(slot, pe_rows_l) * stride_kpe_p
+        pe_rows += (pe_pos % PAGE_SIZE) * stride_kpe_s
+        xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
+        if TOKEN_GROUP:
+            sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
+        # -- this producer's next tile into the L2; the page entries of the one after --
+        pf_pos = gl.convert_layout(pos, pf_rows_l) + 2 * BLOCK_N
+        pf_rows = gl.convert_layout(pages2, pf_rows_l).to(gl.int64) * stride_ckv_p
+        pf_rows += (pf_pos % PAGE_SIZE) * stride_ckv_s
+        _prefetch_l2(ckv_ptr + pf_rows[:, None] + seg_end[None, :])
+        pos4 = pos + 4 * BLOCK_N
+        pages4, bad4 = _page_entries(page_base, n_entries, num_pages, pos4, pos4 < n_end, PAGE_SIZE)
+        # -- the consumers are done with this buffer (this producer's previous tile) --
+        mbarrier.wait(empty.index(FIRST), (i & 1) ^ 1)
+        for c in gl.static_range(D_CKV // CHUNK):
+            if c == 0:
+                x = x0
+            elif c == 1:
+                x = x1
+            elif c == 2:
+                x = x2
+            else:
+                x = x3
+            k = _fp8_to_f16(x, FP8_CVT)
+            if TOKEN_GROUP:
+                sc = gl.load(sa + c, mask=ok, other=0.0)
+                k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
+            k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
+        kpe16 = _fp8_to_f16(xp, FP8_CVT)
+        kpe16 = gl.where(pe_bad[:, None], float("nan"), kpe16.to(gl.float32)).to(gl.float16)
+        kpe_dst.store(kpe16)
+        # all warps' stores are visible to wgmma before one thread signals
+        fence_async_shared()
+        _BARRIER()
+        mbarrier.arrive(ready.index(FIRST))
+        pages, bad = pages2, bad2
+        pages2, bad2 = pages4, bad4
+
+
+@gluon.jit
+def _stage_query_t(
+    q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, q_start, rows_total, num_heads, num_tokens,
+    pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+):  # fmt: skip
+    """The request's query rows (row = token × heads + head) into shared memory as fp16,
+    ``q_pe`` times ``pe_factor``; rows past ``rows_total`` (or past the query tensor) as 0."""
+    q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    pe_ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, q_ld))
+    tok = q_start + r // num_heads
+    r_ok = (r < rows_total) & (tok < num_tokens)
+    q_rows = q_nope_ptr + tok.to(gl.int64) * stride_qn_t + (r % num_heads) * stride_qn_h
+    for c in gl.static_range(D_CKV // CHUNK):
+        dc = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld))
+        q = gl.load(q_rows[:, None] + dc[None, :], mask=r_ok[:, None], other=0.0)
+        q_smem.slice(c * CHUNK, CHUNK, dim=1).store(q.to(gl.float16))
+    rp = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, pe_ld))
+    tok_p = q_start + rp // num_heads
+    rp_ok = (rp < rows_total) & (tok_p < num_tokens)
+    qp_rows = q_pe_ptr + tok_p.to(gl.int64) * stride_qp_t + (rp % num_heads) * stride_qp_h
+    e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
+    qp = gl.load(qp_rows[:, None] + e[None, :], mask=rp_ok[:, None], other=0.0)
+    qpe_smem.store((qp.to(gl.float32) * pe_factor).to(gl.float16))
+    fence_async_shared()
+    _BARRIER()
+
+
+@gluon.jit
+def _store_out_t(
+    o, inv_l, o_ptr, split, q_start, rows_total, num_heads, num_tokens, col0,
+    stride_o_split, stride_o_t, stride_o_h, layout: gl.constexpr, BLOCK_R: gl.constexpr,
+):  # fmt: skip
+    """``Oᵀ [HALF, R]`` times ``inv_l`` per row into columns ``col0 + [0, HALF)`` of the rows'
+    outputs (each thread's 8 consecutive columns of one row land in one 32-byte sector)."""
+    r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, layout))
+    tok = q_start + r // num_heads
+    r_ok = (r < rows_total) & (tok < num_tokens)
+    base = o_ptr + split * stride_o_split + tok.to(gl.int64) * stride_o_t
+    base += (r % num_heads) * stride_o_h + col0
+    dcol = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
+    out = o * inv_l[None, :]
+    gl.store(base[None, :] + dcol[:, None], out.to(o_ptr.dtype.element_ty), mask=r_ok[None, :])
+
+
+@gluon.jit
+def _softmax_wg(
+    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem, a_smem, p_ready, p_free,
+    stat_smem, stat_ready,
+    q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, q_start, qo_len, rows_total, kv_len, n_begin, n_end,
+    split, num_heads, num_tokens, qk_scale, pe_factor, v_scale,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
+    stride_lse_split, stride_lse_t,
+    BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
+    WRITE_LSE: gl.constexpr,
+):  # fmt: skip
+    """The default partition: ``Sᵀ``, the online softmax over each tile's tokens, ``Pᵀ`` and the
+    rescale factor to the value warpgroup, output columns 0–255, the LSE, and the row maxima and
+    sums the value warpgroup's epilogue needs."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_R, 16]
+    )
+    tok_l: gl.constexpr = gl.SliceLayout(1, mma)  # along the KV tokens (M)
+    row_l: gl.constexpr = gl.SliceLayout(0, mma)  # along the query rows (N)
+    _stage_query_t(
+        q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, q_start, rows_total, num_heads, num_tokens,
+        pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_R, D_CKV, D_KPE,
+    )  # fmt: skip
+    r = gl.arange(0, BLOCK_R, layout=row_l)
+    causal_limit = kv_len - qo_len + r // num_heads
+    m_i = gl.full([BLOCK_R], NEG_INF, gl.float32, layout=row_l)
+    s_zero = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=mma)
+    # row sums kept per thread ([64, R], each thread its own tokens): summed once after the loop
+    l_acc = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=mma)
+    o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    for j in range(n_tiles):
+        buf = j % NUM_BUF
+        phase = (j // NUM_BUF) & 1
+        mbarrier.wait(ready.index(buf), phase)
+        k_smem = k_bufs.index(buf)
+        # -- sᵀ = k·qᵀ --
+        s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(kpe_bufs.index(buf), qpe_smem.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s])
+        # -- online softmax over the tile's tokens (NaN from a bad page entry stays) --
+        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
+        visible = (pos < n_end)[:, None]
+        if CAUSAL:
+            visible = visible & (pos[:, None] <= causal_limit[None, :])
+        s = gl.where(visible | (s != s), s * qk_scale, NEG_INF)
+        m_new = gl.maximum(m_i, gl.max(s, axis=0))
+        m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_acc = l_acc * alpha[None, :] + p
+        m_i = m_new
+        # -- pᵀ and alpha to the value warpgroup (slot free once it finished tile j - 2) --
+        mbarrier.wait(p_free.index(buf), phase ^ 1)
+        p_buf = p_smem.index(buf)
+        p_buf.store(p.to(gl.float16))
+        a_smem.index(buf).store(alpha)
+        fence_async_shared()
+        _BARRIER()
+        mbarrier.arrive(p_ready.index(buf))
+        # -- oᵀ[0:256] += vᵀ·pᵀ --
+        o = o * alpha[None, :]
+        v_t = k_smem.slice(0, HALF, dim=1).permute((1, 0))
+        o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_buf, o, is_async=True)])
+        _BARRIER()
+        mbarrier.arrive(empty.index(buf))
+
+    # -- epilogue: row sums, statistics for the value warpgroup, outputs 0-255, LSE --
+    l_i = gl.sum(l_acc, axis=0)
+    stat_smem.index(0).store(m_i)
+    stat_smem.index(1).store(l_i)
+    _BARRIER()
+    mbarrier.arrive(stat_ready)
+    has = l_i > 0.0
+    inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
+    _store_out_t(
+        o, inv_l, o_ptr, split, q_start, rows_total, num_heads, num_tokens, 0, stride_o_split,
+        stride_o_t, stride_o_h, mma, BLOCK_R,
+    )  # fmt: skip
+    if WRITE_LSE:
+        lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
+        lse = gl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
+        tok = q_start + r // num_heads
+        r_ok = (r < rows_total) & (tok < num_tokens)
+        lse_ptrs = lse_ptr + split * stride_lse_split + tok.to(gl.int64) * stride_lse_t
+        gl.store(lse_ptrs + r % num_heads, lse, mask=r_ok)
+
+
+@gluon.jit
+def _value_wg(
+    k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem, stat_ready,
+    o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
+    stride_o_split, stride_o_t, stride_o_h,
+    BLOCK_R: gl.constexpr,
+):  # fmt: skip
+    """The value warpgroup: output columns 256–511 from the softmax warpgroup's ``Pᵀ``."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_R, 16]
+    )
+    row_l: gl.constexpr = gl.SliceLayout(0, mma)
+    o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    for j in range(n_tiles):
+        buf = j % NUM_BUF
+        phase = (j // NUM_BUF) & 1
+        mbarrier.wait(ready.index(buf), phase)
+        mbarrier.wait(p_ready.index(buf), phase)
+        alpha = a_smem.index(buf).load(row_l)
+        o = o * alpha[None, :]
+        v_t = k_bufs.index(buf).slice(HALF, HALF, dim=1).permute((1, 0))
+        o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_smem.index(buf), o, is_async=True)])
+        _BARRIER()
+        mbarrier.arrive(p_free.index(buf))
+        mbarrier.arrive(empty.index(buf))
+    mbarrier.wait(stat_ready, 0)
+    l_i = stat_smem.index(1).load(row_l)
+    has = l_i > 0.0
+    inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
+    _store_out_t(
+        o, inv_l, o_ptr, split, q_start, rows_total, num_heads, num_tokens, HALF,
+        stride_o_split, stride_o_t, stride_o_h, mma, BLOCK_R,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _mla_attn_fewrows_kernel(
+    q_nope_ptr,
+    q_pe_ptr,
+    ckv_ptr,
+    kpe_ptr,
+    scale_arr_ptr,
+    ckv_scale_ptr,
+    kpe_scale_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    kv_len_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    stride_ckv_p,
+    stride_ckv_s,
+    stride_kpe_p,
+    stride_kpe_s,
+    stride_sa_p,
+    stride_sa_s,
+    stride_o_split,
+    stride_o_t,
+    stride_o_h,
+    stride_lse_split,
+    stride_lse_t,
+    num_heads,
+    num_tokens,  # rows of q / out: query positions past it are never touched
+    num_pages,  # pages of the cache: page ids outside [0, num_pages) are never read
+    num_indices,  # entries of kv_indices
+    sm_scale_log2,
+    ckv_scale_val,
+    kpe_scale_val,
+    PAGE_SIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,  # query rows per request (16 or 32): wgmma's N
+    BLOCK_N: gl.constexpr,
+    D_CKV: gl.constexpr,
+    D_KPE: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr,
+    CKV_SCALE_PTR: gl.constexpr,
+    KPE_SCALE_PTR: gl.constexpr,
+    DOT_DTYPE: gl.constexpr,
+    WRITE_LSE: gl.constexpr,
+    FP8_CVT: gl.constexpr,
+    PRODUCER_WARPS: gl.constexpr = 4,
+    PRODUCER_REGS: gl.constexpr = 128,
+    VALUE_REGS: gl.constexpr = 104,
+):
+    gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows: wgmma's N")
+    gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile: wgmma's M")
+    gl.static_assert(D_CKV == 2 * HALF, "the latent dimension is 512")
+    gl.static_assert(D_KPE == 64, "the RoPE dimension is 64")
+    gl.static_assert(gl.num_warps() == 4, "the softmax warpgroup is the default partition")
+    gl.static_assert(ckv_ptr.dtype.element_ty.primitive_bitwidth == 8, "FP8 KV")
+
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    p_sh: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=BLOCK_M * 2, element_bitwidth=16, rank=2
+    )
+    vec_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # rows of [2, R]
+    q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, D_CKV], sh)
+    qpe_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, D_KPE], sh)
+    k_bufs = gl.allocate_shared_memory(gl.float16, [NUM_BUF, BLOCK_N, D_CKV], sh)
+    kpe_bufs = gl.allocate_shared_memory(gl.float16, [NUM_BUF, BLOCK_N, D_KPE], sh)
+    p_smem = gl.allocate_shared_memory(gl.float16, [NUM_BUF, BLOCK_N, BLOCK_M], p_sh)
+    a_smem = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], vec_sh)
+    stat_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_sh)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], bar_l)
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], bar_l)
+    p_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], bar_l)
+    p_free = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], bar_l)
+    stat_ready = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=1)
+    mbarrier.init(stat_ready, count=1)
+
+    b = gl.program_id(1)
+    split = gl.program_id(2)
+    q_start = gl.load(qo_indptr_ptr + b)
+    qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
+    rows_total = qo_len * num_heads
+    qk_scale, pe_factor, v_scale = T._scales(
+        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    )  # fmt: skip
+    kv_len = gl.load(kv_len_ptr + b)
+    n_begin, n_end = T._split_range(
+        kv_len, qo_len, 0, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    # all partitions run the same number of steps: none for a request without rows or a split
+    # past the (causal) end
+    n_end = gl.where(rows_total > 0, gl.maximum(n_end, n_begin), n_begin)
+    kv_start = gl.load(kv_indptr_ptr + b)
+    kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
+    # a negative start is as bad as a missing entry: every token of the request is then bad
+    n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
+    page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
+
+    gl.warp_specialize(
+        [
+            (
+                _softmax_wg,
+                (
+                    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem, a_smem, p_ready,
+                    p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                    q_start, qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads,
+                    num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
+                    stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
+                    stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
+                ),
+            ),
+            (
+                _value_wg,
+                (
+                    k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem,
+                    stat_ready, o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads,
+                    num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M,
+                ),
+            ),
+            (
+                _producer,
+                (
+                    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+                    n_entries, num_pages, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+                    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 0, PAGE_SIZE,
+                    D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS,
+                ),
+            ),
+            (
+                _producer,
+                (
+                    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+                    n_entries, num_pages, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+                    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 1, PAGE_SIZE,
+                    D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS,
+                ),
+            ),
+        ],
+        [4, PRODUCER_WARPS, PRODUCER_WARPS],
+        [VALUE_REGS, PRODUCER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
