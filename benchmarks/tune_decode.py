@@ -2,11 +2,13 @@
 
 Checks every variant against the float64 reference on the same KV bytes, times it as
 ``fp8mla bench`` does and prints the best per case; ``--json PATH`` keeps every measurement.
-The planner's table (``fp8mla.ops.planner``) is written from these results. ``--set`` picks
-the sweep: ``decode`` (round 3, the default), ``many-rows`` (round 6: extend chunks,
-speculative tokens and 128-head decode over FP8 KV) or ``wide-16bit`` (round 6: the same
-many-row tiles over a bf16 pool) or ``wgmma`` (round 7: the Gluon SM90 kernel against the
-best Triton tiles).
+The planner's tables (``fp8mla.attention.planner``) are written from these results; the kernel
+variants are the registry's (``fp8mla.attention.variants``). ``--set`` picks the sweep:
+``decode`` (round 3, the default), ``many-rows`` (round 6: extend chunks, speculative tokens
+and 128-head decode over FP8 KV), ``wide-16bit`` (round 6: the same many-row tiles over a bf16
+pool), ``wgmma`` (round 7: the Gluon SM90 kernel against the best Triton tiles) or ``fewrows``
+(round 11: the few-row Gluon SM90 kernel's FP8 decoding and split counts against the 16-row
+Triton tile).
 """
 
 from __future__ import annotations
@@ -22,45 +24,43 @@ from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs, random_pool
 from fp8mla.bench.measure import Timing, flops, kv_bytes, time_cuda, time_graph
 from fp8mla.bench.runner import placements, reference_subset
-from fp8mla.ops.planner import KernelConfig
+from fp8mla.attention.config import KernelConfig
 from fp8mla.testing import rel_err
 
 
 def cfgs(*specs: tuple) -> list[KernelConfig]:
-    """``(block_m, block_n, warps, stages, swap_ab, fp8_cvt)`` tuples → configs."""
-    return [
-        KernelConfig(bm, bn, w, st, swap_ab=swap, fp8_cvt=cvt) for bm, bn, w, st, swap, cvt in specs
-    ]
+    """``(block_m, block_n, warps, stages, fp8_cvt)`` tuples → ``rows`` configs."""
+    return [KernelConfig(bm, bn, w, st, fp8_cvt=cvt) for bm, bn, w, st, cvt in specs]
 
 
 PTX_INT = ("ptx", "int")
 DECODE = [  # (case, configs, split counts); round 3: FP8 conversion × splits around one wave
     (
         Case(64, 16, 4096),
-        cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT], (16, 64, 8, 2, False, "int")),
+        cfgs(*[(16, 64, 8, 1, c) for c in PTX_INT], (16, 64, 8, 2, "int")),
         (2, 3, 4, 5, 6),
     ),
     (
         Case(64, 16, 4096, kv_dtype=torch.float8_e5m2),
-        cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]),
+        cfgs(*[(16, 64, 8, 1, c) for c in PTX_INT]),
         (2, 4),
     ),
     (
         Case(64, 16, 4096, kv_dtype=torch.bfloat16),
-        cfgs((16, 64, 4, 2, False, "auto"), (16, 64, 8, 1, False, "auto")),
+        cfgs((16, 64, 4, 2, "auto"), (16, 64, 8, 1, "auto")),
         (2, 3, 4, 6),
     ),
-    (Case(1, 32, 4096), cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]), (16, 32, 64)),
-    (Case(8, 16, 32768), cfgs(*[(16, 64, 8, 1, False, c) for c in PTX_INT]), (8, 16, 24, 33)),
-    (Case(64, 128, 4096), cfgs(*[(64, 64, 8, 1, False, c) for c in PTX_INT]), (1, 2)),
-    (Case(8, 16, 8192, qo_len=4), cfgs(*[(64, 64, 8, 1, False, c) for c in PTX_INT]), (8, 16, 32)),
+    (Case(1, 32, 4096), cfgs(*[(16, 64, 8, 1, c) for c in PTX_INT]), (16, 32, 64)),
+    (Case(8, 16, 32768), cfgs(*[(16, 64, 8, 1, c) for c in PTX_INT]), (8, 16, 24, 33)),
+    (Case(64, 128, 4096), cfgs(*[(64, 64, 8, 1, c) for c in PTX_INT]), (1, 2)),
+    (Case(8, 16, 8192, qo_len=4), cfgs(*[(64, 64, 8, 1, c) for c in PTX_INT]), (8, 16, 32)),
 ]
 
 ROWS64 = KernelConfig(64, 64, 8, 1)  # the 64-row tile the value split replaced for FP8
 
 
 def vsplit(bm: int, bn: int, warps: int, stages: int, q_copy: bool = False) -> KernelConfig:
-    return KernelConfig(bm, bn, warps, stages, value_split=True, q_fp16_copy=q_copy)
+    return KernelConfig(bm, bn, warps, stages, variant="vsplit", q_fp16_copy=q_copy)
 
 
 EXTEND = [Case(1, heads, 32768 + 4096, qo_len=4096) for heads in (128, 32)]
@@ -110,8 +110,8 @@ WGMMA = [  # round 7: the Gluon kernel against the best Triton tiles, FP8 KV
             case,
             [
                 vsplit(128, 64, 8, 2, q_copy=True),
-                KernelConfig(64, 64, 8, 1, wgmma=True),
-                KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx"),
+                KernelConfig(64, 64, 8, 1, variant="wgmma"),
+                KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx"),
             ],
             (None,),
         )
@@ -119,12 +119,36 @@ WGMMA = [  # round 7: the Gluon kernel against the best Triton tiles, FP8 KV
     ],
     (
         Case(8, 16, 8192, qo_len=4),
-        [vsplit(64, 32, 4, 3), KernelConfig(64, 64, 8, 1, wgmma=True)]
-        + [KernelConfig(64, 64, 8, 1, wgmma=True, fp8_cvt="ptx")],
+        [vsplit(64, 32, 4, 3), KernelConfig(64, 64, 8, 1, variant="wgmma")]
+        + [KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")],
         (8, 16, 32),
     ),
 ]
-SETS = {"decode": DECODE, "many-rows": MANY_ROWS, "wide-16bit": WIDE_16BIT, "wgmma": WGMMA}
+def few(rows: int, cvt: str) -> KernelConfig:
+    return KernelConfig(16 if rows <= 16 else 32, 64, 4, 1, variant="fewrows", fp8_cvt=cvt)
+
+
+FEWROWS = [  # round 11: the few-row Gluon kernel (≤ 32 rows) against the 16-row Triton tile
+    (
+        case,
+        [few(case.heads * case.qo_len, c) for c in PTX_INT] + [KernelConfig(16, 64, 8, 1)],
+        splits,
+    )
+    for case, splits in (
+        (Case(32, 32, 4096), (None, 2, 4, 8)),
+        (Case(64, 16, 4096), (None, 1, 2, 4)),
+        (Case(8, 32, 16384), (None, 8, 16, 32)),
+        (Case(1, 32, 4096), (None, 16, 32, 64)),
+        (Case(8, 16, 8192, qo_len=2), (None, 8, 16)),
+    )
+]
+SETS = {
+    "decode": DECODE,
+    "many-rows": MANY_ROWS,
+    "wide-16bit": WIDE_16BIT,
+    "wgmma": WGMMA,
+    "fewrows": FEWROWS,
+}
 
 
 def timed(case: Case, inputs: list, cfg: KernelConfig, splits: int):
@@ -171,9 +195,7 @@ def main() -> int:
                     continue
                 r = dict(
                     case=case.name,
-                    swap=cfg.swap_ab,
-                    value_split=cfg.value_split,
-                    wgmma=cfg.wgmma,
+                    variant=cfg.variant,
                     q_fp16_copy=cfg.q_fp16_copy,
                     cvt=cfg.fp8_cvt,
                     bm=cfg.block_m,
@@ -197,9 +219,7 @@ def main() -> int:
     for case, _, _ in sweep:
         rs = [r for r in results if r["case"] == case.name and r["rel_err"] < 3e-3]
         for r in sorted(rs, key=lambda r: r["us"])[:3]:
-            kernel = "swap" if r["swap"] else "vsplit" if r.get("value_split") else "rows"
-            kernel = "wgmma" if r.get("wgmma") else kernel
-            kind = kernel + "/" + r["cvt"] + ("/q16" if r.get("q_fp16_copy") else "")
+            kind = r["variant"] + "/" + r["cvt"] + ("/q16" if r.get("q_fp16_copy") else "")
             print(
                 f"{case.name:34} {kind:15} BM{r['bm']} BN{r['bn']} w{r['warps']} s{r['stages']} "
                 f"splits {r['splits']:2}: {r['us']:8.1f} us {r['gbps']:7.0f} GB/s "

@@ -16,22 +16,22 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "BatchMLAPagedAttentionWrapper": "fp8mla.wrapper",
-    "mla_decode": "fp8mla.functional",
+    "BatchMLAPagedAttentionWrapper": "fp8mla.attention.wrapper",
+    "mla_decode": "fp8mla.attention.functional",
     "MLAKVCache": "fp8mla.cache",
     "PoolExhaustedError": "fp8mla.cache",
     "mla_reference": "fp8mla.reference",
 }
 
-_SUBMODULES = ("reference", "testing", "cache", "formats", "doctor", "scan", "gap", "bench", "demo")
+_SUBMODULES = ("attention", "reference", "testing", "cache", "formats", "doctor", "scan", "gap", "bench", "demo")
 
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
     from fp8mla.cache import MLAKVCache, PoolExhaustedError  # noqa: F401
-    from fp8mla.functional import mla_decode  # noqa: F401
+    from fp8mla.attention.functional import mla_decode  # noqa: F401
     from fp8mla.reference import mla_reference  # noqa: F401
-    from fp8mla.wrapper import BatchMLAPagedAttentionWrapper  # noqa: F401
+    from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

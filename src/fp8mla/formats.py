@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 FP8_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -54,3 +56,13 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass
+class Scales:
+    """Dequantization scales of one attention run: per-tensor floats or 1-element fp32 device
+    tensors (read by the kernel), or per-token, per-128-channel ``ckv_arr``."""
+
+    ckv: float | torch.Tensor = 1.0
+    kpe: float | torch.Tensor = 1.0
+    ckv_arr: torch.Tensor | None = None  # [num_pages, page_size, 512 // SCALE_GROUP] fp32

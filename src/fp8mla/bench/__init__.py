@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fp8mla._progress import Progress
 
-SECTIONS = ("goals", "sweep", "extend", "seed")
+SECTIONS = ("goals", "host", "sweep", "extend", "seed")
 
 
 @dataclass
@@ -22,6 +22,8 @@ class BenchOptions:
     impls: tuple[str, ...] | None = None
     out_dir: Path = Path("benchmarks/results")
     sglang_module: str | None = None
+    flashinfer: str | None = None  # folder holding the flashinfer package ($FP8MLA_FLASHINFER)
+    seed_batches: tuple[int, ...] = (1, 32)
     quick: bool = False
     plot: bool = True
     extra_notes: list[str] = field(default_factory=list)
@@ -35,7 +37,7 @@ def run(opts: BenchOptions) -> int:
         return 2
     from fp8mla.bench.cases import GOAL_CASES, extend_cases, sweep_cases
     from fp8mla.bench.report import append_jsonl, format_table, plot_bandwidth, result_stem
-    from fp8mla.bench.runner import ALL_IMPLS, BenchContext, Environment, bench_case
+    from fp8mla.bench.runner import ALL_IMPLS, BenchContext, Environment, bench_case, bench_host
     from fp8mla.bench.seed import bench_seed
 
     device = torch.device("cuda")
@@ -47,7 +49,11 @@ def run(opts: BenchOptions) -> int:
         file=sys.stderr,
     )
     ctx = BenchContext(
-        env=env, device=device, impls=opts.impls or ALL_IMPLS, sglang_path=opts.sglang_module
+        env=env,
+        device=device,
+        impls=opts.impls or ALL_IMPLS,
+        sglang_path=opts.sglang_module,
+        flashinfer_path=opts.flashinfer,
     )
     cases = []
     if "goals" in opts.sections:
@@ -59,7 +65,8 @@ def run(opts: BenchOptions) -> int:
     notes: list[str] = list(opts.extra_notes)
     stem = result_stem(env.gpu, env.date)
     jsonl = opts.out_dir / f"{stem}.jsonl"
-    steps = len(cases) + ("seed" in opts.sections)
+    seeds = opts.seed_batches if "seed" in opts.sections else ()
+    steps = len(cases) + ("host" in opts.sections) + len(seeds)
     written = 0
     with Progress(steps, "bench") as bar:
         for case in cases:
@@ -67,10 +74,16 @@ def run(opts: BenchOptions) -> int:
             append_jsonl(jsonl, ctx.records[written:])  # results survive an interrupted run
             written = len(ctx.records)
             bar.update(case.name)
-        if "seed" in opts.sections:
-            bench_seed(ctx, notes, layers=8 if opts.quick else 78)
+        if "host" in opts.sections:
+            bench_host(ctx, notes)
             append_jsonl(jsonl, ctx.records[written:])
-            bar.update("seed scenario")
+            written = len(ctx.records)
+            bar.update("host cost")
+        for batch in seeds:
+            bench_seed(ctx, notes, layers=8 if opts.quick else 78, batch=batch)
+            append_jsonl(jsonl, ctx.records[written:])
+            written = len(ctx.records)
+            bar.update(f"seed scenario, batch {batch}")
     print(format_table(ctx.records))
     for note in dict.fromkeys(notes):
         print("note:", note)

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from fp8mla.bench.inputs import BenchInputs
-from fp8mla.functional import shared_workspace
-from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
+from fp8mla.attention.functional import shared_workspace
+from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
 
 SM_SCALE = 1 / math.sqrt(192)
 WORKSPACE_BYTES = 256 << 20
@@ -259,27 +259,79 @@ def sglang_triton(inp: BenchInputs, module: types.ModuleType, num_kv_splits: int
     return run
 
 
-def flashinfer_wrapper(inp: BenchInputs, bf16_pool: torch.Tensor) -> Runner:
-    """FlashInfer's MLA wrapper on the bf16 pool (its FP8 path is SM90-release specific)."""
+FLASHINFER_ENV = "FP8MLA_FLASHINFER"  # a directory holding the flashinfer package
+_FI_WORKSPACES: dict[torch.device, torch.Tensor] = {}
+
+
+def _flashinfer_workspace(device: torch.device) -> torch.Tensor:
+    """FlashInfer's own scratch buffer (not shared with fp8mla's wrappers)."""
+    if device not in _FI_WORKSPACES:
+        _FI_WORKSPACES[device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _FI_WORKSPACES[device]
+
+
+def load_flashinfer(path: str | None = None) -> types.ModuleType:
+    """``flashinfer.mla``: installed, or from ``path`` (or ``$FP8MLA_FLASHINFER``), a folder
+    holding the ``flashinfer`` package and its dependencies (an unpacked wheel, e.g. a trimmed
+    FlashInfer 0.7 copy). Its JIT cache goes to ``$FLASHINFER_WORKSPACE_BASE`` (default: a
+    temporary folder); prebuilt modules in ``<path>/_fi_prebuilt`` are used when present."""
+    import os
+    import tempfile
+
+    path = path or os.environ.get(FLASHINFER_ENV)
+    if path:
+        folder = Path(path)
+        if not (folder / "flashinfer").is_dir():
+            raise Unavailable(f"no flashinfer package in {folder}")
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+        os.environ.setdefault(
+            "FLASHINFER_WORKSPACE_BASE", os.path.join(tempfile.gettempdir(), "fp8mla_flashinfer")
+        )
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            os.environ.setdefault(
+                "FLASHINFER_CUDA_ARCH_LIST", f"{major}.{minor}{'a' if major >= 9 else ''}"
+            )
     try:
-        from flashinfer.mla import BatchMLAPagedAttentionWrapper as FlashInferMLA
+        module = importlib.import_module("flashinfer.mla")
     except Exception as exc:  # noqa: BLE001
-        raise Unavailable(f"flashinfer is not importable ({type(exc).__name__})") from exc
-    ws = shared_workspace(inp.pool.device, WORKSPACE_BYTES)
-    w = FlashInferMLA(ws)
-    w.plan(
-        inp.qo_indptr,
-        inp.kv_indptr,
-        inp.kv_indices,
-        inp.kv_len,
-        inp.case.heads,
-        512,
-        64,
-        inp.page_size,
-        inp.case.qo_len > 1,
-        SM_SCALE,
-        torch.bfloat16,
-        torch.bfloat16,
-    )
-    ckv, kpe = inp.paged(bf16_pool)
-    return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe)
+        where = f" from {path}" if path else ""
+        raise Unavailable(f"flashinfer is not importable{where} ({type(exc).__name__})") from exc
+    if path and (Path(path) / "_fi_prebuilt").is_dir():
+        import flashinfer.jit.env as fi_env
+
+        fi_env.FLASHINFER_AOT_DIR = Path(path) / "_fi_prebuilt"
+    return module
+
+
+def flashinfer_wrapper(
+    inp: BenchInputs, pool: torch.Tensor, module: types.ModuleType | None = None
+) -> Runner:
+    """FlashInfer's MLA wrapper on ``pool``: the FP8 pool itself (``flashinfer-fp8``, its
+    FP8 path, SM90 only) or a bf16 pool of the same values (``flashinfer-bf16kv``)."""
+    mla = module or load_flashinfer()
+    w = mla.BatchMLAPagedAttentionWrapper(_flashinfer_workspace(inp.pool.device))
+    try:
+        w.plan(
+            inp.qo_indptr,
+            inp.kv_indptr,
+            inp.kv_indices,
+            inp.kv_len,
+            inp.case.heads,
+            512,
+            64,
+            inp.page_size,
+            inp.case.qo_len > 1,
+            SM_SCALE,
+            torch.bfloat16,
+            pool.dtype,
+        )
+    except Exception as exc:  # noqa: BLE001 - FlashInfer refuses what it does not support
+        raise Unavailable(f"flashinfer refused the plan ({str(exc).splitlines()[0][:100]})") from exc
+    ckv, kpe = inp.paged(pool)
+    out = torch.empty_like(inp.q_nope)
+    kw = {}
+    if pool.dtype.itemsize == 1:
+        kw = dict(ckv_scale=inp.scale, kpe_scale=inp.scale)
+    return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, **kw)

@@ -34,7 +34,8 @@ ALL_IMPLS = (
     "torch-reference",
     "torch-sdpa",
     "sglang-triton",
-    "flashinfer",
+    "flashinfer-fp8",
+    "flashinfer-bf16kv",
 )
 CHECK_REQUESTS = 4  # requests compared with the float64 reference in each case
 
@@ -70,10 +71,12 @@ class BenchContext:
     device: torch.device
     impls: Sequence[str] = ALL_IMPLS
     sglang_path: str | None = None
+    flashinfer_path: str | None = None
     records: list[dict] = field(default_factory=list)
     _pools: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict)
     _bf16: dict[int, torch.Tensor] = field(default_factory=dict)
     _sglang: object = None
+    _flashinfer: object = None
 
     def pool(self, case: Case) -> torch.Tensor:
         key = (case.kv_dtype, case.slots_needed())
@@ -97,6 +100,11 @@ class BenchContext:
         if self._sglang is None:
             self._sglang = I.load_sglang_decode(self.sglang_path)
         return self._sglang
+
+    def flashinfer(self):
+        if self._flashinfer is None:
+            self._flashinfer = I.load_flashinfer(self.flashinfer_path)
+        return self._flashinfer
 
 
 TAIL_TOKENS = 16  # query tokens of a long extend chunk compared with the reference
@@ -164,8 +172,10 @@ def make_runner(name: str, inp: BenchInputs, ctx: BenchContext) -> I.Runner:
         if inp.page_size != 1:
             raise I.Unavailable("page size 1 only")
         return I.sglang_triton(inp, ctx.sglang())
-    if name == "flashinfer":
-        return I.flashinfer_wrapper(inp, ctx.bf16_pool(inp.pool))
+    if name == "flashinfer-fp8":
+        return I.flashinfer_wrapper(inp, inp.pool, ctx.flashinfer())
+    if name == "flashinfer-bf16kv":
+        return I.flashinfer_wrapper(inp, ctx.bf16_pool(inp.pool), ctx.flashinfer())
     raise ValueError(f"expected an implementation in {ALL_IMPLS}, got {name!r}")
 
 
@@ -259,3 +269,43 @@ def bench_case(ctx: BenchContext, case: Case, notes: list[str]) -> None:
         del runner, out
         torch.cuda.empty_cache()
     del inp, extra
+
+
+HOST_IMPLS = ("fp8mla", "flashinfer-fp8")
+WARMUP_CALLS = 20
+
+
+def bench_host(ctx: BenchContext, notes: list[str]) -> None:
+    """Host cost of eager ``run()``: CPU time per call of ``HOST_CALLS`` back-to-back calls,
+    read on the host clock before synchronizing (the launch queue does not fill at that
+    count). Engines run extend/prefill and many decode batches eagerly."""
+    import time
+
+    from fp8mla.bench.cases import HOST_CALLS, HOST_CASE
+
+    case = HOST_CASE
+    inp = build_inputs(case, ctx.device, pool=ctx.pool(case))
+    name = f"HOST_{case.name}"
+    for impl in HOST_IMPLS:
+        if impl not in ctx.impls:
+            continue
+        try:
+            runner = make_runner(impl, inp, ctx)
+        except I.Unavailable as exc:
+            notes.append(f"{name} {impl}: skipped ({exc})")
+            continue
+        for _ in range(WARMUP_CALLS):
+            runner()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(HOST_CALLS):
+                runner()
+            samples.append((time.perf_counter() - start) / HOST_CALLS * 1e6)
+            torch.cuda.synchronize()
+        samples.sort()
+        t = Timing(samples[2], samples[1], samples[3])
+        row = record(ctx, case, impl, t, None, timing=f"host clock, {HOST_CALLS} eager calls")
+        row.update(case=name, gbps=None, tflops=None, x_floor=None, floor_us=None)
+        del runner

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -78,8 +79,9 @@ class MLAKVCache:
             raise ValueError(
                 f"expected scales of 1.0 for {dtype} storage, got {ckv_scale}, {kpe_scale}"
             )
-        if not (ckv_scale > 0 and kpe_scale > 0):
-            raise ValueError(f"expected positive scales, got {ckv_scale}, {kpe_scale}")
+        for name, value in (("ckv_scale", ckv_scale), ("kpe_scale", kpe_scale)):
+            if not (math.isfinite(float(value)) and float(value) > 0):
+                raise ValueError(f"expected {name} finite and > 0, got {value}")
         self.num_slots = num_slots
         self.page_size = page_size
         self.num_pages = num_slots // page_size
@@ -214,7 +216,7 @@ class MLAKVCache:
 
     def _write(self, slots: torch.Tensor, ckv_new: torch.Tensor, kpe_new: torch.Tensor) -> None:
         if self.backend == "triton":
-            from fp8mla.ops.kv_write import kv_write_triton
+            from fp8mla.cache.kv_write import kv_write_triton
 
             scale_arr = (
                 self.scale_arr.view(self.num_slots, -1) if self.scale_arr is not None else None

@@ -16,8 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--sections",
-        default="goals,sweep,extend,seed",
-        help="comma-separated subset of goals,sweep,extend,seed (default: all)",
+        default="goals,host,sweep,extend,seed",
+        help="comma-separated subset of goals,host,sweep,extend,seed (default: all)",
     )
     p.add_argument(
         "--impls", default=None, help="comma-separated implementations (default: all available)"
@@ -33,6 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="PATH",
         help="SGLang's decode_attention.py from an unpacked wheel, when sglang is not installed",
+    )
+    p.add_argument(
+        "--flashinfer",
+        default=None,
+        metavar="DIR",
+        help="folder holding the flashinfer package (an unpacked wheel), when it is not "
+        "installed; also $FP8MLA_FLASHINFER. Without it FlashInfer's rows are skipped with a note",
     )
     p.add_argument("--quick", action="store_true", help="a short sweep and an 8-layer seed")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
@@ -53,6 +60,7 @@ def _run(args: argparse.Namespace) -> int:
             impls=impls,
             out_dir=args.out,
             sglang_module=args.sglang_module,
+            flashinfer=args.flashinfer,
             quick=args.quick,
             plot=not args.no_plot,
         )

@@ -11,7 +11,8 @@ import triton.language as tl
 
 @triton.jit
 def _encode_fp8(x, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr):
-    """fp32 ``x`` (finite, already clamped to the format's range) → FP8 code as uint8.
+    """fp32 ``x`` (already clamped to the format's range; NaN allowed) → FP8 code as uint8,
+    NaN as ``0x7F`` with its sign bit, as PyTorch's cast.
 
     e4m3fn: ``MBITS=3, EMIN=-6, BIAS=7``; e5m2: ``MBITS=2, EMIN=-14, BIAS=15``.
     """
@@ -33,6 +34,7 @@ def _encode_fp8(x, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr):
     subnormal = r.to(tl.int32)
     min_normal = tl.full([], (EMIN + 127) << 23, tl.int32).to(tl.float32, bitcast=True)
     code = tl.where(q < min_normal, subnormal, normal)
+    code = tl.where(x != x, 0x7F, code)
     return (code | (sign.to(tl.int32) << 7)).to(tl.uint8)
 
 

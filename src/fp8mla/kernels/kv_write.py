@@ -19,9 +19,12 @@ def _quantize(
     BIAS: tl.constexpr,
     STORE_KIND: tl.constexpr,
 ):
-    """fp32 → storage bits. STORE_KIND 0: FP8 code; 1: bf16 bits; 2: fp16 value."""
+    """fp32 → storage bits. STORE_KIND 0: FP8 code (finite overflow and ±inf saturate to the
+    format's largest value, NaN stays NaN); 1: bf16 bits; 2: fp16 value."""
     if STORE_KIND == 0:
-        return _encode_fp8(tl.clamp(x, -FP8_MAX, FP8_MAX), MBITS, EMIN, BIAS)
+        # clamp saturates ±inf and overflow; it would also turn NaN into a bound: keep NaN
+        xc = tl.where(x != x, x, tl.clamp(x, -FP8_MAX, FP8_MAX))
+        return _encode_fp8(xc, MBITS, EMIN, BIAS)
     elif STORE_KIND == 1:
         return _encode_bf16(x)
     else:
@@ -60,7 +63,9 @@ def _kv_write_kernel(
     x = tl.load(ckv_ptr + t * stride_ckv_t + d).to(tl.float32)
     if TOKEN_GROUP:
         xg = tl.reshape(x, (D_CKV // GROUP, GROUP))
-        amax = tl.max(tl.abs(xg), axis=1)
+        # the group's scale comes from its finite values: a NaN stays one NaN, ±inf saturates
+        ag = tl.abs(xg)
+        amax = tl.max(tl.where(ag < float("inf"), ag, 0.0), axis=1)
         scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), 1e-12)  # as the torch path
         qg = tl.math.div_rn(xg, scale[:, None])
         q = _quantize(tl.reshape(qg, (D_CKV,)), FP8_MAX, MBITS, EMIN, BIAS, STORE_KIND)

@@ -9,21 +9,22 @@ FP8 tiles are converted to the dot dtype (fp16, exact for both FP8 formats) in r
 per-tensor key scale is folded into the softmax scale and the value scale applied once in the
 epilogue. Softmax probabilities stay in the 16-bit dot dtype for P·V (never FP8).
 
-Two orientations of the same computation:
+- ``_mla_attn_rows_kernel``: ``S = Q·Kᵀ`` (rows × tokens), ``O += P·V``.
 
-- ``_mla_attn_rows_kernel``: ``S = Q·Kᵀ`` (rows × tokens), ``O += P·V``. Suits many rows.
-- ``_mla_attn_swap_kernel``: ``Sᵀ = K·Qᵀ`` (tokens × rows), ``Oᵀ += Vᵀ·Pᵀ``: KV tokens and the
-  512 value dims fill the large M dimension of the tensor-core instructions when a request
-  has few rows (16 heads of one decode token), and the converted K tile feeds the first dot
-  from registers.
-
-A third variant serves many rows (extend chunks, 128 heads):
+A second variant serves many rows (extend chunks, 128 heads):
 
 - ``_mla_attn_vsplit_kernel``: two programs per row tile, each computing the whole ``S``
   but only its half of the 512 output columns. A 128-row tile then holds a 128 × 256 fp32
   accumulator (128 registers per thread at 8 warps) where the full width would need twice
   the register file; the price is ``Q·Kᵀ`` computed twice, paid back by twice the rows per
   KV tile.
+
+Every kernel bounds what it reads by the arrays it is given at launch time, whatever the index
+arrays hold then: query rows past ``num_tokens`` are skipped; a page-table entry past the
+request's own entries or past ``num_indices``, or a page id outside ``[0, num_pages)``, is
+never dereferenced: the token reads a NaN row the launcher keeps instead, so the program's
+rows (the request's, in practice) get NaN output and LSE: a visible wrong answer, never a
+quiet finite one. The variants are registered in ``fp8mla.attention.variants``.
 """
 
 import triton
@@ -36,15 +37,21 @@ from fp8mla.kernels.mla_tiles import (
     _load_kv_tile,
     _load_q_pe,
     _lse,
+    _kv_rows,
     _online_softmax,
     _out_factor,
+    _page_ids,
     _program_kv,
     _program_setup,
     _query_rows,
 )
 
+# Values that change between calls of one plan are not specialized on (a direct launch of the
+# compiled kernel stays valid for them).
+_DYNAMIC = ["num_tokens", "num_pages", "nan_row_ckv", "nan_row_kpe"]
 
-@triton.jit
+
+@triton.jit(do_not_specialize=_DYNAMIC)
 def _mla_attn_rows_kernel(
     q_nope_ptr,  # [T, H, D_CKV]
     q_pe_ptr,  # [T, H, D_KPE]
@@ -75,6 +82,11 @@ def _mla_attn_rows_kernel(
     stride_lse_split,
     stride_lse_t,
     num_heads,
+    num_tokens,  # rows of q and out: query positions past it are never touched
+    num_pages,  # pages of the cache: page ids outside [0, num_pages) are never read
+    num_indices,  # entries of kv_indices
+    nan_row_ckv,  # offset of a NaN row from ckv_ptr (read for a bad page entry)
+    nan_row_kpe,  # offset of a NaN row from kpe_ptr
     sm_scale_log2,  # sm_scale / ln 2 (softmax in base 2)
     ckv_scale_val,
     kpe_scale_val,
@@ -95,17 +107,19 @@ def _mla_attn_rows_kernel(
     b = tl.program_id(1)
     split = tl.program_id(2)
     row_ok, t_local, head, tok, qo_len, rows_total = _query_rows(
-        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M
+        qo_indptr_ptr, b, m_tile, num_heads, num_tokens, BLOCK_M
     )
     if m_tile * BLOCK_M >= rows_total:
         return
-    qk_scale, v_scale, n_begin, n_end, page_base, q_nope, q_pe, causal_limit = _program_setup(
-        q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
-        kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
-        stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-        num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
-        BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
-        DOT_DTYPE, FP8_CVT,
+    qk_scale, v_scale, n_begin, n_end, page_base, n_entries, q_nope, q_pe, causal_limit = (
+        _program_setup(
+            q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
+            kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
+            stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+            num_heads, num_indices, sm_scale_log2, ckv_scale_val, kpe_scale_val,
+            BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
+            DOT_DTYPE, FP8_CVT,
+        )
     )  # fmt: skip
 
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
@@ -119,6 +133,10 @@ def _mla_attn_rows_kernel(
             kpe_ptr,
             scale_arr_ptr,
             page_base,
+            n_entries,
+            num_pages,
+            nan_row_ckv,
+            nan_row_kpe,
             pos,
             n_ok,
             stride_ckv_p,
@@ -145,7 +163,7 @@ def _mla_attn_rows_kernel(
         # -- p·v (v is the latent part of the same tile) --
         acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
 
-    # -- epilogue: normalize, value scale, write out and LSE --
+    # -- epilogue: normalize, value scale, write out and LSE (NaN after a bad page entry) --
     inv_l = _out_factor(l_i, v_scale)
     d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
@@ -159,124 +177,7 @@ def _mla_attn_rows_kernel(
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
 
 
-@triton.jit
-def _mla_attn_swap_kernel(
-    q_nope_ptr,
-    q_pe_ptr,
-    ckv_ptr,
-    kpe_ptr,
-    scale_arr_ptr,
-    ckv_scale_ptr,
-    kpe_scale_ptr,
-    qo_indptr_ptr,
-    kv_indptr_ptr,
-    kv_indices_ptr,
-    kv_len_ptr,
-    o_ptr,
-    lse_ptr,
-    stride_qn_t,
-    stride_qn_h,
-    stride_qp_t,
-    stride_qp_h,
-    stride_ckv_p,
-    stride_ckv_s,
-    stride_kpe_p,
-    stride_kpe_s,
-    stride_sa_p,
-    stride_sa_s,
-    stride_o_split,
-    stride_o_t,
-    stride_o_h,
-    stride_lse_split,
-    stride_lse_t,
-    num_heads,
-    sm_scale_log2,
-    ckv_scale_val,
-    kpe_scale_val,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    D_CKV: tl.constexpr,
-    D_KPE: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    TOKEN_GROUP: tl.constexpr,
-    CKV_SCALE_PTR: tl.constexpr,
-    KPE_SCALE_PTR: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
-    FP8_CVT: tl.constexpr,
-):
-    """Same arguments and result as ``_mla_attn_rows_kernel``, computed transposed."""
-    m_tile = tl.program_id(0)
-    b = tl.program_id(1)
-    split = tl.program_id(2)
-    row_ok, t_local, head, tok, qo_len, rows_total = _query_rows(
-        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M
-    )
-    if m_tile * BLOCK_M >= rows_total:
-        return
-    qk_scale, v_scale, n_begin, n_end, page_base, q_nope, q_pe, causal_limit = _program_setup(
-        q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
-        kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
-        stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-        num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
-        BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
-        DOT_DTYPE, FP8_CVT,
-    )  # fmt: skip
-    q_nope_t = tl.trans(q_nope)  # [D_CKV, BLOCK_M]
-    q_pe_t = tl.trans(q_pe)
-
-    m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([D_CKV, BLOCK_M], dtype=tl.float32)  # Oᵀ
-    for n0 in range(n_begin, n_end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        n_ok = pos < n_end
-        k, kpe = _load_kv_tile(
-            ckv_ptr,
-            kpe_ptr,
-            scale_arr_ptr,
-            page_base,
-            pos,
-            n_ok,
-            stride_ckv_p,
-            stride_ckv_s,
-            stride_kpe_p,
-            stride_kpe_s,
-            stride_sa_p,
-            stride_sa_s,
-            PAGE_SIZE,
-            D_CKV,
-            D_KPE,
-            TOKEN_GROUP,
-            DOT_DTYPE,
-            FP8_CVT,
-        )
-        # -- kᵀ·q: [BLOCK_N tokens, BLOCK_M rows] --
-        s = tl.dot(k, q_nope_t)
-        if D_KPE > 0:
-            s = tl.dot(kpe, q_pe_t, s)
-        visible = n_ok[:, None]
-        if CAUSAL:
-            visible = visible & (pos[:, None] <= causal_limit[None, :])
-        p, alpha, m_i, l_i = _online_softmax(s * qk_scale, m_i, l_i, visible, 0)
-        # -- vᵀ·pᵀ: [D_CKV, BLOCK_M] --
-        acc = tl.dot(tl.trans(k), p.to(DOT_DTYPE), acc * alpha[None, :])
-
-    inv_l = _out_factor(l_i, v_scale)
-    d = tl.arange(0, D_CKV)
-    o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
-    tl.store(
-        o_rows[None, :] + d[:, None],
-        (acc * inv_l[None, :]).to(o_ptr.dtype.element_ty),
-        mask=row_ok[None, :],
-    )
-    if WRITE_LSE:
-        lse = _lse(m_i, l_i)
-        tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
-
-
-@triton.jit
+@triton.jit(do_not_specialize=_DYNAMIC)
 def _mla_attn_vsplit_kernel(
     q_nope_ptr,
     q_pe_ptr,
@@ -307,6 +208,11 @@ def _mla_attn_vsplit_kernel(
     stride_lse_split,
     stride_lse_t,
     num_heads,
+    num_tokens,
+    num_pages,
+    num_indices,
+    nan_row_ckv,
+    nan_row_kpe,
     sm_scale_log2,
     ckv_scale_val,
     kpe_scale_val,
@@ -332,15 +238,17 @@ def _mla_attn_vsplit_kernel(
     b = tl.program_id(1)
     split = tl.program_id(2)
     row_ok, t_local, head, tok, qo_len, rows_total = _query_rows(
-        qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M
+        qo_indptr_ptr, b, m_tile, num_heads, num_tokens, BLOCK_M
     )
     if m_tile * BLOCK_M >= rows_total:
         return
-    qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, causal_limit = _program_kv(
-        ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
-        b, m_tile, split, t_local, qo_len, num_heads, sm_scale_log2, ckv_scale_val,
-        kpe_scale_val, BLOCK_M, BLOCK_N, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
-        FP8_CVT,
+    qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, n_entries, causal_limit = (
+        _program_kv(
+            ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
+            b, m_tile, split, t_local, qo_len, num_heads, num_indices, sm_scale_log2,
+            ckv_scale_val, kpe_scale_val, BLOCK_M, BLOCK_N, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR,
+            KPE_SCALE_PTR, FP8_CVT,
+        )
     )  # fmt: skip
     # this program's output columns ("own") and the other half, both needed for S
     c_own = half * HALF
@@ -362,22 +270,22 @@ def _mla_attn_vsplit_kernel(
     for n0 in range(n_begin, n_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_ok = pos < n_end
-        page = tl.load(page_base + pos // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        page, bad = _page_ids(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
         off = pos % PAGE_SIZE
+        row = _kv_rows(page, off, bad, nan_row_ckv, stride_ckv_p, stride_ckv_s)
         # -- q·k over both halves and the RoPE part; the own half is kept for p·v --
         k_oth = _load_kv_cols(
-            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_oth, stride_ckv_p, stride_ckv_s,
-            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+            ckv_ptr, scale_arr_ptr, row, page, off, n_ok, c_oth, stride_sa_p, stride_sa_s,
+            HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
         )  # fmt: skip
         s = tl.dot(q_oth, tl.trans(k_oth))
         if D_KPE > 0:
-            kpe = _load_kpe(
-                kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE, DOT_DTYPE, FP8_CVT
-            )
+            row_pe = _kv_rows(page, off, bad, nan_row_kpe, stride_kpe_p, stride_kpe_s)
+            kpe = _load_kpe(kpe_ptr, row_pe, n_ok, D_KPE, DOT_DTYPE, FP8_CVT)
             s = tl.dot(q_pe, tl.trans(kpe), s)
         k_own = _load_kv_cols(
-            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_own, stride_ckv_p, stride_ckv_s,
-            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+            ckv_ptr, scale_arr_ptr, row, page, off, n_ok, c_own, stride_sa_p, stride_sa_s,
+            HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
         )  # fmt: skip
         s = tl.dot(q_own, tl.trans(k_own), s)
         visible = n_ok[None, :]

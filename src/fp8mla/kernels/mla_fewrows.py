@@ -16,8 +16,8 @@ partitions:
 
 * a **producer** (``PRODUCER_WARPS``) gathers each 64-token FP8 tile through the page table,
   converts it to fp16 into one of two shared buffers, and prefetches the next tile's rows into
-  the L2; page ids outside the cache are never read: such a token's RoPE row becomes NaN, so
-  the request's output is NaN, not a quiet finite answer;
+  the L2; page ids outside the cache are never read: such a token reads a NaN row the launcher
+  keeps instead, so the rows that attend to it are NaN, not a quiet finite answer;
 * the **softmax warpgroup** (the default partition) computes ``Sᵀ``, the online softmax over
   the tile's tokens (the M dimension, across its four warps), hands ``Pᵀ`` and the rescale
   factor to the other warpgroup through shared memory, and accumulates output columns
@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels import mla_tiles as T
-from fp8mla.kernels.mla_wgmma import _fp8_to_f16, _prefetch_l2
+from fp8mla.kernels.mla_wgmma import _fp8_to_f16, _page_entries, _prefetch_l2
 
 _BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
@@ -53,28 +53,16 @@ NUM_BUF = gl.constexpr(2)  # fp16 KV tiles in flight
 
 
 @gluon.jit
-def _page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE: gl.constexpr):
-    """Page ids of the tokens at ``pos`` (where ``ok``) and which of them are bad: an entry past
-    the request's own ``n_entries`` or a page id outside ``[0, num_pages)``. Bad entries are
-    never dereferenced; their page reads as 0."""
-    entry = pos // PAGE_SIZE
-    in_list = ok & (entry < n_entries)
-    page = gl.load(page_base + entry, mask=in_list, other=0)
-    bad = ok & ((~in_list) | (page < 0) | (page >= num_pages))
-    return gl.where(bad, 0, page), bad
-
-
-@gluon.jit
 def _producer(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
-    num_pages, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
+    num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
     stride_sa_p, stride_sa_s,
     FIRST: gl.constexpr, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, P_WARPS: gl.constexpr,
 ):  # fmt: skip
     """Tiles ``FIRST, FIRST + 2, …`` of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared
-    buffer ``FIRST`` (tokens past ``n_end`` as 0, tokens with a bad page entry with a NaN RoPE
-    row). Two producers alternate, so each has two consumer steps per tile. Per tile: all of its
+    buffer ``FIRST`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the launcher's
+    NaN row). Two producers alternate, so each has two consumer steps per tile. Per tile: all of its
     bytes are requested before the buffer is waited for, its successor (two tiles on) is
     prefetched into the L2, and the page entries of the one after that are loaded — no load
     waits for another issued in the same step."""
@@ -98,9 +86,10 @@ def _producer(
     pages2, bad2 = _page_entries(page_base, n_entries, num_pages, pos2, pos2 < n_end, PAGE_SIZE)
     for i in range(my_tiles):
         pos = n_begin + (FIRST + 2 * i) * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
-        ok = (pos < n_end) & (~bad)
+        ok = pos < n_end
         slot = pages.to(gl.int64)
-        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
+        # a bad page entry reads the launcher's NaN row: never outside the cache, never finite
+        rows = gl.where(bad, nan_row_ckv, slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s)
         # -- every byte of this tile requested at once --
         x0 = gl.load(ckv_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0)
         x1 = gl.load(ckv_ptr + rows[:, None] + (CHUNK + d)[None, :], mask=ok[:, None], other=0)
@@ -108,9 +97,9 @@ def _producer(
         x3 = gl.load(ckv_ptr + rows[:, None] + (3 * CHUNK + d)[None, :], mask=ok[:, None], other=0)
         pe_pos = gl.convert_layout(pos, pe_rows_l)
         pe_ok = gl.convert_layout(ok, pe_rows_l)
-        pe_bad = gl.convert_layout(bad, pe_rows_l)
         pe_rows = gl.convert_layout(slot, pe_rows_l) * stride_kpe_p
         pe_rows += (pe_pos % PAGE_SIZE) * stride_kpe_s
+        pe_rows = gl.where(gl.convert_layout(bad, pe_rows_l), nan_row_kpe, pe_rows)
         xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
         if TOKEN_GROUP:
             sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
@@ -137,9 +126,7 @@ def _producer(
                 sc = gl.load(sa + c, mask=ok, other=0.0)
                 k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
             k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
-        kpe16 = _fp8_to_f16(xp, FP8_CVT)
-        kpe16 = gl.where(pe_bad[:, None], float("nan"), kpe16.to(gl.float32)).to(gl.float16)
-        kpe_dst.store(kpe16)
+        kpe_dst.store(_fp8_to_f16(xp, FP8_CVT))
         # all warps' stores are visible to wgmma before one thread signals
         fence_async_shared()
         _BARRIER()
@@ -234,12 +221,12 @@ def _softmax_wg(
         s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(kpe_bufs.index(buf), qpe_smem.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
-        # -- online softmax over the tile's tokens (NaN from a bad page entry stays) --
+        # -- online softmax over the tile's tokens (a bad page entry's NaN where visible) --
         pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
         visible = (pos < n_end)[:, None]
         if CAUSAL:
             visible = visible & (pos[:, None] <= causal_limit[None, :])
-        s = gl.where(visible | (s != s), s * qk_scale, NEG_INF)
+        s = gl.where(visible, s * qk_scale, NEG_INF)
         m_new = gl.maximum(m_i, gl.max(s, axis=0))
         m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
@@ -318,7 +305,7 @@ def _value_wg(
     )  # fmt: skip
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["num_tokens", "num_pages", "nan_row_ckv", "nan_row_kpe"])
 def _mla_attn_fewrows_kernel(
     q_nope_ptr,
     q_pe_ptr,
@@ -352,6 +339,8 @@ def _mla_attn_fewrows_kernel(
     num_tokens,  # rows of q / out: query positions past it are never touched
     num_pages,  # pages of the cache: page ids outside [0, num_pages) are never read
     num_indices,  # entries of kv_indices
+    nan_row_ckv,  # offset of a NaN row from ckv_ptr (read for a bad page entry)
+    nan_row_kpe,  # offset of a NaN row from kpe_ptr
     sm_scale_log2,
     ckv_scale_val,
     kpe_scale_val,
@@ -450,7 +439,8 @@ def _mla_attn_fewrows_kernel(
                 _producer,
                 (
                     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-                    n_entries, num_pages, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+                    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
+                    stride_ckv_p, stride_ckv_s,
                     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 0, PAGE_SIZE,
                     D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS,
                 ),
@@ -459,7 +449,8 @@ def _mla_attn_fewrows_kernel(
                 _producer,
                 (
                     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-                    n_entries, num_pages, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+                    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
+                    stride_ckv_p, stride_ckv_s,
                     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 1, PAGE_SIZE,
                     D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS,
                 ),

@@ -22,11 +22,15 @@ def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
     transposed for P·V) instead of re-loading FP8 bytes one by one for each dot.
 
     ``CVT_TRITON_INT_*`` are the same bit moves as Triton integer operations, for targets
-    without inline PTX (AMD) and the interpreter: e4m3 → ``((b & 0x80) << 8) | ((b & 0x7F)
-    << 7)`` = 2^-8 × value, e5m2 → ``b << 8``, both exact for every non-NaN code."""
+    without inline PTX (AMD) and the interpreter: e4m3 → ``((b & 0x80) << 8) | t`` with
+    ``t = (b & 0x7F) << 7`` = 2^-8 × value, where the NaN code (``t == 0x3F80``) also sets bit
+    14 (``t | ((t + 0x80) & 0x4000)``: all exponent bits, an fp16 NaN); e5m2 → ``b << 8``.
+    Both are exact for all 256 codes, NaN included."""
     if FP8_CVT == CVT_TRITON_INT_E4M3:
         h = b.to(tl.uint16)
-        return (((h & 0x80) << 8) | ((h & 0x7F) << 7)).to(tl.float16, bitcast=True)
+        t = (h & 0x7F) << 7
+        t = t | ((t + 0x80) & 0x4000)
+        return (((h & 0x80) << 8) | t).to(tl.float16, bitcast=True)
     if FP8_CVT == CVT_TRITON_INT_E5M2:
         return (b.to(tl.uint16) << 8).to(tl.float16, bitcast=True)
     if FP8_CVT == CVT_PTX_E4M3:
@@ -41,14 +45,19 @@ def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
         cvt.rn.f16x2.e5m2x2 $1, hi; }"""
     elif FP8_CVT == CVT_INT_E4M3:
         # each code to the high byte of an fp16 lane; then the sign stays and exponent and
-        # mantissa move right by one: ((b & 0x80) << 8) | ((b & 0x7F) << 7) = 2^-8 × value
-        asm: tl.constexpr = """{ .reg .b32 w0, w1, t0, t1;
+        # mantissa move right by one: ((b & 0x80) << 8) | ((b & 0x7F) << 7) = 2^-8 × value;
+        # the NaN code's lane (0x3F80) + 0x80 carries into bit 14: OR-ed in, an fp16 NaN
+        asm: tl.constexpr = """{ .reg .b32 w0, w1, t0, t1, n0, n1;
         prmt.b32 w0, $2, 0, 0x1404;
         prmt.b32 w1, $2, 0, 0x3424;
         and.b32 t0, w0, 0x7F007F00;
         and.b32 t1, w1, 0x7F007F00;
         shr.b32 t0, t0, 1;
         shr.b32 t1, t1, 1;
+        add.u32 n0, t0, 0x00800080;
+        add.u32 n1, t1, 0x00800080;
+        lop3.b32 t0, n0, 0x40004000, t0, 0xEA;
+        lop3.b32 t1, n1, 0x40004000, t1, 0xEA;
         lop3.b32 $0, w0, t0, 0x80008000, 0xEC;
         lop3.b32 $1, w1, t1, 0x80008000, 0xEC; }"""
     else:
@@ -60,19 +69,44 @@ def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
 
 
 @triton.jit
-def _query_rows(qo_indptr_ptr, b, m_tile, num_heads, BLOCK_M: tl.constexpr):
-    """Rows ``(token, head)`` of this program's tile of request ``b``.
+def _query_rows(qo_indptr_ptr, b, m_tile, num_heads, num_tokens, BLOCK_M: tl.constexpr):
+    """Rows ``(token, head)`` of this program's tile of request ``b``; rows whose token lies
+    past the query tensor (``num_tokens``) are not ``row_ok``.
 
     Returns ``(row_ok, t_local, head, tok, qo_len, rows_total)``; ``tok`` is int64."""
     q_start = tl.load(qo_indptr_ptr + b)
     qo_len = tl.load(qo_indptr_ptr + b + 1) - q_start
     rows_total = qo_len * num_heads
     r = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = r < rows_total
     t_local = r // num_heads
     head = r % num_heads
     tok = (q_start + t_local).to(tl.int64)
+    row_ok = (r < rows_total) & (tok < num_tokens)
     return row_ok, t_local, head, tok, qo_len, rows_total
+
+
+@triton.jit
+def _page_table(kv_indptr_ptr, kv_indices_ptr, b, num_indices):
+    """Request ``b``'s page-table entries: ``(page_base, n_entries)``. Entries outside
+    ``kv_indices`` (an offset past its end, or a negative one) do not count."""
+    kv_start = tl.load(kv_indptr_ptr + b)
+    kv_stop = tl.minimum(tl.load(kv_indptr_ptr + b + 1), num_indices)
+    n_entries = tl.where(kv_start >= 0, kv_stop - kv_start, 0)
+    return kv_indices_ptr + tl.maximum(kv_start, 0), n_entries
+
+
+@triton.jit
+def _page_ids(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE: tl.constexpr):
+    """Page ids of the tokens at ``pos`` (where ``n_ok``) and which are bad: past the
+    request's own entries, or a page id outside ``[0, num_pages)`` (one unsigned compare).
+    A bad token's page reads as 0; the caller points its row at the launcher's NaN row.
+
+    Returns ``(page int64, bad)``."""
+    entry = pos // PAGE_SIZE
+    listed = n_ok & (entry < n_entries)
+    page = tl.load(page_base + entry, mask=listed, other=0)
+    bad = n_ok & ((~listed) | (page.to(tl.uint32) >= num_pages))
+    return tl.where(bad, 0, page).to(tl.int64), bad
 
 
 @triton.jit
@@ -100,11 +134,23 @@ def _split_range(
 
 
 @triton.jit
+def _kv_rows(page, off, bad, nan_row, stride_p, stride_s):
+    """Element offset of each token's row from a cache's base pointer; a token with a bad page
+    entry reads the launcher's NaN row instead (``nan_row``: its offset from the same base),
+    so nothing outside the cache is read and the rows of the program that reads it turn NaN."""
+    return tl.where(bad, nan_row, page * stride_p + off * stride_s)
+
+
+@triton.jit
 def _load_kv_tile(
     ckv_ptr,
     kpe_ptr,
     scale_arr_ptr,
     page_base,
+    n_entries,
+    num_pages,
+    nan_row_ckv,
+    nan_row_kpe,
     pos,
     n_ok,
     stride_ckv_p,
@@ -122,19 +168,19 @@ def _load_kv_tile(
 ):
     """Gather ``BLOCK_N`` tokens through the page table and convert to the dot dtype.
 
-    Returns ``k [BLOCK_N, D_CKV]`` (keys and values) and ``kpe [BLOCK_N, D_KPE]`` (``k``
-    again when there is no RoPE part). Masked tokens load as 0 -- whatever bytes unused
-    slots hold (NaN included) are never read."""
-    page = tl.load(page_base + pos // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+    Returns ``k [BLOCK_N, D_CKV]`` (keys and values) and ``kpe [BLOCK_N, D_KPE]`` (``k`` again
+    when there is no RoPE part). Masked tokens load as 0 -- whatever bytes unused slots hold
+    (NaN included) are never read; tokens with a bad page entry load the NaN row."""
+    page, bad = _page_ids(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
     off = pos % PAGE_SIZE
+    row = _kv_rows(page, off, bad, nan_row_ckv, stride_ckv_p, stride_ckv_s)
     k = _load_kv_cols(
-        ckv_ptr, scale_arr_ptr, page, off, n_ok, 0, stride_ckv_p, stride_ckv_s, stride_sa_p,
-        stride_sa_s, D_CKV, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+        ckv_ptr, scale_arr_ptr, row, page, off, n_ok, 0, stride_sa_p, stride_sa_s, D_CKV,
+        TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
     )  # fmt: skip
     if D_KPE > 0:
-        kpe = _load_kpe(
-            kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE, DOT_DTYPE, FP8_CVT
-        )
+        row_pe = _kv_rows(page, off, bad, nan_row_kpe, stride_kpe_p, stride_kpe_s)
+        kpe = _load_kpe(kpe_ptr, row_pe, n_ok, D_KPE, DOT_DTYPE, FP8_CVT)
     else:
         kpe = k
     return k, kpe
@@ -144,12 +190,11 @@ def _load_kv_tile(
 def _load_kv_cols(
     ckv_ptr,
     scale_arr_ptr,
+    row,
     page,
     off,
     n_ok,
     c0,
-    stride_ckv_p,
-    stride_ckv_s,
     stride_sa_p,
     stride_sa_s,
     COLS: tl.constexpr,
@@ -157,11 +202,12 @@ def _load_kv_cols(
     DOT_DTYPE: tl.constexpr,
     FP8_CVT: tl.constexpr,
 ):
-    """Latent columns ``[c0, c0 + COLS)`` of ``BLOCK_N`` tokens (``page``/``off`` from the page
-    table), converted to the dot dtype: ``[BLOCK_N, COLS]``. ``c0`` is a multiple of ``COLS``,
-    and of 128 when ``TOKEN_GROUP``. Masked tokens load as 0."""
+    """Latent columns ``[c0, c0 + COLS)`` of ``BLOCK_N`` tokens whose rows start ``row``
+    elements past ``ckv_ptr`` (:func:`_kv_rows`), converted to the dot dtype:
+    ``[BLOCK_N, COLS]``. ``c0`` is a multiple of ``COLS``, and of 128 when ``TOKEN_GROUP``
+    (the scales of ``page``/``off``). Masked tokens load as 0."""
     d = tl.arange(0, COLS)
-    rows = (page * stride_ckv_p + off * stride_ckv_s)[:, None] + (c0 + d)[None, :]
+    rows = row[:, None] + (c0 + d)[None, :]
     if FP8_CVT != CVT_NATIVE:
         k = _fp8_bytes_to_f16(tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0), FP8_CVT)
     else:
@@ -182,18 +228,16 @@ def _load_kv_cols(
 @triton.jit
 def _load_kpe(
     kpe_ptr,
-    page,
-    off,
+    row,
     n_ok,
-    stride_kpe_p,
-    stride_kpe_s,
     D_KPE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     FP8_CVT: tl.constexpr,
 ):
-    """RoPE part ``[BLOCK_N, D_KPE]`` of ``BLOCK_N`` tokens in the dot dtype."""
+    """RoPE part ``[BLOCK_N, D_KPE]`` of ``BLOCK_N`` tokens whose rows start ``row`` elements
+    past ``kpe_ptr``, in the dot dtype."""
     e = tl.arange(0, D_KPE)
-    kpe_rows = (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :]
+    kpe_rows = row[:, None] + e[None, :]
     if FP8_CVT != CVT_NATIVE:
         kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0)
         return _fp8_bytes_to_f16(kpe, FP8_CVT).to(DOT_DTYPE)
@@ -207,7 +251,8 @@ NEG_INF = tl.constexpr(float("-inf"))
 def _online_softmax(s, m_i, l_i, visible, AXIS: tl.constexpr):
     """One online-softmax step (base 2) over the KV tokens, axis ``AXIS`` of the scaled scores
     ``s``: returns ``(p, alpha, m_i, l_i)``, ``alpha`` rescaling what was accumulated before.
-    Rows with nothing visible yet keep ``m = -inf`` and ``p = 0``."""
+    Rows with nothing visible yet keep ``m = -inf`` and ``p = 0``. A visible NaN score (a token
+    with a bad page entry) makes its row's sum and output NaN."""
     s = tl.where(visible, s, NEG_INF)
     m_new = tl.maximum(m_i, tl.max(s, axis=AXIS))
     m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
@@ -220,9 +265,9 @@ def _online_softmax(s, m_i, l_i, visible, AXIS: tl.constexpr):
 @triton.jit
 def _out_factor(l_i, v_scale):
     """What the accumulator is multiplied by: the value scale over the softmax sum, 0 for
-    rows that saw no token."""
+    rows that saw no token, NaN for rows whose sum is NaN."""
     has = l_i > 0.0
-    return tl.where(has, v_scale / tl.where(has, l_i, 1.0), 0.0)
+    return tl.where(has | (l_i != l_i), v_scale / tl.where(has, l_i, l_i + 1.0), 0.0)
 
 
 @triton.jit
@@ -230,7 +275,8 @@ def _lse(m_i, l_i):
     """Base-2 log-sum-exp of the scores, -inf for rows that saw no token (computed after the
     output stores, so it is not live across them)."""
     has = l_i > 0.0
-    return tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), NEG_INF)
+    return tl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
 
 
 @triton.jit
@@ -323,14 +369,14 @@ def _load_q_pe(
 @triton.jit
 def _program_kv(
     ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
-    b, m_tile, split, t_local, qo_len, num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    b, m_tile, split, t_local, qo_len, num_heads, num_indices, sm_scale_log2, ckv_scale_val,
+    kpe_scale_val, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     TOKEN_GROUP: tl.constexpr, CKV_SCALE_PTR: tl.constexpr, KPE_SCALE_PTR: tl.constexpr,
     FP8_CVT: tl.constexpr,
 ):  # fmt: skip
     """The KV side of a program before its loop: ``(qk_scale, pe_factor, v_scale)``, its
-    split's KV range ``[n_begin, n_end)``, the request's page table and the last KV position
-    each row may see under the causal mask."""
+    split's KV range ``[n_begin, n_end)``, the request's page table (base, entries) and the
+    last KV position each row may see under the causal mask."""
     qk_scale, pe_factor, v_scale = _scales(
         ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
         CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
@@ -339,9 +385,9 @@ def _program_kv(
     n_begin, n_end = _split_range(
         kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
     )
-    page_base = kv_indices_ptr + tl.load(kv_indptr_ptr + b)
+    page_base, n_entries = _page_table(kv_indptr_ptr, kv_indices_ptr, b, num_indices)
     causal_limit = kv_len - qo_len + t_local
-    return qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, causal_limit
+    return qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, n_entries, causal_limit
 
 
 @triton.jit
@@ -349,21 +395,23 @@ def _program_setup(
     q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
     kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    num_heads, sm_scale_log2, ckv_scale_val, kpe_scale_val,
+    num_heads, num_indices, sm_scale_log2, ckv_scale_val, kpe_scale_val,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_CKV: tl.constexpr, D_KPE: tl.constexpr,
     CAUSAL: tl.constexpr, TOKEN_GROUP: tl.constexpr, CKV_SCALE_PTR: tl.constexpr,
     KPE_SCALE_PTR: tl.constexpr, DOT_DTYPE: tl.constexpr, FP8_CVT: tl.constexpr,
 ):  # fmt: skip
     """What a full-width program needs before its KV loop: :func:`_program_kv` and its query
     tile."""
-    qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, causal_limit = _program_kv(
-        ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
-        b, m_tile, split, t_local, qo_len, num_heads, sm_scale_log2, ckv_scale_val,
-        kpe_scale_val, BLOCK_M, BLOCK_N, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
-        FP8_CVT,
+    qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, n_entries, causal_limit = (
+        _program_kv(
+            ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
+            b, m_tile, split, t_local, qo_len, num_heads, num_indices, sm_scale_log2,
+            ckv_scale_val, kpe_scale_val, BLOCK_M, BLOCK_N, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR,
+            KPE_SCALE_PTR, FP8_CVT,
+        )
     )  # fmt: skip
     q_nope, q_pe = _load_queries(
         q_nope_ptr, q_pe_ptr, tok, head, row_ok, stride_qn_t, stride_qn_h, stride_qp_t,
         stride_qp_h, pe_factor, D_CKV, D_KPE, DOT_DTYPE,
     )  # fmt: skip
-    return qk_scale, v_scale, n_begin, n_end, page_base, q_nope, q_pe, causal_limit
+    return qk_scale, v_scale, n_begin, n_end, page_base, n_entries, q_nope, q_pe, causal_limit

@@ -61,12 +61,15 @@ def _fp8_to_f16(b, FP8_CVT: gl.constexpr):
 
 
 @gluon.jit
-def _tile_pages(page_base, n0, n_end, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
-                layout: gl.constexpr):  # fmt: skip
-    """Page-table entries of the ``BLOCK_N`` tokens from ``n0`` (0 at or past ``n_end``), loaded
-    a step ahead of the copies that need them."""
-    pos = n0 + gl.arange(0, BLOCK_N, layout=layout)
-    return gl.load(page_base + pos // PAGE_SIZE, mask=pos < n_end, other=0)
+def _page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE: gl.constexpr):
+    """Page ids of the tokens at ``pos`` (where ``ok``) and which of them are bad: an entry past
+    the request's own ``n_entries`` or a page id outside ``[0, num_pages)``. Bad entries are
+    never dereferenced; their page reads as 0."""
+    entry = pos // PAGE_SIZE
+    in_list = ok & (entry < n_entries)
+    page = gl.load(page_base + entry, mask=in_list, other=0)
+    bad = ok & ((~in_list) | (page.to(gl.uint32) >= num_pages))
+    return gl.where(bad, 0, page), bad
 
 
 @gluon.jit
@@ -93,14 +96,14 @@ def _prefetch_l2(ptrs):
 
 @gluon.jit
 def _kv_producer(
-    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_begin, n_end,
-    stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
+    num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
 ):  # fmt: skip
     """The producer: each KV tile of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared tile
-    ``j % NUM_BUF`` (tokens past ``n_end`` as 0), with ``TOKEN_GROUP`` each 128 columns times
-    their tokens' group scale; ``ready`` is signalled when a tile is in place, ``empty`` is
+    ``j % NUM_BUF`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the NaN row),
+    with ``TOKEN_GROUP`` each 128 columns times their tokens' group scale; ``ready`` is signalled when a tile is in place, ``empty`` is
     waited for before a buffer is overwritten.
 
     Its loads are latency-bound (one warpgroup, 88 registers), so: the RoPE bytes are loaded
@@ -119,23 +122,28 @@ def _kv_producer(
     e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe))
     seg_end = gl.arange(0, D_CKV // 64, layout=gl.SliceLayout(0, pf)) * 64 + 63
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
-    pages = _tile_pages(page_base, n_begin, n_end, PAGE_SIZE, BLOCK_N, rows_l)
+    pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
+    pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
     for j in range(n_tiles):
         n0 = n_begin + j * BLOCK_N
         buf = j % NUM_BUF
         pos = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = pos < n_end
         slot = pages.to(gl.int64)
-        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
+        # a bad page entry reads the launcher's NaN row: never outside the cache, never finite
+        rows = gl.where(bad, nan_row_ckv, slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s)
         x = _load_chunk(ckv_ptr, rows, ok, 0, ld)
         pe_pos = gl.convert_layout(pos, pe_rows_l)
         pe_rows = gl.convert_layout(slot, pe_rows_l) * stride_kpe_p
         pe_rows += (pe_pos % PAGE_SIZE) * stride_kpe_s
-        xp = gl.load(
-            kpe_ptr + pe_rows[:, None] + e[None, :], mask=(pe_pos < n_end)[:, None], other=0
-        )
+        pe_rows = gl.where(gl.convert_layout(bad, pe_rows_l), nan_row_kpe, pe_rows)
+        pe_ok = gl.convert_layout(ok, pe_rows_l)
+        xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
         # the next tile: its page-table entries, and its latent rows into the L2
-        pages = _tile_pages(page_base, n0 + BLOCK_N, n_end, PAGE_SIZE, BLOCK_N, rows_l)
+        next_pos = pos + BLOCK_N
+        pages, bad = _page_entries(
+            page_base, n_entries, num_pages, next_pos, next_pos < n_end, PAGE_SIZE
+        )
         next_pos = gl.convert_layout(pos, pf_rows_l) + BLOCK_N
         next_rows = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_ckv_p
         next_rows += (next_pos % PAGE_SIZE) * stride_ckv_s
@@ -164,7 +172,8 @@ def _kv_producer(
 
 @gluon.jit
 def _stage_query(
-    q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads, pe_factor,
+    q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads, num_tokens,
+    pe_factor,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
     BLOCK_M: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, DOT_DTYPE: gl.constexpr,
 ):  # fmt: skip
@@ -173,7 +182,7 @@ def _stage_query(
     q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     pe_ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
     r = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_ld))
-    r_ok = r < rows_total
+    r_ok = (r < rows_total) & (q_start + r // num_heads < num_tokens)
     q_rows = q_nope_ptr + (q_start + r // num_heads).to(gl.int64) * stride_qn_t
     q_rows += (r % num_heads) * stride_qn_h
     for c in gl.static_range(D_CKV // CHUNK):
@@ -181,7 +190,7 @@ def _stage_query(
         q = gl.load(q_rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
         q_smem.slice(c * CHUNK, CHUNK, dim=1).store(q.to(DOT_DTYPE))
     rp = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, pe_ld))
-    rp_ok = rp < rows_total
+    rp_ok = (rp < rows_total) & (q_start + rp // num_heads < num_tokens)
     qp_rows = q_pe_ptr + (q_start + rp // num_heads).to(gl.int64) * stride_qp_t
     qp_rows += (rp % num_heads) * stride_qp_h
     e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
@@ -195,7 +204,7 @@ def _stage_query(
 def _attn_consumer(
     k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem,
     q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total, kv_len,
-    n_begin, n_end, split, num_heads, qk_scale, pe_factor, v_scale,
+    n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor, v_scale,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
     stride_lse_split, stride_lse_t,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
@@ -215,7 +224,7 @@ def _attn_consumer(
 
     _stage_query(
         q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads,
-        pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV, D_KPE,
+        num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV, D_KPE,
         DOT_DTYPE,
     )  # fmt: skip
 
@@ -249,6 +258,7 @@ def _attn_consumer(
         visible = (pos < n_end)[None, :]
         if CAUSAL:
             visible = visible & (pos[None, :] <= causal_limit[:, None])
+        # a bad page entry's token holds the NaN row: its scores and values turn rows NaN
         s = gl.where(visible, s * qk_scale, NEG_INF)
         m_smem.store(gl.max(gl.reshape(s, [BLOCK_M, 2, BLOCK_N // 2]), axis=2))
         _BARRIER()
@@ -276,7 +286,7 @@ def _attn_consumer(
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
     ro = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
-    ro_ok = ro < rows_total
+    ro_ok = (ro < rows_total) & (q_start + ro // num_heads < num_tokens)
     o_rows_ptr = o_ptr + split * stride_o_split
     o_rows_ptr += (q_start + ro // num_heads).to(gl.int64) * stride_o_t
     o_rows_ptr += (ro % num_heads) * stride_o_h
@@ -287,13 +297,14 @@ def _attn_consumer(
     )
     if WRITE_LSE:
         lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
-        rs_ok = rs < rows_total
+        lse = gl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
+        rs_ok = (rs < rows_total) & (q_start + rs // num_heads < num_tokens)
         lse_ptrs = lse_ptr + split * stride_lse_split
         lse_ptrs += (q_start + rs // num_heads).to(gl.int64) * stride_lse_t + rs % num_heads
         gl.store(lse_ptrs, lse, mask=rs_ok)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["num_tokens", "num_pages", "nan_row_ckv", "nan_row_kpe"])
 def _mla_attn_wgmma_kernel(
     q_nope_ptr,
     q_pe_ptr,
@@ -324,6 +335,11 @@ def _mla_attn_wgmma_kernel(
     stride_lse_split,
     stride_lse_t,
     num_heads,
+    num_tokens,
+    num_pages,
+    num_indices,
+    nan_row_ckv,
+    nan_row_kpe,
     sm_scale_log2,
     ckv_scale_val,
     kpe_scale_val,
@@ -375,7 +391,10 @@ def _mla_attn_wgmma_kernel(
     # both partitions run the same number of steps: none for a tile past the rows or a split
     # past the (causal) end
     n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)
-    page_base = kv_indices_ptr + gl.load(kv_indptr_ptr + b)
+    kv_start = gl.load(kv_indptr_ptr + b)
+    kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
+    n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
+    page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
 
     gl.warp_specialize(
         [
@@ -384,7 +403,8 @@ def _mla_attn_wgmma_kernel(
                 (
                     k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem,
                     q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
-                    kv_len, n_begin, n_end, split, num_heads, qk_scale, pe_factor, v_scale,
+                    kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor,
+                    v_scale,
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
                     stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
                     BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE,
@@ -394,7 +414,7 @@ def _mla_attn_wgmma_kernel(
                 _kv_producer,
                 (
                     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-                    n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
+                    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
                     stride_sa_p, stride_sa_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP,
                     FP8_CVT,
                 ),

@@ -3,8 +3,9 @@ GPU target Triton supports, on a CPU.
 
     python -m fp8mla.tools.compile_matrix --write docs/compile_matrix.md
 
-For each target of :data:`fp8mla.ops.targets.TARGETS` it builds the attention kernel in each
-tile the planner can pick (per KV dtype, with the FP8 decoding the launcher uses there, writing
+For each target of :data:`fp8mla.attention.targets.TARGETS` it builds the attention kernel in
+each variant and tile the planner can pick (``fp8mla.attention.variants``, read from the one
+registry) (per KV dtype, with the FP8 decoding the launcher uses there, writing
 split partials and direct outputs), the split merge, and the KV-write kernel for every storage
 dtype and scale mode. A build fails on a compile error, on spills above its limit or on shared
 memory over the target's per-block limit. ``tests/test_compile_matrix.py`` runs it in CI.
@@ -23,9 +24,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from fp8mla.ops.targets import TARGETS, Target
+from fp8mla.attention.targets import TARGETS, Target
 from fp8mla.tools.kernel_builds import TORCH_TO_TRITON, Build, measure
 from fp8mla.tools.matrix_report import markdown
+from fp8mla.tools.spill_limits import SPILL_EXCEPTIONS, SPILL_LIMIT
 
 KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16)
 SHORT = {
@@ -43,44 +45,8 @@ CVT_NAMES = {
     5: "int-triton",
     6: "int-triton",
 }
-ATTN = "fp8mla.kernels.mla_attention:_mla_attn_rows_kernel"
-ATTN_VSPLIT = "fp8mla.kernels.mla_attention:_mla_attn_vsplit_kernel"
-ATTN_WGMMA = "fp8mla.kernels.mla_wgmma:_mla_attn_wgmma_kernel"
 MERGE = "fp8mla.kernels.merge:_mla_merge_kernel"
 KV_WRITE = "fp8mla.kernels.kv_write:_kv_write_kernel"
-
-# Spill limit per thread (CUDA spill stores) or lane (AMD: 4 bytes per spilled VGPR).
-SPILL_LIMIT = 128
-# Larger limits, each with the reason it is accepted: (target names, kernel, tile) → limit.
-# A tile key is one tile ("64x64"), a suffix ("*v": every value-split tile) or "" (all).
-SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
-    (
-        ("sm80", "sm90", "sm100"),
-        "attention",
-        "64x64",
-        1024,
-        "the H200's 64-row tile (kept where it fits) spills ~200-900 B, yet measured fastest "
-        "there for 128 heads (149 vs ~50 TFLOP/s for 16-row tiles)",
-    ),
-    (
-        ("sm90", "sm100"),
-        "attention",
-        "*v",  # the value-split tiles, 64 and 128 rows ("64x32v", "128x64v")
-        1024,
-        "the H200's value-split tiles spill ~150-650 B, yet measured fastest there for extend "
-        "chunks, 4 speculative tokens and 128-head decode (benchmarks/NOTES.md, round 6)",
-    ),
-    (
-        ("gfx1100",),
-        "attention",
-        "",
-        4096,
-        "RDNA3 WMMA holds 16 values per lane per 16×16 operand tile, so the 576-deep Q·Kᵀ "
-        "operands alone need ~576 of 256 VGPRs: every tile spills until Q·Kᵀ is chunked over "
-        "the latent dimension",
-    ),
-]
-
 
 @dataclass(frozen=True)
 class Job:
@@ -132,17 +98,18 @@ def attention_jobs(target: Target) -> list[Job]:
     writing split partials or the output (and, for FP8, with per-token-group scales).
     Representative constexprs: page size 1 (an engine's pool), no causal mask (decode),
     per-tensor scales, 512 + 64 head dims, bf16 queries."""
-    from fp8mla.ops.mla_attention import fp8_conversion
-    from fp8mla.ops.planner import selectable_configs
+    from fp8mla.attention.launch import fp8_conversion
+    from fp8mla.attention.planner import selectable_configs
+    from fp8mla.attention.variants import get_variant, tile_name
 
     jobs = []
     for kv in KV_DTYPES:
         for cfg in selectable_configs(target, kv):
+            kind = get_variant(cfg.variant)
             cvt = fp8_conversion(kv, torch.device("cuda"), False, cfg.fp8_cvt, target)
             kv_ptr = "u8" if cvt else TORCH_TO_TRITON[str(kv).split(".")[-1]]
             dot = "tl.bfloat16" if kv == torch.bfloat16 else "tl.float16"
-            tile = f"{cfg.block_m}x{cfg.block_n}" + ("v" if cfg.value_split else "")
-            tile += "g" if cfg.wgmma else ""
+            tile = tile_name(cfg)
             limit, why = _spill_limit(target.name, "attention", tile)
             outputs = [("fp32", True, False, "split"), ("bf16", False, False, "direct")]
             if kv.itemsize == 1:  # per-token-group scales (DeepSeek's fine-grained FP8)
@@ -177,13 +144,12 @@ def attention_jobs(target: Target) -> list[Job]:
                     WRITE_LSE=write_lse,
                     FP8_CVT=cvt,
                 )
-                kernel = ATTN_WGMMA if cfg.wgmma else ATTN_VSPLIT if cfg.value_split else ATTN
                 build = Build(
-                    kernel,
+                    kind.kernel,
                     tuple(ptrs.items()),
                     tuple(consts.items()),
                     cfg.num_warps,
-                    None if cfg.wgmma else cfg.num_stages,
+                    None if kind.gluon else cfg.num_stages,
                 )
                 variant = (
                     f"{SHORT[kv]} {tile} w{cfg.num_warps}s{cfg.num_stages} {label} {CVT_NAMES[cvt]}"
@@ -195,9 +161,14 @@ def attention_jobs(target: Target) -> list[Job]:
 def merge_jobs(target: Target) -> list[Job]:
     """The split merge as the launcher runs it: fp32 partials into a bf16 output."""
     jobs = []
+    from fp8mla.attention.launch import MERGE_BLOCK_D
+
     for write_lse in (True, False):
-        ptrs = dict(mid_o_ptr="fp32", mid_lse_ptr="fp32", o_ptr="bf16", lse_ptr="fp32")
-        build = Build(MERGE, tuple(ptrs.items()), (("D", 512), ("WRITE_LSE", write_lse)), 4, None)
+        ptrs = dict(
+            mid_o_ptr="fp32", mid_lse_ptr="fp32", o_ptr="bf16", lse_ptr="fp32", qo_indptr_ptr="i32"
+        )
+        consts = (("D", 512), ("BLOCK_D", MERGE_BLOCK_D), ("BLOCK_S", 16), ("WRITE_LSE", write_lse))
+        build = Build(MERGE, tuple(ptrs.items()), consts, 4, None)
         variant = "bf16 out + LSE" if write_lse else "bf16 out"
         jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
     return jobs
@@ -206,7 +177,7 @@ def merge_jobs(target: Target) -> list[Job]:
 def kv_write_jobs(target: Target) -> list[Job]:
     """The fused KV write for every storage dtype and scale mode of ``MLAKVCache``."""
     from fp8mla.formats import FP8_MAX, SCALE_GROUP
-    from fp8mla.ops.kv_write import FP8_FIELDS, STORE_KIND
+    from fp8mla.cache.kv_write import FP8_FIELDS, STORE_KIND
 
     jobs = []
     for kv in KV_DTYPES:

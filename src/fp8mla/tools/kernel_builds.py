@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from fp8mla.ops.targets import Target
+from fp8mla.attention.targets import Target
 
 # Pointer element types the kernels' arguments take, by name, for each build (Triton names).
 TORCH_TO_TRITON = {
@@ -84,6 +84,9 @@ def compile_build(build: Build, target: Target):
         raise RuntimeError(f"{build.kernel} is interpreted: import it with TRITON_INTERPRET unset")
     ptrs = dict(build.pointers)
     consts = {k: _constexpr_value(v) for k, v in build.constexprs}
+    for p in fn.params:  # constexprs left to their defaults, as a launch leaves them
+        if p.is_constexpr and p.name not in consts and p.has_default:
+            consts[p.name] = p.default
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in consts:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from collections import defaultdict
 
-from fp8mla.ops.targets import TARGETS
+from fp8mla.attention.targets import TARGETS
 
 RUN_ON = {"sm90": "H200 -- kernels run, tested and timed"}
 
@@ -28,10 +28,12 @@ compile error, on spills above the limit, or on shared memory over the target's 
 
 ## What is built
 
-- **attention** (`_mla_attn_rows_kernel`, `_mla_attn_vsplit_kernel` for the value-split
-  tiles marked `v`, e.g. `128x64v`, and on SM90 the Gluon `_mla_attn_wgmma_kernel` for the
-  tile marked `g`, `64x64g`, FP8 KV only): each tile the planner (`fp8mla.ops.planner`) can
-  select for the target, for KV dtypes e4m3, e5m2, bf16 and fp16, with the FP8 decoding the
+- **attention**: each kernel variant of the registry (`fp8mla.attention.variants`) in each
+  tile the planner (`fp8mla.attention.planner`) can select for the target — the Triton
+  `_mla_attn_rows_kernel`, `_mla_attn_vsplit_kernel` for the value-split tiles marked `v`
+  (e.g. `128x64v`), and on SM90 the Gluon kernels for FP8 KV, `_mla_attn_wgmma_kernel`
+  (tile `64x64g`, above 32 rows) and `_mla_attn_fewrows_kernel` (tiles `16x64f` and `32x64f`,
+  up to 32 rows) — for KV dtypes e4m3, e5m2, bf16 and fp16, with the FP8 decoding the
   launcher uses there, writing fp32 split partials with LSE (`split`) and the bf16 output
   without LSE (`direct`). Representative constexprs: page size 1, no causal mask, per-tensor
   scales, 512 + 64 head dims, bf16 queries (fp16 where the tile reads the launcher's fp16
@@ -39,8 +41,7 @@ compile error, on spills above the limit, or on shared memory over the target's 
 - **merge** (`_mla_merge_kernel`): split partials into a bf16 output, with and without LSE.
 - **kv_write** (`_kv_write_kernel`): every storage dtype, per-tensor and per-token-group scales.
 
-FP8 attention is also built with per-token-group scales (`split+group`). The transposed
-`_mla_attn_swap_kernel` is a tuning alternative no planner selects, so it is not built.
+FP8 attention is also built with per-token-group scales (`split+group`).
 
 FP8 decoding: `int-ptx` = integer bit moves in inline PTX (every CUDA target; SM80/86 have no
 FP8 instructions, and on the H200 it measured faster than `cvt`); `int-triton` = the same bit
@@ -61,7 +62,7 @@ Spill limit {spill_limit} B per thread/lane, except:{exceptions}
 
 
 def _exceptions() -> str:
-    from fp8mla.tools.compile_matrix import SPILL_EXCEPTIONS
+    from fp8mla.tools.spill_limits import SPILL_EXCEPTIONS
 
     items = [
         f"{'/'.join(names)} {kernel} {tile or 'all tiles'} ≤ {limit} B: {why}"
@@ -130,7 +131,7 @@ def markdown(rows) -> str:
     import torch
     import triton
 
-    from fp8mla.tools.compile_matrix import SPILL_LIMIT
+    from fp8mla.tools.spill_limits import SPILL_LIMIT
 
     built = list(dict.fromkeys(r.target for r in rows))
     run = "; ".join(f"{n} ({RUN_ON[n]})" for n in built if n in RUN_ON) or "none"

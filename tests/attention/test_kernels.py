@@ -1,6 +1,7 @@
-"""The Triton attention kernel against the float64 reference on fresh random data.
+"""Every kernel variant of the registry against the float64 reference on fresh random data.
 
-Runs compiled on a GPU and under TRITON_INTERPRET=1 on a CPU (small shapes there).
+Runs compiled on a GPU and under TRITON_INTERPRET=1 on a CPU (small shapes there); the Gluon
+variants run on SM90 GPUs only.
 """
 
 from __future__ import annotations
@@ -9,7 +10,15 @@ import pytest
 import torch
 
 from fp8mla import mla_decode
-from fp8mla.ops.planner import WGMMA_TILE, KernelConfig
+from fp8mla.attention.config import KernelConfig
+from fp8mla.attention.planner import (
+    FEWROWS_TILE_16,
+    FEWROWS_TILE_32,
+    WGMMA_TILE,
+    selectable_configs,
+)
+from fp8mla.attention.targets import TARGETS
+from fp8mla.attention.variants import REGISTRY
 from fp8mla.testing import make_batch
 
 from attention_utils import SM_SCALE, assert_matches_reference, run_wrapper
@@ -24,33 +33,33 @@ def gen(seed: int) -> torch.Generator:
 
 
 def orientation(kind: str, rows: int) -> KernelConfig:
-    """The kernels (``rows``, ``swap``, ``vsplit``) with the smallest tile that holds ``rows``
-    (≥ 16); ``wgmma`` has one tile."""
+    """Variant ``kind`` in the smallest tile that holds ``rows`` (≥ 16); the Gluon variants
+    in their own tiles (skipped where they cannot run)."""
+    if REGISTRY[kind].gluon and not IS_SM90:
+        pytest.skip(f"the {kind} kernel runs on SM90 GPUs only")
     if kind == "wgmma":
         return WGMMA_TILE
+    if kind == "fewrows":
+        if rows > 32:
+            pytest.skip("the fewrows kernel serves at most 32 rows per request")
+        return FEWROWS_TILE_16 if rows <= 16 else FEWROWS_TILE_32
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    return KernelConfig(
-        block_m=block_m,
-        block_n=32,
-        num_warps=4,
-        num_stages=2,
-        swap_ab=kind == "swap",
-        value_split=kind == "vsplit",
-    )
+    return KernelConfig(block_m, 32, 4, 2, variant=kind)
 
 
-SM90_ONLY = pytest.mark.skipif(not IS_SM90, reason="the wgmma kernel runs on SM90 GPUs only")
-KERNELS = pytest.mark.parametrize(
-    "kernel", ["rows", "swap", "vsplit", pytest.param("wgmma", marks=SM90_ONLY)]
-)
+def test_every_variant_is_tested():
+    assert set(REGISTRY) == {"rows", "vsplit", "wgmma", "fewrows"}
+
+
+KERNELS = pytest.mark.parametrize("kernel", sorted(REGISTRY))
 
 
 @KERNELS
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
 def test_lengths_page_sizes_dtypes(device, page_size, kv_dtype, kernel):
-    if kernel == "wgmma" and kv_dtype.itemsize != 1:
-        pytest.skip("the wgmma kernel reads FP8 KV")
+    if REGISTRY[kernel].gluon and kv_dtype.itemsize != 1:
+        pytest.skip(f"the {kernel} kernel reads FP8 KV")
     batch = make_batch(
         LENGTHS, 16, page_size=page_size, kv_dtype=kv_dtype, device=device, generator=gen(page_size)
     )
@@ -158,8 +167,8 @@ def test_fp16_queries(device):
 @KERNELS
 def test_no_rope_part(device, kernel):
     batch = make_batch([33, 96], 16, page_size=16, head_dim_kpe=0, device=device, generator=gen(17))
-    if kernel == "wgmma":
-        with pytest.raises(ValueError, match="head_dim_kpe 64 for the wgmma kernel"):
+    if REGISTRY[kernel].gluon:
+        with pytest.raises(ValueError, match="needs a 64-dim RoPE part"):
             run_wrapper(batch, config=orientation(kernel, 16))
         return
     out, lse = run_wrapper(batch, config=orientation(kernel, 16))
@@ -270,3 +279,60 @@ def test_cuda_graph_replay_with_changing_lengths(qo_len):
         torch.cuda.synchronize()
         b.q_nope, b.q_pe = q_nope, q_pe
         assert_matches_reference(b, out, lse, causal=True)
+
+
+def _table_choices() -> list[tuple[KernelConfig, torch.dtype]]:
+    """Every (config, KV dtype) that some target's table can choose, once each (e4m3 and bf16:
+    e5m2 and fp16 take the same tiles)."""
+    seen = {}
+    for t in TARGETS.values():
+        for kv in (torch.float8_e4m3fn, torch.bfloat16):
+            for cfg in selectable_configs(t, kv):
+                seen[(cfg, kv)] = None
+    return list(seen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "cfg, kv_dtype",
+    _table_choices(),
+    ids=lambda v: f"{v.variant}-{v.block_m}x{v.block_n}w{v.num_warps}s{v.num_stages}"
+    if isinstance(v, KernelConfig)
+    else str(v).removeprefix("torch."),
+)
+def test_every_table_choice_runs_here(cfg, kv_dtype):
+    """Tiles chosen for other GPUs (compiled only there in CI) run on this one against float64."""
+    if REGISTRY[cfg.variant].gluon and not IS_SM90:
+        pytest.skip(f"the {cfg.variant} kernel runs on SM90 GPUs only")
+    heads = 16 if cfg.block_m <= 32 else 64
+    batch = make_batch(
+        [1, 97, 300], heads, page_size=16, kv_dtype=kv_dtype, device="cuda", generator=gen(23)
+    )
+    out, lse = run_wrapper(batch, config=cfg)
+    assert_matches_reference(batch, out, lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads, qo_len", [(16, 1), (32, 1), (16, 2), (128, 1)])
+def test_direct_launch_matches_tritons_path(heads, qo_len):
+    """The second and later run() of a plan call the compiled kernels directly: same result,
+    and a changed pool, queries or scales are picked up."""
+    from fp8mla import BatchMLAPagedAttentionWrapper
+
+    from attention_utils import workspace
+
+    b = make_batch([5, 700, 64], heads, qo_lens=qo_len, page_size=1, device="cuda",
+                   generator=gen(24))  # fmt: skip
+    w = BatchMLAPagedAttentionWrapper(workspace("cuda"), backend="triton")
+    w.plan(*b.plan_args(), heads, 512, 64, 1, qo_len > 1, SM_SCALE, torch.bfloat16,
+           b.ckv.dtype)  # fmt: skip
+    for step in range(3):
+        if step:
+            fresh = make_batch([5, 700, 64], heads, qo_lens=qo_len, page_size=1, device="cuda",
+                               fill_unused_nan=False, generator=gen(25 + step))  # fmt: skip
+            b.pool.copy_(fresh.pool)
+            b.q_nope.copy_(fresh.q_nope)
+            b.q_pe.copy_(fresh.q_pe)
+        out, lse = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, return_lse=True, **b.scale_kwargs())
+        assert_matches_reference(b, out, lse, causal=qo_len > 1)
+    assert w._launch.kernel._compiled, "the fast path never engaged"

@@ -1,31 +1,35 @@
 """What ``plan()`` learns about a batch, and the checks ``run()`` makes against it.
 
-``build_plan_state`` reads the index arrays on the host once (validation, lengths for split
-planning) and places device copies where the kernels read them: the caller's own tensors,
-or, under CUDA graphs, the fixed buffers given at construction, padded so that surplus
-requests of the captured grid have no work.
+:func:`build_plan_state` reads the index arrays that live on the host (validation, lengths for
+split planning): pass ``qo_indptr``, ``kv_indptr`` and ``kv_len_arr`` as CPU tensors and
+``plan()`` never waits for the device; ``kv_indices`` on the device is never read back (the
+kernels bound every page id they use). Device copies are placed where the kernels read them:
+the caller's own tensors, or, under CUDA graphs, the fixed buffers given at construction,
+padded so that surplus requests of the captured grid have no work.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import numbers
+from dataclasses import dataclass
 
 import torch
 
-from fp8mla._checks import check_index, check_last_dim_contiguous, check_tensor
-from fp8mla.formats import SCALE_GROUP, is_fp8
-from fp8mla.ops.mla_attention import Scales
-from fp8mla.ops.planner import LaunchPlan
+from fp8mla._checks import check_index, check_last_dim_contiguous, check_tensor, same_device
+from fp8mla.formats import SCALE_GROUP, Scales, is_fp8
 
 
 @dataclass
 class PlanState:
+    """The batch of one ``plan()``: sizes, attention parameters and device index arrays."""
+
     batch: int  # grid batch (the buffer capacity under CUDA graphs)
     num_requests: int
     total_tokens: int
     max_qo_len: int
     max_kv_len: int
-    max_page: int  # largest page id referenced (-1 when none)
+    max_page: int | None  # largest page id referenced; None when kv_indices stayed on the device
     num_heads: int
     head_dim_ckv: int
     head_dim_kpe: int
@@ -39,37 +43,6 @@ class PlanState:
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor
     kv_len: torch.Tensor
-    launch: LaunchPlan | None = None
-    _mid: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
-
-    # -- workspace --
-    def bind_workspace(self, workspace: torch.Tensor) -> None:
-        """Carve the split-KV partials out of the workspace: ``mid_o [S, rows_cap, 512]`` and
-        ``mid_lse [S, rows_cap]`` fp32, with a capacity that depends only on the workspace size
-        and the split count (so CUDA-graph replays see the same addresses and strides)."""
-        assert self.launch is not None
-        splits = self.launch.num_splits
-        if splits == 1:
-            self._mid = None
-            return
-        if not workspace.is_contiguous():
-            raise ValueError("expected a contiguous float_workspace_buffer, got a strided one")
-        nbytes = workspace.numel() * workspace.element_size()
-        flat = workspace.view(-1).view(torch.uint8)[: nbytes - nbytes % 4].view(torch.float32)
-        d = self.head_dim_ckv
-        rows_cap = flat.numel() // (splits * (d + 1))
-        rows = self.total_tokens * self.num_heads
-        if rows > rows_cap:
-            raise ValueError(
-                f"expected a float_workspace_buffer of at least {splits * (d + 1) * rows * 4} "
-                f"bytes for {rows} query rows and {splits} splits, got {nbytes}"
-            )
-        mid_o = flat[: splits * rows_cap * d].view(splits, rows_cap, d)
-        mid_lse = flat[splits * rows_cap * d : splits * rows_cap * (d + 1)].view(splits, rows_cap)
-        self._mid = (mid_o, mid_lse)
-
-    def partials(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return self._mid if self._mid is not None else (None, None)
 
     # -- run-time checks (host-side metadata only: no device sync) --
     def check_run(
@@ -83,25 +56,14 @@ class PlanState:
         ckv_scale_arr: torch.Tensor | None,
     ) -> Scales:
         t, h, dev = self.total_tokens, self.num_heads, self.device
-        check_tensor(
-            "q_nope", q_nope, shape=(t, h, self.head_dim_ckv), dtypes=(self.q_dtype,), device=dev
-        )
-        check_tensor(
-            "q_pe", q_pe, shape=(t, h, self.head_dim_kpe), dtypes=(self.q_dtype,), device=dev
-        )
-        check_tensor("ckv_cache", ckv, ndim=3, dtypes=(self.kv_dtype,), device=dev)
+        _fast_check("q_nope", q_nope, (t, h, self.head_dim_ckv), self.q_dtype, dev)
+        _fast_check("q_pe", q_pe, (t, h, self.head_dim_kpe), self.q_dtype, dev)
+        if not isinstance(ckv, torch.Tensor) or ckv.dim() != 3:
+            check_tensor("ckv_cache", ckv, ndim=3)
         pages = ckv.shape[0]
-        check_tensor("ckv_cache", ckv, shape=(None, self.page_size, self.head_dim_ckv))
-        check_tensor(
-            "kpe_cache",
-            kpe,
-            shape=(pages, self.page_size, self.head_dim_kpe),
-            dtypes=(self.kv_dtype,),
-            device=dev,
-        )
-        for name, x in (("q_nope", q_nope), ("q_pe", q_pe), ("ckv_cache", ckv), ("kpe_cache", kpe)):
-            check_last_dim_contiguous(name, x)
-        if self.max_page >= pages:
+        _fast_check("ckv_cache", ckv, (pages, self.page_size, self.head_dim_ckv), self.kv_dtype, dev)
+        _fast_check("kpe_cache", kpe, (pages, self.page_size, self.head_dim_kpe), self.kv_dtype, dev)
+        if self.max_page is not None and self.max_page >= pages:
             raise ValueError(
                 f"expected page ids in [0, {pages}) for a cache of {pages} pages, got page id "
                 f"{self.max_page} in kv_indices"
@@ -130,40 +92,69 @@ class PlanState:
         shape = (self.total_tokens, self.num_heads, self.head_dim_ckv)
         if out is None:
             return torch.empty(shape, dtype=self.q_dtype, device=self.device)
-        check_tensor("out", out, shape=shape, dtypes=(self.q_dtype,), device=self.device)
-        check_last_dim_contiguous("out", out)
+        _fast_check("out", out, shape, self.q_dtype, self.device)
         return out
 
-    def run_reference(self, q_nope, q_pe, ckv, kpe, out, lse, scales: Scales) -> None:
-        """The PyTorch path (CPU fallback): float32 reference, written into ``out``/``lse``."""
-        from fp8mla.reference import mla_reference
+    def check_lse(self, lse: torch.Tensor) -> torch.Tensor:
+        shape = (self.total_tokens, self.num_heads)
+        _fast_check("lse", lse, shape, torch.float32, self.device)
+        return lse
 
-        o, s = mla_reference(
-            q_nope,
-            q_pe,
-            ckv,
-            kpe,
-            self.qo_indptr[: self.num_requests + 1],
-            self.kv_indptr[: self.num_requests + 1],
-            self.kv_indices,
-            self.kv_len[: self.num_requests],
-            sm_scale=self.sm_scale,
-            causal=self.causal,
-            ckv_scale=scales.ckv,
-            kpe_scale=scales.kpe,
-            ckv_scale_arr=scales.ckv_arr,
-            dtype=torch.float32,
-        )
-        out.copy_(o)
-        if lse is not None:
-            lse.copy_(s)
+    def check_indices(self, num_pages: int) -> None:
+        """Read the device index arrays back (a host sync: the opt-in debug check of
+        ``run()``) and raise on the first page entry the kernels would refuse, naming the
+        request and the id."""
+        b = self.num_requests
+        kvp = self.kv_indptr[: b + 1].tolist()
+        lens = self.kv_len[:b].tolist()
+        n_idx = self.kv_indices.numel()
+        for r in range(b):
+            start, stop, length = kvp[r], kvp[r + 1], lens[r]
+            need = -(-length // self.page_size) if length > 0 else 0
+            if need == 0:
+                continue
+            if start < 0 or start + need > min(stop, n_idx):
+                raise ValueError(
+                    f"expected request {r} to own {need} page-table entries "
+                    f"(kv_len {length}, page_size {self.page_size}), got kv_indptr "
+                    f"[{start}, {stop}) over {n_idx} entries"
+                )
+            ids = self.kv_indices[start : start + need]
+            lo, hi = (int(v) for v in ids.aminmax())
+            if lo < 0 or hi >= num_pages:
+                bad = ids[(ids < 0) | (ids >= num_pages)][0].item()
+                raise ValueError(
+                    f"expected page ids in [0, {num_pages}) for request {r}, got page id {bad}"
+                )
+
+
+def _fast_check(
+    name: str,
+    t: object,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """Shape, dtype, device and a unit last stride, with the common case in a few attribute
+    reads (``run()`` makes these checks on every call); any mismatch gets the full message."""
+    if (
+        isinstance(t, torch.Tensor)
+        and t.dtype is dtype
+        and t.shape == shape
+        and (t.device == device or same_device(t.device, device))
+        and (t.stride(-1) == 1 or t.numel() == 0)
+    ):
+        return
+    check_tensor(name, t, shape=shape, dtypes=(dtype,), device=device)
+    check_last_dim_contiguous(name, t)  # type: ignore[arg-type]
 
 
 def _scale(
     name: str, value: float | torch.Tensor | None, device: torch.device
 ) -> float | torch.Tensor:
-    """A per-tensor scale: Python number → float; CPU tensor → float (no device sync);
-    1-element fp32 tensor on the run device → read by the kernel."""
+    """A per-tensor scale: a real number (Python or NumPy) → float; CPU tensor → float (no
+    device sync); 1-element fp32 tensor on the run device → read by the kernel. Scales must be
+    finite and positive."""
     if value is None:
         return 1.0
     if isinstance(value, torch.Tensor):
@@ -171,19 +162,27 @@ def _scale(
             raise ValueError(f"expected {name} with one element, got shape {list(value.shape)}")
         if value.device.type == "cpu" and device.type != "cpu":
             value = float(value.item())
-        elif value.device != device:
-            raise ValueError(f"expected {name} on {device} or the CPU, got {value.device}")
+        elif value.device.type == "meta" or not same_device(value.device, device):
+            raise ValueError(
+                f"expected {name} on {device} (or as a CPU tensor or a float), got a tensor on "
+                f"{value.device}"
+            )
         elif device.type != "cpu":
             if value.dtype != torch.float32:
                 raise ValueError(f"expected {name} of dtype float32, got {value.dtype}")
             return value
         else:
             value = float(value.item())
-    if not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"expected {name} as a float or a tensor, got {type(value).__name__}")
-    if not (0.0 < float(value) < float("inf")):
+    value = float(value)
+    if not (math.isfinite(value) and value > 0.0):
         raise ValueError(f"expected {name} finite and > 0, got {value}")
-    return float(value)
+    return value
+
+
+def _host_ints(name: str, t: torch.Tensor) -> list[int]:
+    return t.tolist() if t.device.type == "cpu" else t.cpu().tolist()
 
 
 def build_plan_state(
@@ -211,9 +210,9 @@ def build_plan_state(
     check_index("kv_len_arr", kv_len_arr, length=batch)
     check_index("kv_indices", kv_indices)
 
-    qo = qo_indptr.tolist()
-    kvp = kv_indptr.tolist()
-    kl = kv_len_arr.tolist()
+    qo = _host_ints("qo_indptr", qo_indptr)
+    kvp = _host_ints("kv_indptr", kv_indptr)
+    kl = _host_ints("kv_len_arr", kv_len_arr)
     if qo[0] != 0 or kvp[0] != 0:
         raise ValueError(f"expected qo_indptr[0] == kv_indptr[0] == 0, got {qo[0]} and {kvp[0]}")
     nnz = kvp[-1]
@@ -241,12 +240,14 @@ def build_plan_state(
                 f"must be in the cache), got qo_len {n} > kv_len {length}"
             )
         max_qo, max_kv = max(max_qo, n), max(max_kv, length)
-    max_page = -1
-    if nnz:
-        lo, hi = (int(v) for v in kv_indices[:nnz].aminmax())
-        if lo < 0:
-            raise ValueError(f"expected page ids >= 0 in kv_indices, got {lo}")
-        max_page = hi
+    max_page: int | None = None
+    if kv_indices.device.type == "cpu":  # free to read; device ids are bounded by the kernels
+        max_page = -1
+        if nnz:
+            lo, hi = (int(v) for v in kv_indices[:nnz].aminmax())
+            if lo < 0:
+                raise ValueError(f"expected page ids >= 0 in kv_indices, got {lo}")
+            max_page = hi
 
     if graph_buffers is None:
         to_dev = lambda x: x.to(device).contiguous()
@@ -268,13 +269,17 @@ def build_plan_state(
                 f"nnz pages <= {dev_idx.numel()}), got B = {batch}, nnz = {nnz}"
             )
         # Surplus requests of the captured grid: no query tokens, no KV.
-        dev_qo[: batch + 1].copy_(qo_indptr, non_blocking=True)
+        if dev_qo.data_ptr() != qo_indptr.data_ptr():
+            dev_qo[: batch + 1].copy_(qo_indptr, non_blocking=True)
         dev_qo[batch + 1 :].fill_(qo[-1])
-        dev_kvp[: batch + 1].copy_(kv_indptr, non_blocking=True)
+        if dev_kvp.data_ptr() != kv_indptr.data_ptr():
+            dev_kvp[: batch + 1].copy_(kv_indptr, non_blocking=True)
         dev_kvp[batch + 1 :].fill_(nnz)
-        dev_len[:batch].copy_(kv_len_arr, non_blocking=True)
+        if dev_len.data_ptr() != kv_len_arr.data_ptr():
+            dev_len[:batch].copy_(kv_len_arr, non_blocking=True)
         dev_len[batch:].fill_(0)
-        dev_idx[:nnz].copy_(kv_indices[:nnz], non_blocking=True)
+        if dev_idx.data_ptr() != kv_indices.data_ptr():
+            dev_idx[:nnz].copy_(kv_indices[:nnz], non_blocking=True)
         grid_batch = cap
     return PlanState(
         batch=grid_batch,

@@ -57,7 +57,8 @@ def planned(batch, **overrides):
     ],
 )
 def test_plan_rejects(batch, overrides, match):
-    dev = batch.q_nope.device
+    # kv_indices is checked on the host only (on the device the kernels bound its ids)
+    dev = "cpu" if "page ids" in match else batch.q_nope.device
     as_tensor = lambda v: torch.tensor(
         v, device=dev, dtype=torch.int64 if "dtype" in match else torch.int32
     )
@@ -99,9 +100,19 @@ def test_run_rejects(batch, field, bad, match):
 
 
 def test_page_id_beyond_the_cache(batch):
-    w = planned(batch)
+    """Page ids read at plan() (host indices) are checked against the cache at run(); device
+    indices are bounded by the kernels: the requests that read past the cache get NaN."""
+    w = planned(batch, kv_indices=batch.kv_indices.cpu())
     with pytest.raises(ValueError, match="page ids in"):
         w.run(batch.q_nope, batch.q_pe, batch.ckv[:2], batch.kpe[:2])
+    if batch.kv_indices.device.type == "cpu":
+        return
+    w = planned(batch)
+    out = w.run(batch.q_nope, batch.q_pe, batch.ckv[:2], batch.kpe[:2], **batch.scale_kwargs())
+    pages = batch.kv_indices.cpu().tolist()
+    for r in range(2):
+        mine = pages[int(batch.kv_indptr[r]) : int(batch.kv_indptr[r + 1])]
+        assert out[r].isnan().all() == any(p >= 2 for p in mine)
 
 
 def test_bad_out_and_scales(batch):

@@ -9,9 +9,9 @@ import triton
 import triton.language as tl
 
 from fp8mla.kernels.mla_tiles import _fp8_bytes_to_f16
-from fp8mla.ops.mla_attention import fp8_conversion
-from fp8mla.ops.planner import KernelConfig
-from fp8mla.ops.targets import TARGETS
+from fp8mla.attention.launch import fp8_conversion
+from fp8mla.attention.planner import KernelConfig
+from fp8mla.attention.targets import TARGETS
 from fp8mla.testing import make_batch
 
 from attention_utils import assert_matches_reference, run_wrapper
@@ -36,6 +36,7 @@ def test_all_codes_through_the_kernel_helper(device, dtype):
     scale = 256.0 if dtype == torch.float8_e4m3fn else 1.0  # folded into the kernels' scales
     got = out.float().cpu() * scale
     assert torch.equal(got[finite], codes.view(dtype).float()[finite])
+    assert got[~finite].isnan().all()  # NaN codes decode to NaN
 
 
 @pytest.mark.parametrize("scale_mode", ["tensor", "token_group"])
@@ -69,11 +70,14 @@ def test_auto_picks_the_integer_paths_per_target():
             else (T.CVT_INT_E4M3, T.CVT_INT_E5M2)
         )
         assert got == tuple(int(w) for w in want), name
-    # no PTX on AMD; cvt needs SM89+; the interpreter keeps Triton's cast unless told otherwise
+    # no PTX on AMD; cvt needs SM89+; the interpreter takes the Triton-op integer path (its own
+    # FP8 cast turns NaN codes into finite values) unless told otherwise
     assert fp8_conversion(e4, cuda, False, "ptx", TARGETS["gfx942"]) == T.CVT_TRITON_INT_E4M3
     assert fp8_conversion(e4, cuda, False, "ptx", TARGETS["sm86"]) == T.CVT_INT_E4M3
     assert fp8_conversion(e4, cuda, False, "ptx", TARGETS["sm89"]) == T.CVT_PTX_E4M3
-    assert fp8_conversion(e4, torch.device("cpu"), True) == T.CVT_NATIVE
+    assert fp8_conversion(e4, torch.device("cpu"), True) == T.CVT_TRITON_INT_E4M3
+    assert fp8_conversion(e5, torch.device("cpu"), True) == T.CVT_TRITON_INT_E5M2
+    assert fp8_conversion(e4, torch.device("cpu"), True, "native") == T.CVT_NATIVE
     assert fp8_conversion(torch.bfloat16, cuda, False, "portable", TARGETS["sm90"]) == T.CVT_NATIVE
     with pytest.raises(ValueError, match="expected fp8_cvt"):
         fp8_conversion(e4, cuda, False, "fast", TARGETS["sm90"])

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 import fp8mla
-from fp8mla.ops.targets import TARGETS
-from fp8mla.tools.compile_matrix import SPILL_LIMIT, all_jobs, available_targets
+from fp8mla.attention.targets import TARGETS
+from fp8mla.tools.compile_matrix import all_jobs, available_targets
+from fp8mla.tools.spill_limits import SPILL_LIMIT
 
 AVAILABLE, MISSING = available_targets()
 JOBS = all_jobs()

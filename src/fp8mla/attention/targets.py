@@ -1,7 +1,8 @@
 """GPU targets fp8mla plans for: backend, architecture, wavefront size, on-chip memory, FP8.
 
 The presets cover every target the compile matrix (``fp8mla.tools.compile_matrix``) builds:
-NVIDIA SM80 … SM120 and AMD CDNA2/3/4 and RDNA3. :func:`current_target` maps a torch device to
+NVIDIA SM80 … SM120 and AMD CDNA2/3/4 and RDNA3, plus Triton's CPU interpreter, which the planner
+treats as one more target with a table of its own. :func:`launch_target` maps a torch device to
 one of them; nothing here touches CUDA at import time.
 """
 
@@ -21,7 +22,7 @@ class Target:
     """What the planner and the FP8 decoder need to know about one GPU architecture."""
 
     name: str  # "sm90", "gfx942"
-    backend: Literal["cuda", "hip"]
+    backend: Literal["cuda", "hip", "interpreter"]
     arch: int | str  # compute capability (90) or gfx name ("gfx942")
     warp_size: int  # 32, or 64 for CDNA wavefronts: num_warps counts these
     smem_per_block: int  # bytes of shared memory (LDS) one program may use
@@ -32,6 +33,10 @@ class Target:
     @property
     def is_hip(self) -> bool:
         return self.backend == "hip"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend in ("cuda", "hip")
 
 
 def _cuda(cc: int, block_kb: int, sm_kb: int, gpus: str) -> Target:
@@ -63,6 +68,9 @@ TARGETS: dict[str, Target] = {
 }
 # The architecture every launch configuration of the SM90/SM100 table was measured on.
 MEASURED = TARGETS["sm90"]
+# Triton's CPU interpreter (TRITON_INTERPRET=1): no shared-memory limit that matters, no FP8
+# instructions, no Gluon.
+INTERPRETER = Target("interpreter", "interpreter", "cpu", 32, 1 << 30, 1 << 30, False, "CPU")
 
 
 def cuda_target(cc: int) -> Target:
@@ -97,6 +105,14 @@ def current_target(device: torch.device | str | None = None) -> Target:
     if dev.type != "cuda":
         raise ValueError(f"expected a CUDA/ROCm device, got {dev}")
     return _device_target(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
+def launch_target(device: torch.device, interpreted: bool) -> Target:
+    """Where a launch on ``device`` runs: the interpreter (CPU tensors, or
+    ``TRITON_INTERPRET=1``) or the device's architecture."""
+    if interpreted or device.type != "cuda":
+        return INTERPRETER
+    return current_target(device)
 
 
 @functools.lru_cache(maxsize=16)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
+from fp8mla._checks import check_tensor
+from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
 
 _WORKSPACE_BYTES = 128 << 20
 _workspaces: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -65,6 +66,9 @@ def mla_decode(
         >>> out = mla_decode(q_nope, q_pe, pool[..., :512], pool[..., 512:],
         ...                  kv_indptr, kv_indices, kv_len, sm_scale=1 / 16)
     """
+    check_tensor("q_nope", q_nope, ndim=3)
+    check_tensor("q_pe", q_pe, ndim=3)
+    check_tensor("ckv_cache", ckv_cache, ndim=3)
     device = q_nope.device
     if qo_indptr is None:
         batch = kv_len.numel()

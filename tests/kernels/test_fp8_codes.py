@@ -1,4 +1,5 @@
-"""FP8 → fp16 conversions of the attention kernels, over all 256 codes of both formats."""
+"""FP8 → fp16 conversions of the attention kernels, over all 256 codes of both formats, NaN
+codes included (a NaN in the cache must come out NaN on every path, never a finite value)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def integer_rule(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The integer path's arithmetic in PyTorch: fp16 bits from the byte alone."""
     b = codes.to(torch.int32)
     if dtype == torch.float8_e4m3fn:
-        bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+        t = (b & 0x7F) << 7
+        t = t | ((t + 0x80) & 0x4000)  # the NaN code's lane carries into the exponent
+        bits = ((b & 0x80) << 8) | t
         scale = 256.0  # the 2^8 exponent offset the kernels fold into their scales
     else:
         bits = b << 8
@@ -34,7 +37,8 @@ def test_integer_rule_is_exact_for_every_code(dtype):
     want = codes.view(dtype).float()
     got = integer_rule(codes, dtype)
     assert torch.equal(got[finite], want[finite])
-    assert finite.sum() == (254 if dtype == torch.float8_e4m3fn else 250)  # NaN codes only
+    assert got[~finite].isnan().all()
+    assert finite.sum() == (254 if dtype == torch.float8_e4m3fn else 250)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="the PTX conversions need a CUDA GPU")
@@ -45,7 +49,7 @@ def test_kernel_conversions_on_gpu(dtype, mode):
     import triton.language as tl
 
     from fp8mla.kernels.mla_tiles import _fp8_bytes_to_f16
-    from fp8mla.ops.mla_attention import fp8_conversion
+    from fp8mla.attention.launch import fp8_conversion
 
     @triton.jit
     def convert(src, dst, FP8_CVT: tl.constexpr):
@@ -60,3 +64,4 @@ def test_kernel_conversions_on_gpu(dtype, mode):
     got = out.float().cpu() * scale
     want = codes.view(dtype).float()
     assert torch.equal(got[finite], want[finite])
+    assert got[~finite].isnan().all()  # NaN codes decode to NaN on every path

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8mla.ops.planner import choose_config
-from fp8mla.ops.targets import cuda_target
+from fp8mla.attention.planner import choose_config
+from fp8mla.attention.targets import INTERPRETER, cuda_target
 from fp8mla.reference import mla_reference
 from fp8mla.testing import make_batch, rel_err
 
@@ -49,16 +49,19 @@ def test_chunk_of_fp8_e5m2_page_size_one(device):
 
 
 def test_long_chunks_take_the_wide_tiles():
-    wide = choose_config(4096 * 128, torch.float8_e4m3fn, False)  # the H200 table
-    assert (wide.block_m, wide.wgmma) == (64, True)
-    sm100 = choose_config(4096 * 128, torch.float8_e4m3fn, False, cuda_target(100))
-    assert (sm100.block_m, sm100.value_split, sm100.wgmma) == (128, True, False)
-    spec = choose_config(4 * 16, torch.float8_e4m3fn, False)  # 4 speculative tokens, 16 heads
-    assert (spec.block_m, spec.wgmma) == (64, True)
-    assert choose_config(16, torch.float8_e4m3fn, False).block_m == 16
-    assert choose_config(4096 * 128, torch.bfloat16, False).value_split
-    assert choose_config(64, torch.bfloat16, False).block_m == 64
-    assert choose_config(40 * 4, torch.float8_e4m3fn, True).value_split  # the interpreter too
+    h200 = cuda_target(90)
+    wide = choose_config(4096 * 128, torch.float8_e4m3fn, h200)
+    assert (wide.block_m, wide.variant) == (64, "wgmma")
+    sm100 = choose_config(4096 * 128, torch.float8_e4m3fn, cuda_target(100))
+    assert (sm100.block_m, sm100.variant) == (128, "vsplit")
+    spec = choose_config(4 * 16, torch.float8_e4m3fn, h200)  # 4 speculative tokens, 16 heads
+    assert (spec.block_m, spec.variant) == (64, "wgmma")
+    spec2 = choose_config(2 * 16, torch.float8_e4m3fn, h200)  # 2 tokens × 16 heads: 32 rows
+    assert (spec2.block_m, spec2.variant) == (32, "fewrows")
+    assert choose_config(16, torch.float8_e4m3fn, h200).block_m == 16
+    assert choose_config(4096 * 128, torch.bfloat16, h200).variant == "vsplit"
+    assert choose_config(64, torch.bfloat16, h200).block_m == 64
+    assert choose_config(40 * 4, torch.float8_e4m3fn, INTERPRETER).variant == "vsplit"
 
 
 @pytest.mark.gpu

@@ -184,6 +184,9 @@ def test_bad_writes_raise():
         ({"num_slots": 32, "dtype": torch.bfloat16, "scale_mode": "token_group"}, "FP8"),
         ({"num_slots": 32, "scale_mode": "row"}, "scale_mode"),
         ({"num_slots": 32, "dtype": torch.bfloat16, "ckv_scale": 2.0}, "scales of 1.0"),
+        ({"num_slots": 32, "ckv_scale": float("inf")}, "ckv_scale finite and > 0"),
+        ({"num_slots": 32, "kpe_scale": float("nan")}, "kpe_scale finite and > 0"),
+        ({"num_slots": 32, "ckv_scale": 0.0}, "ckv_scale finite and > 0"),
     ],
 )
 def test_bad_construction(kwargs, match):
@@ -222,3 +225,37 @@ def test_allocator_invariants(ops):
         owned = [p for h in held for p in h]
         assert alloc.num_used == len(owned) and alloc.num_free == 10 - len(owned)
         assert all(0 <= p < 10 for p in owned)
+
+
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+@pytest.mark.parametrize("scale_mode", ["tensor", "token_group"])
+def test_nan_and_inf_writes_follow_one_rule(device, dtype, scale_mode):
+    """Both writers: NaN stays NaN (the format's NaN code, as PyTorch's cast writes it), ±inf
+    and finite overflow saturate to the largest finite value, and with token-group scales a
+    NaN or inf does not spoil its group: its neighbours keep their values and the scale stays
+    finite."""
+    g = torch.Generator().manual_seed(7)
+    ckv = torch.randn(4, 512, generator=g)
+    kpe = torch.randn(4, 64, generator=g)
+    ckv[0, 3], ckv[1, 200], ckv[2, 7] = float("nan"), float("inf"), -float("inf")
+    ckv[3, 9] = 1e30
+    kpe[0, 1], kpe[1, 2] = float("nan"), float("inf")
+    slots = torch.tensor([5, 1, 7, 2], device=device)
+    caches = []
+    for backend in BACKENDS:
+        cache = MLAKVCache(8, dtype=dtype, scale_mode=scale_mode, device=device, backend=backend)
+        cache.write(slots, ckv.to(device), kpe.to(device))
+        caches.append(cache)
+    a, b = (c.buffer.view(torch.uint8).view(8, -1)[slots].cpu() for c in caches)
+    assert torch.equal(a, b)  # the same bytes from both writers
+    vals = caches[0].buffer.view(8, -1)[slots].float().cpu()
+    top = float(torch.finfo(dtype).max)
+    assert vals[0, 3].isnan() and vals[0, 512 + 1].isnan()
+    assert vals[0].isnan().sum() == 2  # the NaN's neighbours are untouched
+    if scale_mode == "tensor":
+        assert vals[1, 200] == top and vals[2, 7] == -top and vals[3, 9] == top
+    assert vals[1, 512 + 2] == top
+    if scale_mode == "token_group":
+        scales = caches[0].scale_arr.view(8, -1)[slots].cpu()
+        assert torch.isfinite(scales).all() and (scales > 0).all()
+        assert torch.equal(scales, caches[1].scale_arr.view(8, -1)[slots].cpu())

@@ -52,7 +52,13 @@ def test_inputs_place_tokens_on_distinct_slots(device):
 
 
 def test_case_names_and_counts():
-    assert GOAL_CASES[0].name == "B64_H16_L4096_float8_e4m3fn"
+    assert [c.name for c in GOAL_CASES] == [
+        "B32_H32_L4096_float8_e4m3fn",
+        "B64_H16_L4096_float8_e4m3fn",
+        "B8_H32_L16384_float8_e4m3fn",
+        "B1_H32_L4096_float8_e4m3fn",
+        "B64_H128_L4096_float8_e4m3fn",
+    ]
     assert Case(1, 32, 4096, page_size=64).name == "B1_H32_L4096_P64_float8_e4m3fn"
     assert flops(Case(1, 1, 10)) == 2 * 10 * 1088
     sweep = sweep_cases()
@@ -62,6 +68,11 @@ def test_case_names_and_counts():
     assert max(c.batch for c in sweep) == 256 and min(c.batch for c in sweep) == 1
     assert Case(1, 128, 36864, qo_len=4096).name == "E4096_P32768_H128_float8_e4m3fn"
     assert result_stem("NVIDIA H200", "2026-11-29") == "2026-11-29-nvidia-h200"
+
+
+def test_flashinfer_folder_without_the_package_is_unavailable(tmp_path):
+    with pytest.raises(I.Unavailable, match="no flashinfer package"):
+        I.load_flashinfer(str(tmp_path))
 
 
 def test_table_formats_records():
@@ -78,3 +89,5 @@ def test_table_formats_records():
     )
     text = format_table([row])
     assert "B1_H16_L512_float8_e4m3fn" in text and "1.5e-03" in text
+    host = dict(row, case="HOST_B1_H32_L4096_float8_e4m3fn", gbps=None, tflops=None, x_floor=None)
+    assert "HOST_B1_H32_L4096" in format_table([host])

@@ -1,0 +1,44 @@
+"""What one attention launch is: a kernel variant in a tile shape, and its grid."""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """A kernel variant (a name in :data:`fp8mla.attention.variants.REGISTRY`) and its tile.
+
+    ``KernelConfig(16, 64, 8, 1)`` is the ``rows`` variant in 16-row tiles of 64 KV tokens,
+    8 warps, one pipeline stage; ``plan(kernel_config=...)`` also takes a variant name alone
+    (``"fewrows"``), which then runs in the tile the planner's tables give it."""
+
+    block_m: int  # query rows ((token, head) pairs) per program
+    block_n: int  # KV tokens per inner-loop step
+    num_warps: int
+    num_stages: int
+    _: KW_ONLY  # the options below are named at every call: new ones cannot shift them
+    variant: str = "rows"
+    # bf16 queries converted to fp16 by the launcher (a copy the size of q_nope) when the dots
+    # run in fp16: Triton then stages the query tile from global memory into shared memory;
+    # converted in-kernel, it is re-read into registers every KV step (value split, FP8 KV).
+    q_fp16_copy: bool = False
+    fp8_cvt: str = "auto"  # FP8 → fp16: auto, native, ptx (SM89+), int (CUDA), portable (any)
+    # Programs per SM the split count aims for: 2 fills two full waves when one program is
+    # resident per SM (the H200's 16-row FP8 tile: 4 splits beat 2 and 3 for 64 requests).
+    occupancy: int = 1
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Grid of one attention launch: ``(m_tiles × programs per tile, batch, num_splits)``
+    programs of ``config``."""
+
+    config: KernelConfig
+    m_tiles: int  # row tiles of the longest request (shorter ones exit early)
+    num_splits: int
+
+    @property
+    def rows_per_request(self) -> int:
+        """Query rows of one request the grid covers: the capacity of a CUDA-graph capture."""
+        return self.m_tiles * self.config.block_m

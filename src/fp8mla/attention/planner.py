@@ -1,0 +1,284 @@
+"""Launch planning for MLA attention: which kernel variant, in which tile, with how many KV
+splits.
+
+Pure host-side arithmetic on the batch description, so it can be unit-tested anywhere and is
+called once per ``plan()``. Each target family has a :class:`ConfigTable` (measured on the H200
+for SM90; compiled, not timed, elsewhere: ``docs/compile_matrix.md``); a table's choice that its
+variant cannot serve (``variants.REGISTRY``) gives way to the table's fallback. The tuning
+history behind the numbers is in ``benchmarks/NOTES.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from fp8mla.attention.config import KernelConfig, LaunchPlan
+from fp8mla.attention.targets import INTERPRETER, KB, MEASURED, Target
+from fp8mla.attention.variants import get_variant
+
+MAX_SPLITS = 64
+# Row counts per request (query tokens × heads) that separate the table's entries.
+TINY_ROWS = 16
+FEW_ROWS = 32
+MANY_ROWS = 64
+SELECTION_ROWS = (1, TINY_ROWS + 1, FEW_ROWS + 1, MANY_ROWS + 1)  # one per table entry
+
+
+@dataclass(frozen=True)
+class ConfigTable:
+    """The tiles of one family of targets, by KV dtype (FP8 / 16-bit) and rows per request:
+    up to 16 (``tiny_*``, None: the ``few_*`` tile), up to 32, up to 64, more (``wide_*``,
+    None: the up-to-64 tile). ``fallback`` serves batches a chosen variant cannot."""
+
+    few_fp8: KernelConfig
+    few_16bit: KernelConfig
+    many_fp8: KernelConfig
+    many_16bit: KernelConfig
+    wide_fp8: KernelConfig | None = None
+    wide_16bit: KernelConfig | None = None
+    tiny_fp8: KernelConfig | None = None
+    tiny_16bit: KernelConfig | None = None
+    fallback: ConfigTable | None = None
+
+    def pick(self, rows: int, kv_dtype: torch.dtype) -> KernelConfig:
+        fp8 = kv_dtype.itemsize == 1
+        if rows <= TINY_ROWS:
+            tiny = self.tiny_fp8 if fp8 else self.tiny_16bit
+            if tiny is not None:
+                return tiny
+        if rows <= FEW_ROWS:
+            return self.few_fp8 if fp8 else self.few_16bit
+        many = self.many_fp8 if fp8 else self.many_16bit
+        if rows <= MANY_ROWS:
+            return many
+        return (self.wide_fp8 if fp8 else self.wide_16bit) or many
+
+    def chain(self) -> list[ConfigTable]:
+        """This table and its fallbacks, in the order they are tried."""
+        tables, t = [], self
+        while t is not None:
+            tables.append(t)
+            t = t.fallback
+        return tables
+
+
+# The Triton tiles of SM90/SM100 (227 KB), from the H200 tuning rounds. Up to 32 rows 16-row
+# tiles (a 32-head request runs as two tiles whose shared KV reads hit L2). FP8, 33-64 rows:
+# value-split 64-row tiles, 4 warps, 3 stages, two programs per SM (109 KB each); more rows:
+# value-split 128-row tiles with fp16 queries. 16-bit KV: the 64-row tile up to 64 rows, then
+# value-split 128-row tiles in one stage (two stages need 295 KB). These tiles spill 150-900 B
+# per thread and still measured fastest. This table serves SM100 and, on SM90, the batches the
+# Gluon kernels cannot (16-bit KV, no RoPE part).
+TRITON_TABLE = ConfigTable(
+    few_fp8=KernelConfig(16, 64, 8, 1, occupancy=2),
+    few_16bit=KernelConfig(16, 64, 4, 2, occupancy=2),
+    many_fp8=KernelConfig(64, 32, 4, 3, variant="vsplit", occupancy=2),
+    many_16bit=KernelConfig(64, 64, 8, 1, occupancy=1),
+    wide_fp8=KernelConfig(128, 64, 8, 2, variant="vsplit", q_fp16_copy=True),
+    wide_16bit=KernelConfig(128, 64, 8, 1, variant="vsplit", q_fp16_copy=True),
+)
+# SM90, FP8 KV above 32 rows: the warp-specialized Gluon wgmma kernel (448 vs 215 TFLOP/s for
+# the 4096-token chunk with 128 heads). It decodes FP8 with cvt.rn.f16x2.
+WGMMA_TILE = KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")
+# SM90, FP8 KV up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N (32 x 32 x
+# 4096: 75 vs 122 us for the 16-row Triton tile, in the same run).
+FEWROWS_TILE_16 = KernelConfig(16, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
+FEWROWS_TILE_32 = KernelConfig(32, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
+SM90_TABLE = dataclasses.replace(
+    TRITON_TABLE,
+    tiny_fp8=FEWROWS_TILE_16,
+    few_fp8=FEWROWS_TILE_32,
+    many_fp8=WGMMA_TILE,
+    wide_fp8=WGMMA_TILE,
+    fallback=TRITON_TABLE,
+)
+# The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
+# quote). Rule: the H200 choice where it fits the target's shared memory without spilling more
+# than on the H200, else the largest tile that fits unspilled. Occupancy 1: in every one of
+# these builds registers or shared memory leave no room for a second program per SM/CU.
+TABLES: dict[str, ConfigTable] = {
+    "sm90": SM90_TABLE,
+    # SM100: the H200's Triton table (the Gluon kernels are Hopper-only); Triton lays the
+    # two-stage 128-row value-split tile out in 251 KB there (> 227 KB), one stage fits.
+    "sm100": dataclasses.replace(
+        TRITON_TABLE, wide_fp8=dataclasses.replace(TRITON_TABLE.wide_fp8, num_stages=1)
+    ),
+    # SM80 (163 KB): the H200 tiles but for 16-bit KV with many rows, whose 64-row tile needs
+    # 200 KB there (no wgmma); 32×32 in two stages needs 74 KB.
+    "smem163": ConfigTable(
+        KernelConfig(16, 64, 8, 1),
+        KernelConfig(16, 64, 4, 2),
+        KernelConfig(64, 64, 8, 1),
+        KernelConfig(32, 32, 8, 2),
+    ),
+    # SM86/89/120 (99 KB): 64-row tiles need 144-200 KB, 32×32 tiles 72-74 KB; the 16-bit 16×64
+    # two-stage tile fits (92 KB) but spills 180-270 B, 16×32 (55 KB) does not.
+    "smem99": ConfigTable(
+        KernelConfig(16, 64, 8, 1),
+        KernelConfig(16, 32, 4, 2),
+        KernelConfig(32, 32, 8, 1),
+        KernelConfig(32, 32, 8, 2),
+    ),
+    # CDNA (wave64, 64 KB LDS): 4 wavefronts keep the 512-VGPR budget of one wave per SIMD
+    # (8 wavefronts halve it and spill); 16×64 spills on gfx90a, 16×32 in two stages nowhere;
+    # the 64-row tile uses all 64 KB of LDS.
+    "wave64": ConfigTable(
+        KernelConfig(16, 32, 4, 2),
+        KernelConfig(16, 32, 4, 2),
+        KernelConfig(64, 16, 4, 1),
+        KernelConfig(64, 16, 4, 1),
+    ),
+    # RDNA3 (wave32, 256 VGPRs): WMMA holds 16 values per lane per 16×16 operand tile, so the
+    # 576-deep Q·Kᵀ operands alone need ~576 VGPRs: every tile spills, the smallest least.
+    "wave32": ConfigTable(*(KernelConfig(16, 16, 8, 1),) * 4),
+    # Triton's CPU interpreter: small tiles (its time grows with the tile), the smallest that
+    # holds the rows, and the value-split kernel above 64 rows as on the GPUs.
+    "interpreter": ConfigTable(
+        few_fp8=KernelConfig(32, 32, 4, 1),
+        few_16bit=KernelConfig(32, 32, 4, 1),
+        many_fp8=KernelConfig(64, 32, 4, 1),
+        many_16bit=KernelConfig(64, 32, 4, 1),
+        wide_fp8=KernelConfig(64, 32, 4, 1, variant="vsplit"),
+        wide_16bit=KernelConfig(64, 32, 4, 1, variant="vsplit"),
+        tiny_fp8=KernelConfig(16, 32, 4, 1),
+        tiny_16bit=KernelConfig(16, 32, 4, 1),
+    ),
+}
+
+
+def config_table(target: Target | None) -> ConfigTable:
+    """The table for ``target``; None means the H200 the SM90 table was measured on."""
+    if target is None:
+        return TABLES["sm90"]
+    if target is INTERPRETER or target.backend == "interpreter":
+        return TABLES["interpreter"]
+    if target.is_hip:
+        return TABLES["wave64" if target.warp_size == 64 else "wave32"]
+    if target.smem_per_block >= 227 * KB:
+        if int(target.arch) == 90:
+            return TABLES["sm90"]
+        return TABLES["sm100"]
+    return TABLES["smem163" if target.smem_per_block >= 163 * KB else "smem99"]
+
+
+def choose_config(
+    rows: int, kv_dtype: torch.dtype, target: Target | None, head_dim_kpe: int = 64
+) -> KernelConfig:
+    """The tile for ``rows`` query rows per request (query tokens × heads) on ``target``: the
+    first table of the chain whose choice its variant can run."""
+    reasons = []
+    for table in config_table(target).chain():
+        config = table.pick(rows, kv_dtype)
+        why = get_variant(config.variant).reason_against(
+            config, target or MEASURED, kv_dtype, rows, head_dim_kpe
+        )
+        if why is None:
+            return config
+        reasons.append(f"{config.variant}: {why}")
+    raise ValueError(f"expected a kernel variant for this batch, got none ({'; '.join(reasons)})")
+
+
+def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[KernelConfig]:
+    """Every config :func:`choose_config` can pick for ``target`` and ``kv_dtype``, with and
+    without a RoPE part (what the compile matrix builds)."""
+    out = [
+        choose_config(rows, kv_dtype, target, kpe) for kpe in (64, 0) for rows in SELECTION_ROWS
+    ]
+    return list(dict.fromkeys(out))
+
+
+def tile_for_variant(
+    name: str, rows: int, kv_dtype: torch.dtype, target: Target | None
+) -> KernelConfig:
+    """The tile a variant named in ``plan(kernel_config=name)`` runs in: the table's choice
+    for these rows when it is that variant, else the first tile of that variant in the chain."""
+    get_variant(name)  # raises for an unknown name
+    chain = config_table(target).chain()
+    for table in chain:
+        config = table.pick(rows, kv_dtype)
+        if config.variant == name:
+            return config
+    for table in chain:
+        for config in (table.tiny_fp8, table.few_fp8, table.many_fp8, table.wide_fp8,
+                       table.tiny_16bit, table.few_16bit, table.many_16bit, table.wide_16bit):  # fmt: skip
+            if config is not None and config.variant == name:
+                return config
+    where = target.name if target is not None else "sm90"
+    raise ValueError(f"expected a KernelConfig for variant {name!r}: {where}'s tables have none")
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def device_sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device``; a small nominal count for the CPU interpreter."""
+    if device.type == "cuda":
+        return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 8
+
+
+def choose_splits(
+    work_items: int,
+    max_kv_len: int | None,
+    sms: int,
+    max_splits_by_workspace: int,
+    config: KernelConfig | None = None,
+) -> int:
+    """Splits per request: as many as keep ``work_items × splits`` within ``sms × occupancy``
+    programs (whole waves) -- a partial extra wave costs more than the merge saves.
+
+    ``max_kv_len=None`` (CUDA-graph plans, where lengths change between replays) plans for
+    long contexts; the kernel leaves surplus splits empty when a request is short. Below the
+    variant's ``min_split_tokens`` a split costs more in the merge than it buys."""
+    slots = sms * (config.occupancy if config is not None else 1)
+    splits = max(1, slots // max(work_items, 1))
+    if max_kv_len is not None:
+        min_tokens = get_variant(config.variant).min_split_tokens if config else 128
+        splits = min(splits, max(1, max_kv_len // min_tokens))
+    return max(1, min(splits, MAX_SPLITS, max_splits_by_workspace))
+
+
+def make_launch_plan(
+    *,
+    batch: int,
+    num_heads: int,
+    max_qo_len: int,
+    max_kv_len: int | None,
+    sms: int,
+    max_splits_by_workspace: int,
+    target: Target | None,
+    kv_dtype: torch.dtype = torch.float8_e4m3fn,
+    num_splits: int | None = None,
+    config: KernelConfig | str | None = None,
+    head_dim_kpe: int = 64,
+) -> LaunchPlan:
+    """Variant, tile and grid of one launch on ``target`` (None: the H200 the SM90 table was
+    measured on). ``config`` overrides the table (a :class:`KernelConfig`, or a variant name
+    run in its table tile) and raises when its variant cannot serve the batch there."""
+    rows = max_qo_len * num_heads
+    if config is None:
+        config = choose_config(rows, kv_dtype, target, head_dim_kpe)
+    else:
+        if isinstance(config, str):
+            config = tile_for_variant(config, rows, kv_dtype, target)
+        why = get_variant(config.variant).reason_against(
+            config, target or MEASURED, kv_dtype, rows, head_dim_kpe
+        )
+        if why is not None:
+            raise ValueError(f"expected a kernel config that serves this batch, got {config.variant} ({why})")
+    m_tiles = max(1, -(-rows // config.block_m))
+    if num_splits is None:
+        num_splits = choose_splits(
+            batch * m_tiles * get_variant(config.variant).programs_per_tile,
+            max_kv_len,
+            sms,
+            max_splits_by_workspace,
+            config,
+        )
+    return LaunchPlan(config=config, m_tiles=m_tiles, num_splits=num_splits)

@@ -1,0 +1,173 @@
+"""The attention kernel variants, in one registry.
+
+Every variant computes the same function with the same arguments (``kernels/mla_attention.py``
+documents them): paged MLA attention of ``BLOCK_M`` query rows of one request over one KV split.
+They differ in how the work is laid out on the hardware. A :class:`Variant` says which kernel it
+is, where it can run (:attr:`Variant.supports`), which tiles it takes (:attr:`Variant.check_tile`)
+and how its grid is shaped. The planner (``planner.py``) picks a :class:`KernelConfig` from its
+per-target tables and asks the registry whether the variant serves the batch; the launcher, the
+compile matrix, the tuning script and the tests all read this one table.
+
+Adding a variant: one kernel module and one :func:`register` call here
+(``docs/adding_a_kernel.md``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fp8mla.attention.config import KernelConfig
+from fp8mla.attention.targets import Target
+
+# supports(target, kv_dtype, rows, head_dim_kpe) -> why not, or None
+SupportRule = Callable[[Target, torch.dtype, int, int], "str | None"]
+TileRule = Callable[[KernelConfig], "str | None"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel variant: its name, its kernel and what it needs."""
+
+    name: str
+    kernel: str  # "module:function"
+    summary: str
+    supports: SupportRule
+    check_tile: TileRule
+    programs_per_tile: int = 1  # programs along the grid's first axis per row tile
+    gluon: bool = False  # pipeline written out in the kernel (no num_stages); no interpreter
+    mark: str = ""  # suffix of tile names in tables ("v", "g")
+    min_split_tokens: int = 128  # fewest KV tokens worth a split of their own
+
+    def load(self):
+        """The ``@triton.jit`` / ``@gluon.jit`` function (imported on first use)."""
+        module, name = self.kernel.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def reason_against(
+        self, config: KernelConfig, target: Target, kv_dtype: torch.dtype, rows: int, kpe: int
+    ) -> str | None:
+        """Why ``config`` of this variant cannot serve the batch on ``target``, or None."""
+        return self.check_tile(config) or self.supports(target, kv_dtype, rows, kpe)
+
+
+REGISTRY: dict[str, Variant] = {}
+
+
+def register(variant: Variant) -> Variant:
+    if variant.name in REGISTRY:
+        raise ValueError(f"expected a new variant name, got {variant.name!r} twice")
+    REGISTRY[variant.name] = variant
+    return variant
+
+
+def get_variant(name: str) -> Variant:
+    if name not in REGISTRY:
+        raise ValueError(f"expected a kernel variant in {sorted(REGISTRY)}, got {name!r}")
+    return REGISTRY[name]
+
+
+def tile_name(config: KernelConfig) -> str:
+    """``16x64``, with the variant's mark (``v`` value split, ``g`` wgmma, ``f`` few-row)."""
+    return f"{config.block_m}x{config.block_n}{get_variant(config.variant).mark}"
+
+
+# -- support rules --------------------------------------------------------------------------
+
+
+def _anywhere(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+    return None
+
+
+def _any_tile(config: KernelConfig) -> str | None:
+    return None
+
+
+def _sm90_fp8_rope(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+    if target.backend != "cuda" or target.arch != 90:
+        return f"needs an SM90 GPU (Gluon wgmma), got {target.name}"
+    if kv_dtype.itemsize != 1:
+        return f"reads FP8 KV, got {str(kv_dtype).removeprefix('torch.')}"
+    if kpe != 64:
+        return f"needs a 64-dim RoPE part, got head_dim_kpe {kpe}"
+    return None
+
+
+FEW_ROWS_MAX = 32
+
+
+def _sm90_fp8_rope_few(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+    if rows > FEW_ROWS_MAX:
+        return f"serves at most {FEW_ROWS_MAX} query rows per request, got {rows}"
+    return _sm90_fp8_rope(target, kv_dtype, rows, kpe)
+
+
+def _tile_64x64_8(config: KernelConfig) -> str | None:
+    if (config.block_m, config.block_n, config.num_warps) != (64, 64, 8):
+        return (
+            f"takes 64 × 64 tiles and 8 warps, got {config.block_m} × {config.block_n} and "
+            f"{config.num_warps} warps"
+        )
+    return None
+
+
+def _tile_few(config: KernelConfig) -> str | None:
+    if config.block_m not in (16, 32) or config.block_n != 64 or config.num_warps != 4:
+        return (
+            f"takes 16- or 32-row tiles of 64 tokens and 4 warps, got {config.block_m} × "
+            f"{config.block_n} and {config.num_warps} warps"
+        )
+    return None
+
+
+# -- the variants ---------------------------------------------------------------------------
+
+ROWS = register(
+    Variant(
+        name="rows",
+        kernel="fp8mla.kernels.mla_attention:_mla_attn_rows_kernel",
+        summary="Triton; S = Q·Kᵀ then O += P·V with the query rows as M (any target)",
+        supports=_anywhere,
+        check_tile=_any_tile,
+    )
+)
+VSPLIT = register(
+    Variant(
+        name="vsplit",
+        kernel="fp8mla.kernels.mla_attention:_mla_attn_vsplit_kernel",
+        summary="Triton; two programs per row tile, each with half of the 512 output columns "
+        "(many rows: the accumulator fits in registers)",
+        supports=_anywhere,
+        check_tile=_any_tile,
+        programs_per_tile=2,
+        mark="v",
+    )
+)
+WGMMA = register(
+    Variant(
+        name="wgmma",
+        kernel="fp8mla.kernels.mla_wgmma:_mla_attn_wgmma_kernel",
+        summary="Gluon, SM90; a producer warpgroup converts FP8 tiles into fp16 shared memory, "
+        "two consumer warpgroups split the columns of Q·Kᵀ and of the output (many rows)",
+        supports=_sm90_fp8_rope,
+        check_tile=_tile_64x64_8,
+        gluon=True,
+        mark="g",
+    )
+)
+FEWROWS = register(
+    Variant(
+        name="fewrows",
+        kernel="fp8mla.kernels.mla_fewrows:_mla_attn_fewrows_kernel",
+        summary="Gluon, SM90; KV tokens as wgmma's M and ≤ 32 query rows as N, two producers "
+        "convert FP8 tiles into fp16 shared memory (decode of 16-32 heads)",
+        supports=_sm90_fp8_rope_few,
+        check_tile=_tile_few,
+        gluon=True,
+        mark="f",
+        min_split_tokens=64,
+    )
+)

@@ -1,0 +1,403 @@
+"""``BatchMLAPagedAttentionWrapper``: FlashInfer's plan()/run() API over fp8mla's kernels.
+
+An engine that calls ``flashinfer.mla.BatchMLAPagedAttentionWrapper`` switches by changing the
+import; in addition the KV cache may be FP8 (e4m3/e5m2) and is read directly by the kernel, so
+no cast of the pool is ever needed.
+
+``plan()`` does the once-per-step work: validation, the backend and kernel variant, the grid,
+the workspace layout and every launch argument the batch fixes. ``run()`` (once per layer)
+checks its tensors and launches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal, overload
+
+import torch
+
+from fp8mla._checks import check_index, check_tensor
+from fp8mla.attention.config import KernelConfig, LaunchPlan
+from fp8mla.attention.launch import AttentionLaunch
+from fp8mla.attention.plan_state import PlanState, build_plan_state
+from fp8mla.attention.planner import device_sm_count, make_launch_plan
+from fp8mla.attention.targets import launch_target
+from fp8mla.attention.workspace import split_capacity, split_partials
+from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, Q_DTYPES, Scales
+from fp8mla.runtime import interpreted, resolve_backend
+
+MAX_PAGE_SIZE = 128
+MAX_HEADS = 128
+MAX_NUM_SPLITS = 256
+
+
+@dataclass(frozen=True)
+class _GraphLaunch:
+    """What a CUDA-graph wrapper's first plan fixed: a captured graph replays exactly this."""
+
+    launch: LaunchPlan
+    signature: tuple  # heads, dims, page size, causal, sm_scale, dtypes
+    total_tokens: int
+
+
+class BatchMLAPagedAttentionWrapper:
+    """Batched MLA attention over a paged KV cache (decode, speculative decode, extend).
+
+    Call-compatible with FlashInfer's ``BatchMLAPagedAttentionWrapper``.
+
+    Args:
+        float_workspace_buffer: scratch memory (any dtype; 128 MB is plenty) on the device the
+            attention runs on. Split-KV partial results live here; a small buffer limits the
+            number of splits.
+        use_cuda_graph: fix the index buffers (the four below, sized for the largest batch)
+            so that ``plan()`` only fills them and ``run()`` can be captured and replayed. The
+            first plan fixes the launch a captured graph replays (kernel, query rows per
+            request, KV splits, query tokens, heads, causal mask, softmax scale); a later
+            plan that does not fit it raises ``ValueError`` naming the limit. Plan the largest
+            batch first, and use one wrapper per captured shape (decode, verify).
+        qo_indptr, kv_indptr, kv_indices, kv_len_arr: int32 buffers for CUDA-graph mode.
+        backend: ``"triton"`` (the kernels; on CPU under ``TRITON_INTERPRET=1``), ``"torch"``
+            (the float32 PyTorch reference: the CPU fallback), or ``"auto"`` (Triton on CUDA).
+        debug: check at every ``run()`` that the page-table entries the kernels will read are
+            in range (a host sync), raising ``ValueError`` naming the request and the page id.
+            Also on with the environment variable ``FP8MLA_DEBUG=1``. Without it, an
+            out-of-range id is never read and makes that request's output NaN.
+
+    Example:
+        >>> w = BatchMLAPagedAttentionWrapper(torch.empty(128 << 20, dtype=torch.uint8,
+        ...                                   device="cuda"))
+        >>> w.plan(qo_indptr, kv_indptr, kv_indices, kv_len, 16, 512, 64, 1, False,
+        ...        1 / 192 ** 0.5, torch.bfloat16, torch.float8_e4m3fn)
+        >>> out = w.run(q_nope, q_pe, ckv_cache, kpe_cache)  # [tokens, 16, 512] bf16
+    """
+
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        use_cuda_graph: bool = False,
+        qo_indptr: torch.Tensor | None = None,
+        kv_indptr: torch.Tensor | None = None,
+        kv_indices: torch.Tensor | None = None,
+        kv_len_arr: torch.Tensor | None = None,
+        backend: str = "auto",
+        *,
+        debug: bool = False,
+    ) -> None:
+        check_tensor("float_workspace_buffer", float_workspace_buffer)
+        self.device = float_workspace_buffer.device
+        self._workspace = float_workspace_buffer
+        self._backend = resolve_backend(backend, self.device)
+        self._debug = debug or os.environ.get("FP8MLA_DEBUG", "0") not in ("", "0")
+        self._use_cuda_graph = use_cuda_graph
+        self._graph_buffers: tuple[torch.Tensor, ...] | None = None
+        if use_cuda_graph:
+            bufs = (qo_indptr, kv_indptr, kv_indices, kv_len_arr)
+            names = ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr")
+            for name, buf in zip(names, bufs):
+                if buf is None:
+                    raise ValueError(f"expected a {name} buffer with use_cuda_graph=True, got None")
+                check_index(name, buf)
+                check_tensor(name, buf, device=self.device)
+            self._graph_buffers = bufs  # type: ignore[assignment]
+        self._plan: PlanState | None = None
+        self._launch: AttentionLaunch | None = None
+        self._graph: _GraphLaunch | None = None
+
+    # ------------------------------------------------------------------ plan
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_len_arr: torch.Tensor,
+        num_heads: int,
+        head_dim_ckv: int,
+        head_dim_kpe: int,
+        page_size: int,
+        causal: bool,
+        sm_scale: float,
+        q_data_type: torch.dtype,
+        kv_data_type: torch.dtype,
+        use_profiler: bool = False,
+        *,
+        num_splits: int | None = None,
+        kernel_config: KernelConfig | str | None = None,
+    ) -> None:
+        """Describe the batch: B requests, request b owning query tokens
+        ``qo_indptr[b]:qo_indptr[b+1]`` and KV pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
+        holding ``kv_len_arr[b]`` tokens. Index arrays are int32. ``qo_indptr``,
+        ``kv_indptr`` and ``kv_len_arr`` are read on the host (pass CPU tensors, as engines
+        hold them, and ``plan()`` never waits for the device); ``kv_indices`` is read only
+        when it is a CPU tensor (on the device, the kernels bound every id they use).
+
+        ``num_splits`` and ``kernel_config`` (keyword-only, fp8mla extensions) override the
+        planner's KV split count per request and its kernel: a :class:`KernelConfig`, or a
+        variant name (``"rows"``, ``"vsplit"``, ``"wgmma"``, ``"fewrows"``: see
+        ``fp8mla.attention.variants``) run in its table tile; for tuning and tests."""
+        del use_profiler  # accepted for compatibility; fp8mla has no in-kernel profiler
+        if not 1 <= num_heads <= MAX_HEADS:
+            raise ValueError(f"expected num_heads in [1, {MAX_HEADS}], got {num_heads}")
+        if head_dim_ckv != HEAD_DIM_CKV:
+            raise ValueError(f"expected head_dim_ckv {HEAD_DIM_CKV}, got {head_dim_ckv}")
+        if head_dim_kpe not in (HEAD_DIM_KPE, 0):
+            raise ValueError(f"expected head_dim_kpe {HEAD_DIM_KPE} or 0, got {head_dim_kpe}")
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"expected page_size in [1, {MAX_PAGE_SIZE}], got {page_size}")
+        if q_data_type not in Q_DTYPES:
+            raise ValueError(f"expected q_data_type bf16 or fp16, got {q_data_type}")
+        if kv_data_type not in KV_DTYPES:
+            raise ValueError(f"expected kv_data_type in {KV_DTYPES}, got {kv_data_type}")
+        try:
+            scale = float(sm_scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected sm_scale as a float, got {sm_scale!r}") from None
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"expected sm_scale finite and > 0, got {sm_scale}")
+        if num_splits is not None and not 1 <= num_splits <= MAX_NUM_SPLITS:
+            raise ValueError(f"expected num_splits in [1, {MAX_NUM_SPLITS}], got {num_splits}")
+        state = build_plan_state(
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            kv_len_arr,
+            num_heads=num_heads,
+            head_dim_ckv=head_dim_ckv,
+            head_dim_kpe=head_dim_kpe,
+            page_size=page_size,
+            causal=bool(causal),
+            sm_scale=scale,
+            q_dtype=q_data_type,
+            kv_dtype=kv_data_type,
+            device=self.device,
+            graph_buffers=self._graph_buffers,
+        )
+        launch = None
+        if self._backend == "triton":
+            launch = self._make_launch(state, num_splits, kernel_config)
+        self._plan, self._launch = state, launch
+
+    def _make_launch(
+        self, state: PlanState, num_splits: int | None, config: KernelConfig | str | None
+    ) -> AttentionLaunch:
+        interp = interpreted()
+        target = launch_target(self.device, interp)
+        if self._use_cuda_graph and self._graph is not None:
+            plan = self._graph_fit(state)
+        else:
+            plan = make_launch_plan(
+                batch=state.batch,
+                num_heads=state.num_heads,
+                max_qo_len=state.max_qo_len,
+                # CUDA-graph plans do not depend on lengths, which change between replays
+                max_kv_len=None if self._use_cuda_graph else state.max_kv_len,
+                sms=device_sm_count(self.device),
+                max_splits_by_workspace=max(
+                    1, split_capacity(self._workspace, 1, state.head_dim_ckv)
+                    // max(1, state.total_tokens * state.num_heads),
+                ),
+                target=target,
+                kv_dtype=state.kv_dtype,
+                num_splits=num_splits,
+                config=config,
+                head_dim_kpe=state.head_dim_kpe,
+            )
+            if self._use_cuda_graph:
+                self._graph = _GraphLaunch(plan, _signature(state), state.total_tokens)
+        partials = None
+        if plan.num_splits > 1:
+            rows = state.total_tokens * state.num_heads
+            partials = split_partials(self._workspace, plan.num_splits, rows, state.head_dim_ckv)
+        return AttentionLaunch(
+            plan,
+            batch=state.batch,
+            heads=state.num_heads,
+            head_dim_kpe=state.head_dim_kpe,
+            causal=state.causal,
+            sm_scale=state.sm_scale,
+            indices=(state.qo_indptr, state.kv_indptr, state.kv_indices, state.kv_len),
+            partials=partials,
+            kv_dtype=state.kv_dtype,
+            device=self.device,
+            target=target,
+            interpreted=interp,
+        )
+
+    def _graph_fit(self, state: PlanState) -> LaunchPlan:
+        """The first plan's launch, when ``state`` fits it; else ``ValueError`` naming the
+        limit (a captured graph would replay the first launch and compute a wrong answer)."""
+        g = self._graph
+        assert g is not None
+        sig = _signature(state)
+        for name, (want, got) in zip(_SIGNATURE_NAMES, zip(g.signature, sig)):
+            if want != got:
+                raise ValueError(
+                    f"expected {name} {want} under CUDA graphs (fixed by the first plan), got "
+                    f"{got}; use one wrapper per captured shape"
+                )
+        rows = state.max_qo_len * state.num_heads
+        if rows > g.launch.rows_per_request:
+            raise ValueError(
+                f"expected at most {g.launch.rows_per_request} query rows per request under "
+                f"CUDA graphs (fixed by the first plan: {g.launch.config.variant} "
+                f"{g.launch.config.block_m}-row tiles), got {rows} "
+                f"({state.max_qo_len} tokens × {state.num_heads} heads); plan the largest "
+                f"batch first or use one wrapper per captured shape"
+            )
+        if state.total_tokens > g.total_tokens:
+            raise ValueError(
+                f"expected at most {g.total_tokens} query tokens under CUDA graphs (fixed by "
+                f"the first plan), got {state.total_tokens}"
+            )
+        return g.launch
+
+    # ------------------------------------------------------------------ run
+    @overload
+    def run(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        ckv_cache: torch.Tensor,
+        kpe_cache: torch.Tensor,
+        out: torch.Tensor | None = ...,
+        lse: torch.Tensor | None = ...,
+        return_lse: Literal[False] = ...,
+        *,
+        ckv_scale: float | torch.Tensor | None = ...,
+        kpe_scale: float | torch.Tensor | None = ...,
+        ckv_scale_arr: torch.Tensor | None = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def run(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        ckv_cache: torch.Tensor,
+        kpe_cache: torch.Tensor,
+        out: torch.Tensor | None = ...,
+        lse: torch.Tensor | None = ...,
+        return_lse: Literal[True] = ...,
+        *,
+        ckv_scale: float | torch.Tensor | None = ...,
+        kpe_scale: float | torch.Tensor | None = ...,
+        ckv_scale_arr: torch.Tensor | None = ...,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def run(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        ckv_cache: torch.Tensor,
+        kpe_cache: torch.Tensor,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+        *,
+        ckv_scale: float | torch.Tensor | None = None,
+        kpe_scale: float | torch.Tensor | None = None,
+        ckv_scale_arr: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attention for the planned batch.
+
+        Args:
+            q_nope: ``[tokens, H, 512]`` bf16/fp16 (latent part of the queries).
+            q_pe: ``[tokens, H, 64]`` (RoPE part; ``[tokens, H, 0]`` without one).
+            ckv_cache: ``[num_pages, page_size, 512]`` in ``kv_data_type``; any page/token
+                strides (e.g. ``pool[..., :512]`` of an engine's ``[slots, 1, 576]`` buffer).
+            kpe_cache: ``[num_pages, page_size, 64]``, same dtype.
+            out: optional ``[tokens, H, 512]`` output in the query dtype.
+            lse: optional ``[tokens, H]`` fp32, base-2 log-sum-exp.
+            return_lse: also return the LSE.
+            ckv_scale, kpe_scale: per-tensor dequantization scales (finite, > 0: floats or
+                1-element tensors; a CUDA tensor is read by the kernel, without host sync;
+                under a CUDA graph a float is fixed at capture, a device tensor is read at
+                every replay).
+            ckv_scale_arr: ``[num_pages, page_size, 4]`` fp32 per-token, per-128-channel
+                scales of the latent part (FP8 caches).
+
+        Returns:
+            ``out`` ``[tokens, H, 512]`` in the query dtype, and ``lse`` if ``return_lse``.
+            A request whose page-table entries fall outside the cache gets NaN (see ``debug``).
+        """
+        st = self._plan
+        if st is None:
+            raise ValueError("expected plan() to be called before run(), got no plan")
+        scales = st.check_run(
+            q_nope, q_pe, ckv_cache, kpe_cache, ckv_scale, kpe_scale, ckv_scale_arr
+        )
+        out = st.check_or_alloc_out(out)
+        if lse is not None:
+            st.check_lse(lse)
+        elif return_lse:
+            lse = torch.empty(
+                st.total_tokens, st.num_heads, dtype=torch.float32, device=self.device
+            )
+        if self._debug:
+            st.check_indices(ckv_cache.shape[0])
+        if self._launch is None:
+            _run_reference(st, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
+        elif st.total_tokens and st.batch:
+            self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
+        return (out, lse) if return_lse else out
+
+
+_SIGNATURE_NAMES = (
+    "num_heads",
+    "head_dim_kpe",
+    "page_size",
+    "causal",
+    "sm_scale",
+    "q_data_type",
+    "kv_data_type",
+)
+
+
+def _signature(state: PlanState) -> tuple:
+    return (
+        state.num_heads,
+        state.head_dim_kpe,
+        state.page_size,
+        state.causal,
+        state.sm_scale,
+        state.q_dtype,
+        state.kv_dtype,
+    )
+
+
+def _run_reference(
+    st: PlanState,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv: torch.Tensor,
+    kpe: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    scales: Scales,
+) -> None:
+    """The PyTorch path (CPU fallback): the float32 reference, written into ``out``/``lse``."""
+    from fp8mla.attention.reference import mla_reference
+
+    o, s = mla_reference(
+        q_nope,
+        q_pe,
+        ckv,
+        kpe,
+        st.qo_indptr[: st.num_requests + 1],
+        st.kv_indptr[: st.num_requests + 1],
+        st.kv_indices,
+        st.kv_len[: st.num_requests],
+        sm_scale=st.sm_scale,
+        causal=st.causal,
+        ckv_scale=scales.ckv,
+        kpe_scale=scales.kpe,
+        ckv_scale_arr=scales.ckv_arr,
+        dtype=torch.float32,
+    )
+    out.copy_(o)
+    if lse is not None:
+        lse.copy_(s)
+
+
+__all__ = ["BatchMLAPagedAttentionWrapper"]

@@ -1,1 +1,0 @@
-"""Launchers: validate inputs, allocate outputs, compute grids and launch the kernels."""

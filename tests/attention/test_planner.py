@@ -1,0 +1,300 @@
+"""Per-target launch planning: the H200-measured table where it applies, shared-memory-fitting
+tiles elsewhere, AMD wavefronts, the interpreter's own table; the variant registry's rules; and
+mapping torch devices to targets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8mla.attention import targets as targets_mod
+from fp8mla.attention.config import KernelConfig
+from fp8mla.attention.planner import (
+    FEWROWS_TILE_16,
+    FEWROWS_TILE_32,
+    SM90_TABLE,
+    TABLES,
+    TRITON_TABLE,
+    WGMMA_TILE,
+    choose_config,
+    config_table,
+    make_launch_plan,
+    selectable_configs,
+    tile_for_variant,
+)
+from fp8mla.attention.targets import (
+    INTERPRETER,
+    KB,
+    TARGETS,
+    cuda_target,
+    current_target,
+    hip_target,
+)
+from fp8mla.attention.variants import REGISTRY, get_variant, tile_name
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+KV_DTYPES = [E4M3, E5M2, torch.bfloat16, torch.float16]
+ROWS = [1, 16, 17, 32, 33, 64, 128, 16 * 128, 4096 * 128]
+
+
+def test_sm90_table():
+    t = TARGETS["sm90"]
+    assert config_table(t) is SM90_TABLE and config_table(None) is SM90_TABLE
+    # FP8 up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N
+    for dtype in (E4M3, E5M2):
+        assert choose_config(1, dtype, t) == FEWROWS_TILE_16
+        assert choose_config(16, dtype, t) == FEWROWS_TILE_16
+        assert choose_config(17, dtype, t) == FEWROWS_TILE_32
+        assert choose_config(32, dtype, t) == FEWROWS_TILE_32
+        for rows in (33, 64, 128, 4096 * 128):  # many rows: the wgmma kernel
+            assert choose_config(rows, dtype, t) == WGMMA_TILE
+    # 16-bit KV: the Triton tiles (the Gluon kernels read FP8)
+    assert choose_config(32, torch.bfloat16, t) == KernelConfig(16, 64, 4, 2, occupancy=2)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert choose_config(64, dtype, t) == KernelConfig(64, 64, 8, 1)
+        assert choose_config(128, dtype, t) == KernelConfig(
+            128, 64, 8, 1, variant="vsplit", q_fp16_copy=True
+        )
+
+
+def test_sm100_takes_the_triton_tiles():
+    t = TARGETS["sm100"]
+    assert choose_config(16, E4M3, t) == KernelConfig(16, 64, 8, 1, occupancy=2)
+    assert choose_config(64, E4M3, t) == KernelConfig(64, 32, 4, 3, variant="vsplit", occupancy=2)
+    # the 128-row value-split tile in one stage: two need 251 KB there
+    assert choose_config(128, E5M2, t) == KernelConfig(
+        128, 64, 8, 1, variant="vsplit", q_fp16_copy=True
+    )
+
+
+def plan_kw(**kw):
+    base = dict(
+        batch=1, num_heads=128, max_qo_len=4096, max_kv_len=36864, sms=132,
+        max_splits_by_workspace=64, kv_dtype=E4M3, target=TARGETS["sm90"],
+    )  # fmt: skip
+    return {**base, **kw}
+
+
+def test_gluon_tiles_give_way_without_a_rope_part():
+    assert make_launch_plan(**plan_kw()).config == WGMMA_TILE
+    plan = make_launch_plan(**plan_kw(head_dim_kpe=0))
+    assert plan.config == TRITON_TABLE.wide_fp8 and plan.m_tiles == 4096 * 128 // 128
+    assert make_launch_plan(**plan_kw(max_qo_len=1, num_heads=64, head_dim_kpe=0)).config == (
+        TRITON_TABLE.many_fp8
+    )
+    assert make_launch_plan(**plan_kw(max_qo_len=1, num_heads=16, head_dim_kpe=0)).config == (
+        TRITON_TABLE.few_fp8
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(target=INTERPRETER), "needs an SM90 GPU \\(Gluon wgmma\\), got interpreter"),
+        (dict(target=TARGETS["sm100"]), "needs an SM90 GPU \\(Gluon wgmma\\), got sm100"),
+        (dict(target=TARGETS["sm86"]), "got sm86"),
+        (dict(kv_dtype=torch.bfloat16), "reads FP8 KV, got bfloat16"),
+        (dict(head_dim_kpe=0), "needs a 64-dim RoPE part, got head_dim_kpe 0"),
+    ],
+)
+@pytest.mark.parametrize("config", [WGMMA_TILE, FEWROWS_TILE_32], ids=["wgmma", "fewrows"])
+def test_gluon_tiles_asked_for_where_they_cannot_run(kw, match, config):
+    small = dict(num_heads=16, max_qo_len=2) if config.variant == "fewrows" else {}
+    with pytest.raises(ValueError, match=match):
+        make_launch_plan(**plan_kw(config=config, **small, **kw))
+
+
+def test_fewrows_refuses_more_than_32_rows():
+    with pytest.raises(ValueError, match="at most 32 query rows per request, got 64"):
+        make_launch_plan(**plan_kw(config=FEWROWS_TILE_32, num_heads=16, max_qo_len=4))
+    with pytest.raises(ValueError, match="at most 32"):
+        make_launch_plan(**plan_kw(config="fewrows", num_heads=16, max_qo_len=4))
+
+
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        (KernelConfig(128, 64, 8, 1, variant="wgmma"), "64 × 64 tiles and 8 warps"),
+        (KernelConfig(64, 64, 4, 1, variant="wgmma"), "64 × 64 tiles and 8 warps"),
+        (KernelConfig(64, 64, 4, 1, variant="fewrows"), "16- or 32-row tiles"),
+        (KernelConfig(32, 32, 4, 1, variant="fewrows"), "16- or 32-row tiles"),
+    ],
+)
+def test_variant_tiles_are_checked(cfg, match):
+    rows = 32 if cfg.variant == "fewrows" else 128
+    with pytest.raises(ValueError, match=match):
+        make_launch_plan(**plan_kw(config=cfg, num_heads=rows, max_qo_len=1))
+
+
+def test_unknown_variant_name():
+    with pytest.raises(ValueError, match="kernel variant in"):
+        make_launch_plan(**plan_kw(config="swap"))
+    with pytest.raises(ValueError, match="kernel variant in"):
+        get_variant("nope")
+
+
+def test_variant_names_run_in_their_table_tiles():
+    assert tile_for_variant("fewrows", 16, E4M3, TARGETS["sm90"]) == FEWROWS_TILE_16
+    assert tile_for_variant("fewrows", 64, E4M3, TARGETS["sm90"]) == FEWROWS_TILE_16
+    assert tile_for_variant("wgmma", 1, E4M3, TARGETS["sm90"]) == WGMMA_TILE
+    assert tile_for_variant("vsplit", 128, E4M3, INTERPRETER).variant == "vsplit"
+    assert make_launch_plan(**plan_kw(config="rows", num_heads=16, max_qo_len=1)).config == (
+        TRITON_TABLE.few_fp8
+    )
+    with pytest.raises(ValueError, match="tables have none"):
+        tile_for_variant("wgmma", 1, E4M3, TARGETS["sm86"])
+
+
+def test_registry_entries_describe_themselves():
+    for name, v in REGISTRY.items():
+        assert v.name == name and v.summary and ":" in v.kernel
+        assert v.programs_per_tile in (1, 2)
+    assert tile_name(WGMMA_TILE) == "64x64g" and tile_name(FEWROWS_TILE_16) == "16x64f"
+    assert tile_name(TRITON_TABLE.wide_fp8) == "128x64v"
+
+
+def test_default_target_is_the_measured_h200():
+    kw = dict(batch=4, num_heads=128, max_qo_len=1, max_kv_len=4096, sms=132,
+              max_splits_by_workspace=64)  # fmt: skip
+    assert make_launch_plan(**kw, target=None) == make_launch_plan(**kw, target=TARGETS["sm90"])
+    plan = make_launch_plan(**kw, target=None)
+    assert plan.config == WGMMA_TILE
+    # 4 requests × 2 row tiles: 16 splits fill the 132 SMs
+    assert plan.num_splits == 132 // 8
+
+
+def test_fewrows_splits_fill_one_wave():
+    kw = dict(num_heads=32, max_qo_len=1, sms=132, max_splits_by_workspace=64,
+              target=TARGETS["sm90"])  # fmt: skip
+    assert make_launch_plan(batch=32, max_kv_len=4096, **kw).num_splits == 4
+    assert make_launch_plan(batch=8, max_kv_len=16384, **kw).num_splits == 16
+    # one request: a split per 64-token tile, up to 64
+    assert make_launch_plan(batch=1, max_kv_len=4096, **kw).num_splits == 64
+    assert make_launch_plan(batch=1, max_kv_len=640, **kw).num_splits == 10
+
+
+@pytest.mark.parametrize("name", ["sm86", "sm89", "sm120"])
+def test_99kb_targets_take_tiles_that_fit(name):
+    """An FP8 tile stages ``(BLOCK_M + BLOCK_N) × 576`` fp16 values in shared memory
+    (docs/compile_matrix.md): 64-row tiles (144 KB) do not fit 99 KB."""
+    t = TARGETS[name]
+    assert t.smem_per_block == 99 * KB
+    for dtype in KV_DTYPES:
+        for rows in ROWS:
+            cfg = choose_config(rows, dtype, t)
+            assert (cfg.block_m + cfg.block_n) * 576 * 2 <= t.smem_per_block, (rows, cfg)
+            assert cfg.occupancy == 1
+    assert choose_config(128, E4M3, t) == KernelConfig(32, 32, 8, 1)
+
+
+def test_sm80_keeps_the_h200_tiles_that_fit_163kb():
+    t = TARGETS["sm80"]
+    assert choose_config(16, E4M3, t) == KernelConfig(16, 64, 8, 1)
+    assert choose_config(128, E4M3, t) == KernelConfig(64, 64, 8, 1)
+    assert choose_config(128, torch.bfloat16, t) == KernelConfig(32, 32, 8, 2)
+
+
+@pytest.mark.parametrize("name", ["gfx90a", "gfx942", "gfx950"])
+def test_cdna_wave64_tiles(name):
+    """num_warps counts 64-wide wavefronts on CDNA: 4 of them (256 threads) keep one wave per
+    SIMD with 512 VGPRs; MFMA needs M, N, K ≥ 16."""
+    t = TARGETS[name]
+    assert t.warp_size == 64 and t.is_hip
+    for dtype in KV_DTYPES:
+        for cfg in selectable_configs(t, dtype):
+            assert cfg.num_warps * t.warp_size == 256
+            assert cfg.block_m >= 16 and cfg.block_n >= 16
+            assert cfg.block_m * 512 * 2 <= t.smem_per_block  # the query tile in LDS
+    assert choose_config(128, E4M3, t) == KernelConfig(64, 16, 4, 1)
+    assert choose_config(16, E4M3, t) == KernelConfig(16, 32, 4, 2)
+
+
+def test_rdna3_wave32_tiles():
+    t = TARGETS["gfx1100"]
+    assert t.warp_size == 32
+    for dtype in KV_DTYPES:
+        for rows in ROWS:
+            assert choose_config(rows, dtype, t) == KernelConfig(16, 16, 8, 1)
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_selectable_configs_cover_every_choice(name):
+    t = TARGETS[name]
+    for dtype in KV_DTYPES:
+        picked = {choose_config(rows, dtype, t, kpe) for rows in ROWS for kpe in (64, 0)}
+        assert picked == set(selectable_configs(t, dtype))
+
+
+def test_interpreter_is_a_target_with_its_own_table():
+    assert config_table(INTERPRETER) is TABLES["interpreter"]
+    assert choose_config(16, E4M3, INTERPRETER) == KernelConfig(16, 32, 4, 1)
+    assert choose_config(32, E4M3, INTERPRETER) == KernelConfig(32, 32, 4, 1)
+    assert choose_config(64, torch.bfloat16, INTERPRETER) == KernelConfig(64, 32, 4, 1)
+    assert choose_config(128, E4M3, INTERPRETER) == KernelConfig(64, 32, 4, 1, variant="vsplit")
+    for dtype in KV_DTYPES:  # no Gluon variant can run there
+        assert not any(REGISTRY[c.variant].gluon for c in selectable_configs(INTERPRETER, dtype))
+
+
+def test_launch_plan_uses_the_target():
+    kw = dict(
+        batch=2,
+        num_heads=128,
+        max_qo_len=1,
+        max_kv_len=8192,
+        sms=84,
+        max_splits_by_workspace=64,
+    )
+    plan = make_launch_plan(**kw, target=TARGETS["sm86"])
+    assert plan.config == KernelConfig(32, 32, 8, 1) and plan.m_tiles == 4
+    plan = make_launch_plan(**kw, target=TARGETS["gfx942"])
+    assert plan.config.block_m == 64 and plan.m_tiles == 2
+
+
+def test_target_presets():
+    assert [t.name for t in TARGETS.values()] == [
+        "sm80",
+        "sm86",
+        "sm89",
+        "sm90",
+        "sm100",
+        "sm120",
+        "gfx90a",
+        "gfx942",
+        "gfx950",
+        "gfx1100",
+    ]
+    assert INTERPRETER.backend == "interpreter" and not INTERPRETER.is_gpu
+    assert not TARGETS["sm80"].native_fp8 and not TARGETS["sm86"].native_fp8
+    assert TARGETS["sm89"].native_fp8 and TARGETS["sm120"].native_fp8
+    assert not TARGETS["gfx942"].native_fp8  # FNUZ FP8 only, not torch's OCP formats
+    assert TARGETS["gfx950"].native_fp8
+    assert TARGETS["sm90"].smem_per_block == 227 * KB
+    assert all(TARGETS[n].smem_per_block == 64 * KB for n in ("gfx90a", "gfx942", "gfx1100"))
+
+
+def test_unlisted_architectures():
+    assert cuda_target(103).smem_per_block == TARGETS["sm100"].smem_per_block
+    assert cuda_target(121).smem_per_block == 99 * KB and cuda_target(121).native_fp8
+    assert cuda_target(87).smem_per_block == 99 * KB  # conservative: the SM86 preset
+    assert hip_target("gfx942:sramecc+:xnack-") is TARGETS["gfx942"]
+    assert hip_target("gfx1201").warp_size == 32
+    assert hip_target("gfx908").warp_size == 64
+
+
+def test_current_target_asks_torch(monkeypatch, request):
+    request.addfinalizer(targets_mod._device_target.cache_clear)  # no fake targets survive
+    targets_mod._device_target.cache_clear()
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 9))
+    assert current_target("cuda:0") is TARGETS["sm89"]
+    targets_mod._device_target.cache_clear()
+
+    class Props:
+        gcnArchName = "gfx90a:sramecc+:xnack-"
+
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    assert current_target("cuda:1") is TARGETS["gfx90a"]
+    targets_mod._device_target.cache_clear()
+    with pytest.raises(ValueError, match="expected a CUDA/ROCm device"):
+        current_target("cpu")
