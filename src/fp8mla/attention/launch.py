@@ -124,11 +124,11 @@ class KernelLauncher:
 
 
 _NAN_ROWS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-NAN_ROW_ELEMENTS = 1024  # one NaN row, wider than any cache row (576)
+NAN_ROW_ELEMENTS = 1024 + 16  # a NaN row wider than any cache row (576), and room to align it
 
 
 def nan_row(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A NaN row in ``dtype`` on ``device`` (the FP8 NaN code for FP8): what a token whose
+    """NaN values in ``dtype`` on ``device`` (the FP8 NaN code for FP8): the row a token whose
     page-table entry is bad reads instead of the cache, so that nothing outside the cache is
     read and the rows that read it (their program's, the request's in practice) turn NaN."""
     key = (device, dtype)
@@ -139,9 +139,13 @@ def nan_row(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return row
 
 
-def _offset(base: torch.Tensor, other: torch.Tensor) -> int:
-    """``other``'s first element as an element offset from ``base``'s data pointer."""
-    return (other.data_ptr() - base.data_ptr()) // base.element_size()
+def _nan_offset(base: torch.Tensor, nan: torch.Tensor) -> int:
+    """Element offset from ``base``'s data pointer to a NaN row inside ``nan``, a multiple of
+    16 elements: the kernels' row offsets keep Triton's divisibility, so their loads stay
+    16-byte vectors."""
+    es = base.element_size()
+    start = ((base.data_ptr() - nan.data_ptr()) // es) % 16  # 0 … 15 elements into ``nan``
+    return (nan.data_ptr() - base.data_ptr()) // es + start
 
 
 def _current_stream(device: int) -> int:
@@ -312,8 +316,8 @@ class AttentionLaunch:
             stride_sa_s=sa.stride(1) if group else 0,
             num_tokens=q_nope.shape[0],
             num_pages=ckv.shape[0],
-            nan_row_ckv=_offset(ckv, nan),
-            nan_row_kpe=_offset(kpe, nan),
+            nan_row_ckv=_nan_offset(ckv, nan),
+            nan_row_kpe=_nan_offset(kpe, nan),
             ckv_scale_val=1.0 if ckv_ptr else float(scales.ckv),
             kpe_scale_val=1.0 if kpe_ptr else float(scales.kpe),
             PAGE_SIZE=ckv.shape[1],
@@ -343,6 +347,7 @@ class AttentionLaunch:
             strides = [
                 args["stride_qn_t"], args["stride_qn_h"], args["stride_ckv_p"],
                 args["stride_kpe_p"], args["stride_ckv_s"], args["stride_kpe_s"],
+                args["nan_row_ckv"], args["nan_row_kpe"],
             ]  # fmt: skip
             if d_kpe:
                 strides += [args["stride_qp_t"], args["stride_qp_h"]]
@@ -357,7 +362,9 @@ class AttentionLaunch:
             if group:
                 strides += [args["stride_sa_p"], args["stride_sa_s"]]
             if _aligned(*tensors) and _strides16(*strides):
-                key = (ckv_ptr, kpe_ptr, group, lse is not None, ckv.shape[1])
+                # Triton types an int argument i32 or i64 by its value: part of the key
+                wide = not all(-(2**31) <= args[n] < 2**31 for n in ("nan_row_ckv", "nan_row_kpe"))
+                key = (ckv_ptr, kpe_ptr, group, lse is not None, ckv.shape[1], wide)
         self.kernel.launch(args, key)
         if self.merge is not None:
             write_lse = lse is not None

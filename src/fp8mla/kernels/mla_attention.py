@@ -38,6 +38,7 @@ from fp8mla.kernels.mla_tiles import (
     _load_q_pe,
     _lse,
     _kv_rows,
+    _scale_page,
     _online_softmax,
     _out_factor,
     _page_ids,
@@ -48,7 +49,7 @@ from fp8mla.kernels.mla_tiles import (
 
 # Values that change between calls of one plan are not specialized on (a direct launch of the
 # compiled kernel stays valid for them).
-_DYNAMIC = ["num_tokens", "num_pages", "nan_row_ckv", "nan_row_kpe"]
+_DYNAMIC = ["num_tokens", "num_pages"]
 
 
 @triton.jit(do_not_specialize=_DYNAMIC)
@@ -85,7 +86,7 @@ def _mla_attn_rows_kernel(
     num_tokens,  # rows of q and out: query positions past it are never touched
     num_pages,  # pages of the cache: page ids outside [0, num_pages) are never read
     num_indices,  # entries of kv_indices
-    nan_row_ckv,  # offset of a NaN row from ckv_ptr (read for a bad page entry)
+    nan_row_ckv,  # offset of a NaN row from ckv_ptr (read for a bad page entry), 16 | it
     nan_row_kpe,  # offset of a NaN row from kpe_ptr
     sm_scale_log2,  # sm_scale / ln 2 (softmax in base 2)
     ckv_scale_val,
@@ -273,6 +274,7 @@ def _mla_attn_vsplit_kernel(
         page, bad = _page_ids(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
         off = pos % PAGE_SIZE
         row = _kv_rows(page, off, bad, nan_row_ckv, stride_ckv_p, stride_ckv_s)
+        page = _scale_page(page, bad, TOKEN_GROUP)
         # -- q·k over both halves and the RoPE part; the own half is kept for p·v --
         k_oth = _load_kv_cols(
             ckv_ptr, scale_arr_ptr, row, page, off, n_ok, c_oth, stride_sa_p, stride_sa_s,

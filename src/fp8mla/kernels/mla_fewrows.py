@@ -305,7 +305,7 @@ def _value_wg(
     )  # fmt: skip
 
 
-@gluon.jit(do_not_specialize=["num_tokens", "num_pages", "nan_row_ckv", "nan_row_kpe"])
+@gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
 def _mla_attn_fewrows_kernel(
     q_nope_ptr,
     q_pe_ptr,

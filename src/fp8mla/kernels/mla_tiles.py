@@ -99,14 +99,15 @@ def _page_table(kv_indptr_ptr, kv_indices_ptr, b, num_indices):
 def _page_ids(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE: tl.constexpr):
     """Page ids of the tokens at ``pos`` (where ``n_ok``) and which are bad: past the
     request's own entries, or a page id outside ``[0, num_pages)`` (one unsigned compare).
-    A bad token's page reads as 0; the caller points its row at the launcher's NaN row.
+    The caller points a bad token's row at the launcher's NaN row (:func:`_kv_rows`) and reads
+    its scales from page 0.
 
     Returns ``(page int64, bad)``."""
     entry = pos // PAGE_SIZE
     listed = n_ok & (entry < n_entries)
     page = tl.load(page_base + entry, mask=listed, other=0)
     bad = n_ok & ((~listed) | (page.to(tl.uint32) >= num_pages))
-    return tl.where(bad, 0, page).to(tl.int64), bad
+    return page.to(tl.int64), bad
 
 
 @triton.jit
@@ -137,8 +138,19 @@ def _split_range(
 def _kv_rows(page, off, bad, nan_row, stride_p, stride_s):
     """Element offset of each token's row from a cache's base pointer; a token with a bad page
     entry reads the launcher's NaN row instead (``nan_row``: its offset from the same base),
-    so nothing outside the cache is read and the rows of the program that reads it turn NaN."""
-    return tl.where(bad, nan_row, page * stride_p + off * stride_s)
+    so nothing outside the cache is read and the rows of the program that reads it turn NaN.
+    Arithmetic rather than a select: Triton then still sees every offset as a multiple of 16
+    (its strides and ``nan_row`` are), so the tile's loads stay 16-byte vectors."""
+    row = page * stride_p + off * stride_s
+    return row + bad.to(tl.int64) * (nan_row - row)
+
+
+@triton.jit
+def _scale_page(page, bad, TOKEN_GROUP: tl.constexpr):
+    """The page whose token-group scales a token reads: page 0 for a bad entry (in range)."""
+    if TOKEN_GROUP:
+        return tl.where(bad, 0, page)
+    return page
 
 
 @triton.jit
@@ -174,8 +186,9 @@ def _load_kv_tile(
     page, bad = _page_ids(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
     off = pos % PAGE_SIZE
     row = _kv_rows(page, off, bad, nan_row_ckv, stride_ckv_p, stride_ckv_s)
+    page_sa = _scale_page(page, bad, TOKEN_GROUP)
     k = _load_kv_cols(
-        ckv_ptr, scale_arr_ptr, row, page, off, n_ok, 0, stride_sa_p, stride_sa_s, D_CKV,
+        ckv_ptr, scale_arr_ptr, row, page_sa, off, n_ok, 0, stride_sa_p, stride_sa_s, D_CKV,
         TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
     )  # fmt: skip
     if D_KPE > 0:
@@ -212,7 +225,7 @@ def _load_kv_cols(
         k = _fp8_bytes_to_f16(tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0), FP8_CVT)
     else:
         k = tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0.0)
-    if TOKEN_GROUP:  # one scale per 128 channels
+    if TOKEN_GROUP:  # one scale per 128 channels (``page``: 0 for a bad token, in range)
         sa = scale_arr_ptr + page * stride_sa_p + off * stride_sa_s + c0 // 128
         sc = tl.load(sa, mask=n_ok, other=0.0)[:, None] + tl.zeros([1, COLS], tl.float32)
         for g in tl.static_range(1, COLS // 128):

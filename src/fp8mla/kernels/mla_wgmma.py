@@ -304,7 +304,7 @@ def _attn_consumer(
         gl.store(lse_ptrs, lse, mask=rs_ok)
 
 
-@gluon.jit(do_not_specialize=["num_tokens", "num_pages", "nan_row_ckv", "nan_row_kpe"])
+@gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
 def _mla_attn_wgmma_kernel(
     q_nope_ptr,
     q_pe_ptr,

@@ -96,6 +96,9 @@ def compile_build(build: Build, target: Target):
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in FLOAT_ARGS:
             sig[name] = "fp32"
+        elif name.startswith("nan_row"):  # offsets between allocations: 64-bit, 16 | them
+            sig[name] = "i64"
+            attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "i32"
             if name.startswith("stride"):  # the launchers' strides are multiples of 16
