@@ -128,13 +128,16 @@ NAN_ROW_ELEMENTS = 1024 + 16  # a NaN row wider than any cache row (576), and ro
 
 
 def nan_row(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """NaN values in ``dtype`` on ``device`` (the FP8 NaN code for FP8): the row a token whose
-    page-table entry is bad reads instead of the cache, so that nothing outside the cache is
-    read and the rows that read it (their program's, the request's in practice) turn NaN."""
+    """NaN values in ``dtype`` on ``device`` (``uint8``: the FP8 NaN code 0x7F of both formats,
+    as the Gluon kernels read FP8 bytes): the row a token whose page-table entry is bad reads
+    instead of the cache, so that nothing outside the cache is read and its rows turn NaN."""
     key = (device, dtype)
     row = _NAN_ROWS.get(key)
     if row is None:
-        row = torch.full((NAN_ROW_ELEMENTS,), float("nan"), device=device).to(dtype)
+        if dtype == torch.uint8:
+            row = torch.full((NAN_ROW_ELEMENTS,), 0x7F, dtype=dtype, device=device)
+        else:
+            row = torch.full((NAN_ROW_ELEMENTS,), float("nan"), device=device).to(dtype)
         _NAN_ROWS[key] = row
     return row
 
@@ -209,13 +212,15 @@ class AttentionLaunch:
         self.split = plan.num_splits > 1
         self.heads = heads
         self.d_kpe = head_dim_kpe
-        self.nan_row = nan_row(device, kv_dtype)
+        self.nan_row = nan_row(device, torch.uint8 if kv_dtype.itemsize == 1 else kv_dtype)
         self.partials = partials
         self.interpreted = interpreted
         self.fp8_cvt = fp8_conversion(kv_dtype, device, interpreted, cfg.fp8_cvt, target)
         self.dot = dot_dtype(kv_dtype, interpreted)
         self.q_fp16 = cfg.q_fp16_copy and self.dot == tl.float16
         qo, kvp, idx, kvl = indices
+        if idx.numel() == 0:  # the kernels clamp entries into kv_indices: never let it be empty
+            idx = torch.zeros(1, dtype=torch.int32, device=device)
         self.qo_indptr = qo
         self.fixed: dict[str, Any] = dict(
             qo_indptr_ptr=qo,
@@ -250,6 +255,9 @@ class AttentionLaunch:
             options["num_stages"] = cfg.num_stages
         grid = (plan.m_tiles * self.variant.programs_per_tile, batch, plan.num_splits)
         self.kernel = KernelLauncher(self.variant.load(), grid, options)
+        # the Gluon kernels point a bad page entry's token at a NaN row; the Triton kernels
+        # check their split's entries before the loop instead
+        self.uses_nan_row = "nan_row_ckv" in self.kernel.names
         self.merge = None
         if self.split:
             from fp8mla.kernels.merge import _mla_merge_kernel
@@ -288,7 +296,7 @@ class AttentionLaunch:
             q_nope = q_nope.to(torch.float16)  # contiguous [T, H, D]
         nan = self.nan_row
         if self.fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointers
-            ckv, kpe, nan = ckv.view(torch.uint8), kpe.view(torch.uint8), nan.view(torch.uint8)
+            ckv, kpe = ckv.view(torch.uint8), kpe.view(torch.uint8)
         q_pe = q_pe if d_kpe else q_nope
         kpe = kpe if d_kpe else ckv
         ckv_ptr = isinstance(scales.ckv, torch.Tensor)
@@ -316,8 +324,6 @@ class AttentionLaunch:
             stride_sa_s=sa.stride(1) if group else 0,
             num_tokens=q_nope.shape[0],
             num_pages=ckv.shape[0],
-            nan_row_ckv=_nan_offset(ckv, nan),
-            nan_row_kpe=_nan_offset(kpe, nan),
             ckv_scale_val=1.0 if ckv_ptr else float(scales.ckv),
             kpe_scale_val=1.0 if kpe_ptr else float(scales.kpe),
             PAGE_SIZE=ckv.shape[1],
@@ -325,6 +331,8 @@ class AttentionLaunch:
             CKV_SCALE_PTR=ckv_ptr,
             KPE_SCALE_PTR=kpe_ptr,
         )
+        if self.uses_nan_row:
+            args.update(nan_row_ckv=_nan_offset(ckv, nan), nan_row_kpe=_nan_offset(kpe, nan))
         if not self.split:
             write_lse = lse is not None
             args.update(
@@ -347,8 +355,12 @@ class AttentionLaunch:
             strides = [
                 args["stride_qn_t"], args["stride_qn_h"], args["stride_ckv_p"],
                 args["stride_kpe_p"], args["stride_ckv_s"], args["stride_kpe_s"],
-                args["nan_row_ckv"], args["nan_row_kpe"],
             ]  # fmt: skip
+            wide = False
+            if self.uses_nan_row:
+                strides += [args["nan_row_ckv"], args["nan_row_kpe"]]
+                # Triton types an int argument i32 or i64 by its value: part of the key
+                wide = not all(-(2**31) <= args[n] < 2**31 for n in ("nan_row_ckv", "nan_row_kpe"))
             if d_kpe:
                 strides += [args["stride_qp_t"], args["stride_qp_h"]]
             if not self.split:
@@ -362,8 +374,6 @@ class AttentionLaunch:
             if group:
                 strides += [args["stride_sa_p"], args["stride_sa_s"]]
             if _aligned(*tensors) and _strides16(*strides):
-                # Triton types an int argument i32 or i64 by its value: part of the key
-                wide = not all(-(2**31) <= args[n] < 2**31 for n in ("nan_row_ckv", "nan_row_kpe"))
                 key = (ckv_ptr, kpe_ptr, group, lse is not None, ckv.shape[1], wide)
         self.kernel.launch(args, key)
         if self.merge is not None:

@@ -22,9 +22,10 @@ A second variant serves many rows (extend chunks, 128 heads):
 Every kernel bounds what it reads by the arrays it is given at launch time, whatever the index
 arrays hold then: query rows past ``num_tokens`` are skipped; a page-table entry past the
 request's own entries or past ``num_indices``, or a page id outside ``[0, num_pages)``, is
-never dereferenced: the token reads a NaN row the launcher keeps instead, so the program's
-rows (the request's, in practice) get NaN output and LSE: a visible wrong answer, never a
-quiet finite one. The variants are registered in ``fp8mla.attention.variants``.
+never dereferenced: the Triton kernels check their split's entries in one pass before the KV
+loop and clamp the indices inside it, the Gluon kernels read a NaN row the launcher keeps for
+such a token; either way the rows of that request get NaN output and LSE: a visible wrong
+answer, never a quiet finite one. The variants are registered in ``fp8mla.attention.variants``.
 """
 
 import triton
@@ -37,11 +38,11 @@ from fp8mla.kernels.mla_tiles import (
     _load_kv_tile,
     _load_q_pe,
     _lse,
-    _kv_rows,
-    _scale_page,
+    _nan_if,
     _online_softmax,
     _out_factor,
-    _page_ids,
+    _safe_pages,
+    _scan_pages,
     _program_kv,
     _program_setup,
     _query_rows,
@@ -86,8 +87,6 @@ def _mla_attn_rows_kernel(
     num_tokens,  # rows of q and out: query positions past it are never touched
     num_pages,  # pages of the cache: page ids outside [0, num_pages) are never read
     num_indices,  # entries of kv_indices
-    nan_row_ckv,  # offset of a NaN row from ckv_ptr (read for a bad page entry), 16 | it
-    nan_row_kpe,  # offset of a NaN row from kpe_ptr
     sm_scale_log2,  # sm_scale / ln 2 (softmax in base 2)
     ckv_scale_val,
     kpe_scale_val,
@@ -123,6 +122,7 @@ def _mla_attn_rows_kernel(
         )
     )  # fmt: skip
 
+    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE, BLOCK_N)
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_CKV], dtype=tl.float32)
@@ -136,8 +136,6 @@ def _mla_attn_rows_kernel(
             page_base,
             n_entries,
             num_pages,
-            nan_row_ckv,
-            nan_row_kpe,
             pos,
             n_ok,
             stride_ckv_p,
@@ -165,7 +163,7 @@ def _mla_attn_rows_kernel(
         acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
 
     # -- epilogue: normalize, value scale, write out and LSE (NaN after a bad page entry) --
-    inv_l = _out_factor(l_i, v_scale)
+    inv_l = _nan_if(_out_factor(l_i, v_scale), bad)
     d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
     tl.store(
@@ -174,7 +172,7 @@ def _mla_attn_rows_kernel(
         mask=row_ok[:, None],
     )
     if WRITE_LSE:
-        lse = _lse(m_i, l_i)
+        lse = _nan_if(_lse(m_i, l_i), bad)
         tl.store(lse_ptr + split * stride_lse_split + tok * stride_lse_t + head, lse, mask=row_ok)
 
 
@@ -212,8 +210,6 @@ def _mla_attn_vsplit_kernel(
     num_tokens,
     num_pages,
     num_indices,
-    nan_row_ckv,
-    nan_row_kpe,
     sm_scale_log2,
     ckv_scale_val,
     kpe_scale_val,
@@ -265,29 +261,29 @@ def _mla_attn_vsplit_kernel(
             q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h, pe_factor, D_KPE, DOT_DTYPE
         )
 
+    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE, BLOCK_N)
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
     for n0 in range(n_begin, n_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_ok = pos < n_end
-        page, bad = _page_ids(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
+        page = _safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
         off = pos % PAGE_SIZE
-        row = _kv_rows(page, off, bad, nan_row_ckv, stride_ckv_p, stride_ckv_s)
-        page = _scale_page(page, bad, TOKEN_GROUP)
         # -- q·k over both halves and the RoPE part; the own half is kept for p·v --
         k_oth = _load_kv_cols(
-            ckv_ptr, scale_arr_ptr, row, page, off, n_ok, c_oth, stride_sa_p, stride_sa_s,
-            HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_oth, stride_ckv_p, stride_ckv_s,
+            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
         )  # fmt: skip
         s = tl.dot(q_oth, tl.trans(k_oth))
         if D_KPE > 0:
-            row_pe = _kv_rows(page, off, bad, nan_row_kpe, stride_kpe_p, stride_kpe_s)
-            kpe = _load_kpe(kpe_ptr, row_pe, n_ok, D_KPE, DOT_DTYPE, FP8_CVT)
+            kpe = _load_kpe(
+                kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE, DOT_DTYPE, FP8_CVT
+            )
             s = tl.dot(q_pe, tl.trans(kpe), s)
         k_own = _load_kv_cols(
-            ckv_ptr, scale_arr_ptr, row, page, off, n_ok, c_own, stride_sa_p, stride_sa_s,
-            HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_own, stride_ckv_p, stride_ckv_s,
+            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
         )  # fmt: skip
         s = tl.dot(q_own, tl.trans(k_own), s)
         visible = n_ok[None, :]
@@ -296,7 +292,7 @@ def _mla_attn_vsplit_kernel(
         p, alpha, m_i, l_i = _online_softmax(s * qk_scale, m_i, l_i, visible, 1)
         acc = tl.dot(p.to(DOT_DTYPE), k_own, acc * alpha[:, None])
 
-    inv_l = _out_factor(l_i, v_scale)
+    inv_l = _nan_if(_out_factor(l_i, v_scale), bad)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h + c_own
     tl.store(
         o_rows[:, None] + dh[None, :],
@@ -305,6 +301,6 @@ def _mla_attn_vsplit_kernel(
     )
     if WRITE_LSE:
         if half == 0:
-            lse = _lse(m_i, l_i)
+            lse = _nan_if(_lse(m_i, l_i), bad)
             lse_ptrs = lse_ptr + split * stride_lse_split + tok * stride_lse_t + head
             tl.store(lse_ptrs, lse, mask=row_ok)

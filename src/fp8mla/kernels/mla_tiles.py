@@ -88,26 +88,42 @@ def _query_rows(qo_indptr_ptr, b, m_tile, num_heads, num_tokens, BLOCK_M: tl.con
 @triton.jit
 def _page_table(kv_indptr_ptr, kv_indices_ptr, b, num_indices):
     """Request ``b``'s page-table entries: ``(page_base, n_entries)``. Entries outside
-    ``kv_indices`` (an offset past its end, or a negative one) do not count."""
+    ``kv_indices`` (an offset past its end, or a negative one) do not count, and the base
+    stays inside ``kv_indices`` (which the launcher never passes empty)."""
     kv_start = tl.load(kv_indptr_ptr + b)
     kv_stop = tl.minimum(tl.load(kv_indptr_ptr + b + 1), num_indices)
-    n_entries = tl.where(kv_start >= 0, kv_stop - kv_start, 0)
-    return kv_indices_ptr + tl.maximum(kv_start, 0), n_entries
+    n_entries = tl.where((kv_start >= 0) & (kv_start < num_indices), kv_stop - kv_start, 0)
+    base = tl.minimum(tl.maximum(kv_start, 0), num_indices - 1)
+    return kv_indices_ptr + base, n_entries
 
 
 @triton.jit
-def _page_ids(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE: tl.constexpr):
-    """Page ids of the tokens at ``pos`` (where ``n_ok``) and which are bad: past the
-    request's own entries, or a page id outside ``[0, num_pages)`` (one unsigned compare).
-    The caller points a bad token's row at the launcher's NaN row (:func:`_kv_rows`) and reads
-    its scales from page 0.
+def _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE: tl.constexpr,
+                BLOCK_N: tl.constexpr):  # fmt: skip
+    """Whether any page-table entry the split ``[n_begin, n_end)`` reads is bad: past the
+    request's own entries, or a page id outside ``[0, num_pages)``. One pass over the split's
+    entries (4 bytes per page, beside 576+ bytes of KV per token) before the KV loop, whose
+    loads then only clamp their indices (:func:`_safe_pages`)."""
+    e_end = tl.cdiv(n_end, PAGE_SIZE)
+    bad = tl.zeros([BLOCK_N], dtype=tl.int32)
+    for e0 in range(n_begin // PAGE_SIZE, e_end, BLOCK_N):
+        e = e0 + tl.arange(0, BLOCK_N)
+        ok = e < e_end
+        listed = ok & (e < n_entries)
+        page = tl.load(page_base + e, mask=listed, other=0)
+        bad |= (ok & ((~listed) | (page.to(tl.uint32) >= num_pages))).to(tl.int32)
+    return tl.max(bad, axis=0) > 0
 
-    Returns ``(page int64, bad)``."""
-    entry = pos // PAGE_SIZE
-    listed = n_ok & (entry < n_entries)
-    page = tl.load(page_base + entry, mask=listed, other=0)
-    bad = n_ok & ((~listed) | (page.to(tl.uint32) >= num_pages))
-    return page.to(tl.int64), bad
+
+@triton.jit
+def _safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE: tl.constexpr):
+    """Page ids of the tokens at ``pos`` (where ``n_ok``), every index clamped into range: the
+    entry into the request's own, the page id into ``[0, num_pages)`` (an unsigned min, so a
+    negative id clamps too). A clamped token reads the wrong row, but the split's
+    :func:`_scan_pages` has then made its output NaN; nothing outside the arrays is read."""
+    entry = tl.minimum(pos // PAGE_SIZE, tl.maximum(n_entries - 1, 0))
+    page = tl.load(page_base + entry, mask=n_ok, other=0).to(tl.uint32)
+    return tl.minimum(page, (num_pages - 1).to(tl.uint32)).to(tl.int64)
 
 
 @triton.jit
@@ -135,25 +151,6 @@ def _split_range(
 
 
 @triton.jit
-def _kv_rows(page, off, bad, nan_row, stride_p, stride_s):
-    """Element offset of each token's row from a cache's base pointer; a token with a bad page
-    entry reads the launcher's NaN row instead (``nan_row``: its offset from the same base),
-    so nothing outside the cache is read and the rows of the program that reads it turn NaN.
-    Arithmetic rather than a select: Triton then still sees every offset as a multiple of 16
-    (its strides and ``nan_row`` are), so the tile's loads stay 16-byte vectors."""
-    row = page * stride_p + off * stride_s
-    return row + bad.to(tl.int64) * (nan_row - row)
-
-
-@triton.jit
-def _scale_page(page, bad, TOKEN_GROUP: tl.constexpr):
-    """The page whose token-group scales a token reads: page 0 for a bad entry (in range)."""
-    if TOKEN_GROUP:
-        return tl.where(bad, 0, page)
-    return page
-
-
-@triton.jit
 def _load_kv_tile(
     ckv_ptr,
     kpe_ptr,
@@ -161,8 +158,6 @@ def _load_kv_tile(
     page_base,
     n_entries,
     num_pages,
-    nan_row_ckv,
-    nan_row_kpe,
     pos,
     n_ok,
     stride_ckv_p,
@@ -182,18 +177,17 @@ def _load_kv_tile(
 
     Returns ``k [BLOCK_N, D_CKV]`` (keys and values) and ``kpe [BLOCK_N, D_KPE]`` (``k`` again
     when there is no RoPE part). Masked tokens load as 0 -- whatever bytes unused slots hold
-    (NaN included) are never read; tokens with a bad page entry load the NaN row."""
-    page, bad = _page_ids(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
+    (NaN included) are never read; indices are clamped into range (:func:`_safe_pages`)."""
+    page = _safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
     off = pos % PAGE_SIZE
-    row = _kv_rows(page, off, bad, nan_row_ckv, stride_ckv_p, stride_ckv_s)
-    page_sa = _scale_page(page, bad, TOKEN_GROUP)
     k = _load_kv_cols(
-        ckv_ptr, scale_arr_ptr, row, page_sa, off, n_ok, 0, stride_sa_p, stride_sa_s, D_CKV,
-        TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+        ckv_ptr, scale_arr_ptr, page, off, n_ok, 0, stride_ckv_p, stride_ckv_s, stride_sa_p,
+        stride_sa_s, D_CKV, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
     )  # fmt: skip
     if D_KPE > 0:
-        row_pe = _kv_rows(page, off, bad, nan_row_kpe, stride_kpe_p, stride_kpe_s)
-        kpe = _load_kpe(kpe_ptr, row_pe, n_ok, D_KPE, DOT_DTYPE, FP8_CVT)
+        kpe = _load_kpe(
+            kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE, DOT_DTYPE, FP8_CVT
+        )
     else:
         kpe = k
     return k, kpe
@@ -203,11 +197,12 @@ def _load_kv_tile(
 def _load_kv_cols(
     ckv_ptr,
     scale_arr_ptr,
-    row,
     page,
     off,
     n_ok,
     c0,
+    stride_ckv_p,
+    stride_ckv_s,
     stride_sa_p,
     stride_sa_s,
     COLS: tl.constexpr,
@@ -215,17 +210,16 @@ def _load_kv_cols(
     DOT_DTYPE: tl.constexpr,
     FP8_CVT: tl.constexpr,
 ):
-    """Latent columns ``[c0, c0 + COLS)`` of ``BLOCK_N`` tokens whose rows start ``row``
-    elements past ``ckv_ptr`` (:func:`_kv_rows`), converted to the dot dtype:
-    ``[BLOCK_N, COLS]``. ``c0`` is a multiple of ``COLS``, and of 128 when ``TOKEN_GROUP``
-    (the scales of ``page``/``off``). Masked tokens load as 0."""
+    """Latent columns ``[c0, c0 + COLS)`` of ``BLOCK_N`` tokens (``page``/``off`` from the page
+    table), converted to the dot dtype: ``[BLOCK_N, COLS]``. ``c0`` is a multiple of ``COLS``,
+    and of 128 when ``TOKEN_GROUP``. Masked tokens load as 0."""
     d = tl.arange(0, COLS)
-    rows = row[:, None] + (c0 + d)[None, :]
+    rows = (page * stride_ckv_p + off * stride_ckv_s)[:, None] + (c0 + d)[None, :]
     if FP8_CVT != CVT_NATIVE:
         k = _fp8_bytes_to_f16(tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0), FP8_CVT)
     else:
         k = tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0.0)
-    if TOKEN_GROUP:  # one scale per 128 channels (``page``: 0 for a bad token, in range)
+    if TOKEN_GROUP:  # one scale per 128 channels
         sa = scale_arr_ptr + page * stride_sa_p + off * stride_sa_s + c0 // 128
         sc = tl.load(sa, mask=n_ok, other=0.0)[:, None] + tl.zeros([1, COLS], tl.float32)
         for g in tl.static_range(1, COLS // 128):
@@ -241,16 +235,18 @@ def _load_kv_cols(
 @triton.jit
 def _load_kpe(
     kpe_ptr,
-    row,
+    page,
+    off,
     n_ok,
+    stride_kpe_p,
+    stride_kpe_s,
     D_KPE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     FP8_CVT: tl.constexpr,
 ):
-    """RoPE part ``[BLOCK_N, D_KPE]`` of ``BLOCK_N`` tokens whose rows start ``row`` elements
-    past ``kpe_ptr``, in the dot dtype."""
+    """RoPE part ``[BLOCK_N, D_KPE]`` of ``BLOCK_N`` tokens in the dot dtype."""
     e = tl.arange(0, D_KPE)
-    kpe_rows = row[:, None] + e[None, :]
+    kpe_rows = (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :]
     if FP8_CVT != CVT_NATIVE:
         kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0)
         return _fp8_bytes_to_f16(kpe, FP8_CVT).to(DOT_DTYPE)
@@ -281,6 +277,12 @@ def _out_factor(l_i, v_scale):
     rows that saw no token, NaN for rows whose sum is NaN."""
     has = l_i > 0.0
     return tl.where(has | (l_i != l_i), v_scale / tl.where(has, l_i, l_i + 1.0), 0.0)
+
+
+@triton.jit
+def _nan_if(x, bad):
+    """``x``, or NaN when the program read a bad page-table entry (``bad``, a scalar)."""
+    return tl.where(bad, float("nan"), x)
 
 
 @triton.jit
