@@ -335,4 +335,4 @@ def test_direct_launch_matches_tritons_path(heads, qo_len):
             b.q_pe.copy_(fresh.q_pe)
         out, lse = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, return_lse=True, **b.scale_kwargs())
         assert_matches_reference(b, out, lse, causal=qo_len > 1)
-    assert w._launch.kernel._compiled, "the fast path never engaged"
+    assert w._launch.kernel.direct_launches >= 2, "the direct path never engaged"

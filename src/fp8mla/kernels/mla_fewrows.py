@@ -89,7 +89,9 @@ def _producer(
         ok = pos < n_end
         slot = pages.to(gl.int64)
         # a bad page entry reads the launcher's NaN row: never outside the cache, never finite
-        rows = gl.where(bad, nan_row_ckv, slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s)
+        # as arithmetic, not a select: the offsets stay provably 16-aligned (16-byte loads)
+        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
+        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
         # -- every byte of this tile requested at once --
         x0 = gl.load(ckv_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0)
         x1 = gl.load(ckv_ptr + rows[:, None] + (CHUNK + d)[None, :], mask=ok[:, None], other=0)
@@ -99,7 +101,7 @@ def _producer(
         pe_ok = gl.convert_layout(ok, pe_rows_l)
         pe_rows = gl.convert_layout(slot, pe_rows_l) * stride_kpe_p
         pe_rows += (pe_pos % PAGE_SIZE) * stride_kpe_s
-        pe_rows = gl.where(gl.convert_layout(bad, pe_rows_l), nan_row_kpe, pe_rows)
+        pe_rows += gl.convert_layout(bad, pe_rows_l).to(gl.int64) * (nan_row_kpe - pe_rows)
         xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
         if TOKEN_GROUP:
             sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s

@@ -131,12 +131,14 @@ def _kv_producer(
         ok = pos < n_end
         slot = pages.to(gl.int64)
         # a bad page entry reads the launcher's NaN row: never outside the cache, never finite
-        rows = gl.where(bad, nan_row_ckv, slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s)
+        # as arithmetic, not a select: the offsets stay provably 16-aligned (16-byte loads)
+        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
+        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
         x = _load_chunk(ckv_ptr, rows, ok, 0, ld)
         pe_pos = gl.convert_layout(pos, pe_rows_l)
         pe_rows = gl.convert_layout(slot, pe_rows_l) * stride_kpe_p
         pe_rows += (pe_pos % PAGE_SIZE) * stride_kpe_s
-        pe_rows = gl.where(gl.convert_layout(bad, pe_rows_l), nan_row_kpe, pe_rows)
+        pe_rows += gl.convert_layout(bad, pe_rows_l).to(gl.int64) * (nan_row_kpe - pe_rows)
         pe_ok = gl.convert_layout(ok, pe_rows_l)
         xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
         # the next tile: its page-table entries, and its latent rows into the L2
