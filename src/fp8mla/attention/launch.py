@@ -124,9 +124,16 @@ class KernelLauncher:
 
     @staticmethod
     def _direct_ok() -> bool:
-        """Profilers hook Triton's launches: leave those to Triton's path."""
+        """Profilers hook Triton's launches: leave those to Triton's path. A hook is a
+        callable, None, or (Triton 3.5+) a ``HookChain`` whose ``calls`` may be empty."""
         runtime = getattr(_knobs, "runtime", None)
-        return runtime is not None and getattr(runtime, "launch_enter_hook", None) is None
+        if runtime is None:
+            return False
+        for name in ("launch_enter_hook", "launch_exit_hook"):
+            hook = getattr(runtime, name, None)
+            if hook is not None and (not hasattr(hook, "calls") or hook.calls):
+                return False
+        return True
 
 
 _NAN_ROWS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
