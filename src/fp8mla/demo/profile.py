@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from fp8mla.demo.model import DecodeModel
+from fp8mla.demo.decode_loop import DecodeModel
 
 
 def profile_steps(model: DecodeModel, h0: torch.Tensor, strategy: str, path: str) -> None:

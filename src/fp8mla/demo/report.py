@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from fp8mla.demo import DemoResult
+from fp8mla.demo.result import DemoResult
 
 
 def _gb(n: float) -> str:
