@@ -9,7 +9,7 @@ from fp8mla.doctor.casts import elements_from_grid
 from fp8mla.doctor.devices import peak_bandwidth
 from fp8mla.doctor.families import classify_kernel, classify_op, short_name
 from fp8mla.doctor.frames import is_framework, parse_frame, stack_frame
-from fp8mla.doctor.model import Launch
+from fp8mla.doctor.records import Launch
 from fp8mla.doctor.steps import Step, infer_layers, segment
 from fp8mla.doctor.synth import CAST_KERNEL
 
@@ -196,7 +196,7 @@ def _group(shape: tuple[int, ...], calls_per_step: int, steps: int = 2):
 
 
 def test_paged_pool_is_counted_in_tokens():
-    from fp8mla.doctor.pool import classify
+    from fp8mla.doctor.pool_evidence import classify
 
     group = _group((8000, 64, 576), 4)  # 512,000 tokens in 64-token pages
     common = dict(

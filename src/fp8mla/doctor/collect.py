@@ -18,7 +18,7 @@ from typing import Any
 from fp8mla.doctor.errors import TraceError
 from fp8mla.doctor.frames import is_framework
 from fp8mla.doctor.load import ProgressFn, TraceReader
-from fp8mla.doctor.model import Kernel, Marker, Op, PyFrame, RuntimeCall, TraceData
+from fp8mla.doctor.records import Kernel, Marker, Op, PyFrame, RuntimeCall, TraceData
 
 __all__ = ["collect", "device_name"]
 

@@ -8,7 +8,8 @@ import os
 from typing import Any
 
 from fp8mla.doctor.families import FAMILIES
-from fp8mla.doctor.findings import calls_text
+from fp8mla.doctor.finding import calls_text
+from fp8mla.doctor.floor import floor_text as report_floor_text
 
 __all__ = ["render_html"]
 
@@ -231,6 +232,7 @@ def render_html(report: dict[str, Any], floor_text: str | None = None) -> str:
     else:
         body = [_section(report)]
         title = report["path"]
+    floor_text = floor_text or report_floor_text(report)
     if floor_text:
         body.append(f"<h2>Floor</h2><pre>{_e(floor_text)}</pre>")
     return (

@@ -6,7 +6,8 @@ import os
 import textwrap
 from typing import Any
 
-from fp8mla.doctor.findings import calls_text
+from fp8mla.doctor.finding import calls_text
+from fp8mla.doctor.floor import floor_text as report_floor_text
 
 __all__ = ["format_text"]
 
@@ -150,8 +151,7 @@ def format_text(report: dict[str, Any], floor_text: str | None = None) -> str:
             )
     else:
         out = _single(report)
+    floor_text = floor_text or report_floor_text(report)
     if floor_text:
         out += ["", floor_text.rstrip()]
-    for w in report.get("floor_warnings", []):
-        out.append(f"note: {w}")
     return "\n".join(out).rstrip() + "\n"

@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fp8mla.doctor.model import Launch, Marker
+from fp8mla.doctor.records import Launch, Marker
 
 __all__ = ["Segmentation", "Step", "infer_layers", "segment"]
 
