@@ -43,7 +43,7 @@ def test_text_report_names_file_line_function_code_reason_and_fix(capsys) -> Non
 def test_json_report_follows_the_schema(capsys) -> None:
     assert run_scan([str(FIXTURES), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert data["files_scanned"] == 2 and data["skipped"] == []
+    assert data["files_scanned"] == 3 and data["skipped"] == []
     assert data["findings"], "expected findings"
     for finding in data["findings"]:
         assert SCHEMA <= set(finding)
