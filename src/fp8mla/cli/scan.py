@@ -30,6 +30,16 @@ def register(subparsers: Any) -> None:
         "--package", metavar="NAME", help="also scan an installed package, e.g. sglang"
     )
     parser.add_argument("--json", action="store_true", help="print findings as JSON")
+    parser.add_argument(
+        "--min-severity",
+        choices=("high", "medium", "low"),
+        default="low",
+        help="show only findings of this severity or worse (default: low, all); the exit "
+        "status still counts every whole-pool cast",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress line on stderr for large trees"
+    )
     parser.set_defaults(func=run)
 
 
@@ -41,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.paths and args.package is None:
         fail("scan", "give at least one PATH or --package NAME")
     try:
-        result = scan_paths(args.paths, package=args.package)
+        result = scan_paths(args.paths, package=args.package, progress=not args.no_progress)
     except ScanError as exc:
         fail("scan", str(exc))
+    result = result.at_least(args.min_severity)
     print(format_json(result) if args.json else format_text(result))
     return 1 if result.has_whole_pool_cast else 0

@@ -9,6 +9,7 @@ gather-then-cast.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from fp8mla.scan import patterns as pat
@@ -300,8 +301,10 @@ class KVCastVisitor(ast.NodeVisitor):
         )
 
 
-def find_casts(tree: ast.AST, path: str, lines: list[str]) -> list[ScanFinding]:
-    """Run the walk over a parsed module; ``lines`` are its source lines (for ``code``)."""
+def find_casts(tree: ast.AST | Iterable[ast.AST], path: str, lines: list[str]) -> list[ScanFinding]:
+    """Run the walk over a parsed module, or over its parts in source order (module-level
+    aliases carry from one part to the next); ``lines`` are its source lines (for ``code``)."""
     visitor = KVCastVisitor(path, lines)
-    visitor.visit(tree)
+    for part in [tree] if isinstance(tree, ast.AST) else tree:
+        visitor.visit(part)
     return sorted(visitor.findings, key=lambda f: (f.line, f.kind))
