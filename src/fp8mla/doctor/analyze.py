@@ -53,7 +53,7 @@ def _context(
     info = trace_info(data, launches, mode)
     warnings = list(data.warnings)
     if mode == "cpu":
-        warnings.append("no GPU kernels in the trace: analysing CPU ops instead")
+        warnings.append(_cpu_mode_reason(data))
     if not info["has_shapes"]:
         warnings.append("recorded without record_shapes: element counts come from launch grids")
     if not info["has_stacks"]:
@@ -96,6 +96,30 @@ def _context(
         peak_source=peak_source,
         warnings=warnings,
     )
+
+
+_OTHER_DEVICES = ("mtia", "xpu", "hpu", "npu", "tpu", "musa", "mlu")
+
+
+def _cpu_mode_reason(data: TraceData) -> str:
+    """Why a trace is analysed on its CPU ops: no kernels, or device events the doctor does
+    not read (another accelerator's, or CUPTI profiler ranges whose times include replays)."""
+    unread = data.unread_categories
+    device = {c: n for c, n in unread.items() if c.lower().startswith(_OTHER_DEVICES)}
+    if device:
+        listed = ", ".join(f"{c} ({n:,} events)" for c, n in sorted(device.items()))
+        return (
+            f"the device activity in this trace ({listed}) is another accelerator's, which the "
+            f"doctor does not read (it reads CUDA and ROCm kernels): analysing CPU ops instead"
+        )
+    ranges = unread.get("cuda_profiler_range")
+    if ranges:
+        return (
+            f"the GPU kernels were recorded only as CUPTI profiler ranges (cuda_profiler_range, "
+            f"{ranges:,} events), whose times include the profiler's kernel replays: they are "
+            f"not read; analysing CPU ops instead"
+        )
+    return "no GPU kernels in the trace: analysing CPU ops instead"
 
 
 def analyze_trace(

@@ -126,6 +126,9 @@ class _Collector:
             handler = self.handlers[cat] = self.kinds.get(kind) if kind else None
         if handler is not None:
             handler(e)
+        else:
+            unread = self.data.unread_categories
+            unread[cat] = unread.get(cat, 0) + 1
 
     def _times(self, e: dict[str, Any], sample: bool = True) -> tuple[float, float] | None:
         ts = e.get("ts")

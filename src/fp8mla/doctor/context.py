@@ -43,3 +43,8 @@ class TraceContext:
     @property
     def nsteps(self) -> int:
         return len(self.segmentation.steps)
+
+    @property
+    def per(self) -> str:
+        """``per step``, or ``in the window`` when no repeating step was found."""
+        return "in the window" if self.segmentation.method == "whole-trace" else "per step"

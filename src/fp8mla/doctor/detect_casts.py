@@ -13,33 +13,20 @@ from fp8mla.doctor.finding import (
     calls_text,
 )
 from fp8mla.doctor.pool_evidence import Evidence, classify
+from fp8mla.doctor.pool_fix import pool_fix
 
 __all__ = ["MIN_SHARE", "detect_casts"]
 
 MIN_SHARE = 0.01  # casts and copies under 1% of the step are not reported (unless pool-sized)
 
 
-def _fix_pool(group: CastGroup, ev: Evidence, saved_ms: float, share: float) -> str:
-    src = group.src or "FP8"
-    dst = group.dst or "bfloat16"
-    unit = "rows" if ev.active_source == "recorded shapes" else "tokens"
-    pool = group.shape[0] if unit == "rows" and group.shape else ev.slots
-    rows = (
-        f" ({ev.active_tokens:,} instead of {pool:,} {unit} per layer)"
-        if ev.active_tokens and pool
-        else ""
-    )
-    return (
-        f"Read the {src} cache inside the attention kernel instead of converting the whole pool "
-        f"every layer: e.g. fp8mla.BatchMLAPagedAttentionWrapper, planned with "
-        f"kv_data_type=torch.float8_e4m3fn, reads the FP8 pages directly. If the kernel must "
-        f"take {dst}, gather the active entries first and cast only those "
-        f"(pool[kv_indices].to(torch.{dst})){rows}. Removes ≈{saved_ms:.1f} ms per step "
-        f"({share:.0%})."
-    )
+def _millions(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1e6:,.1f} M" if n >= 1e6 else f"{n:,}"
 
 
-def cast_finding(group: CastGroup, ev: Evidence, *, nsteps: int, wall_us: float) -> Finding | None:
+def cast_finding(
+    group: CastGroup, ev: Evidence, *, nsteps: int, wall_us: float, per: str = "per step"
+) -> Finding | None:
     """The finding for one cast/copy group, or None when it costs under 1% of the step."""
     time_us = group.time_per_step(nsteps)
     share = time_us / wall_us if wall_us else 0.0
@@ -50,11 +37,13 @@ def cast_finding(group: CastGroup, ev: Evidence, *, nsteps: int, wall_us: float)
     per_step = per_call * calls if per_call is not None else None
     total_time = sum(c.time for c in group.calls)
     bandwidth = per_call * len(group.calls) / total_time / 1e3 if per_call and total_time else None
+    counts = group.per_step(nsteps)
     fields = dict(
         kernel=group.name,
         kernel_short=short_name(group.name),
         op=group.op_name,
         calls_per_step=round(calls, 3),
+        calls_range=[min(counts), max(counts)] if counts else None,
         elements_per_call=group.elements,
         elements_source=group.source,
         elements_note=group.note,
@@ -77,26 +66,44 @@ def cast_finding(group: CastGroup, ev: Evidence, *, nsteps: int, wall_us: float)
         words = f"{group.src}→{group.dst} cast"
     else:
         words = f"cast to {group.dst}" if group.dst else "dtype cast"
+    how_often = calls_text(counts, per=per)
     if ev.pool:
+        pools = " (K and V)" if ev.layout == "mha" and ev.layout_certain else ""
         return Finding(
             kind=POOL_PROPORTIONAL_CAST,
-            title=f"Whole-pool {words} every layer",
-            suggestion=_fix_pool(group, ev, time_us / 1e3, share),
+            title=f"Whole-pool {words}{pools} every layer",
+            suggestion=pool_fix(group, ev, time_us / 1e3, share),
+            **fields,
+        )
+    fold = (
+        "Fold the conversion into the kernel that consumes the tensor (read the stored "
+        "dtype in-kernel), or keep the tensor in the dtype its consumer wants."
+    )
+    if ev.open:
+        fields["evidence"] = [*ev.reasons, *(f"to decide: {d}" for d in ev.decide)]
+        return Finding(
+            kind=DTYPE_CAST,
+            title=(
+                f"{words[0].upper()}{words[1:]} of {_millions(group.elements)} elements, "
+                f"{how_often}: possibly the whole KV pool"
+            ),
+            suggestion=(
+                f"If it converts the whole pool: {pool_fix(group, ev, time_us / 1e3, share)} "
+                f"If it converts only the entries attention reads: {fold}"
+            ),
             **fields,
         )
     if group.is_cast:
         return Finding(
             kind=DTYPE_CAST,
-            title=f"{words[0].upper()}{words[1:]}, {calls_text(calls)} per step",
-            suggestion=(
-                "Fold the conversion into the kernel that consumes the tensor (read the stored "
-                "dtype in-kernel), or keep the tensor in the dtype its consumer wants."
-            ),
+            title=f"{words[0].upper()}{words[1:]}, {how_often}",
+            suggestion=fold,
             **fields,
         )
+    where = "Copy" if group.op_name == group.name else "Device copy"
     return Finding(
         kind=COPY,
-        title=f"Device copy ({group.dst or 'same dtype'}), {calls_text(calls)} per step",
+        title=f"{where} ({group.dst or 'same dtype'}), {how_often}",
         suggestion=(
             "Look for .contiguous()/.clone()/copy_ of a large buffer in the step loop: pass "
             "views, preallocate the destination once, or let the consumer read strided input."
@@ -119,8 +126,9 @@ def detect_casts(ctx: TraceContext) -> list[Finding]:
             attention_us_per_step=ctx.attention_us,
             peak_tbps=ctx.peak_tbps,
             peak_source=ctx.peak_source,
+            per=ctx.per,
         )
-        finding = cast_finding(group, ev, nsteps=ctx.nsteps, wall_us=ctx.wall_us)
+        finding = cast_finding(group, ev, nsteps=ctx.nsteps, wall_us=ctx.wall_us, per=ctx.per)
         if finding is not None:
             findings.append(finding)
     return findings

@@ -16,8 +16,9 @@ def detect_memcpy(ctx: TraceContext) -> list[Finding]:
     """Transfers worth ≥ 1% of the step, one finding per transfer kind."""
     steps, wall_us = ctx.steps, ctx.wall_us
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    per_step: dict[str, list[int]] = defaultdict(lambda: [0] * len(steps))
     frames: dict[str, str | None] = {}
-    for step in steps:
+    for i, step in enumerate(steps):
         for launch in step.launches:
             if launch.family != "memcpy" or launch.kind == "op":
                 continue
@@ -25,6 +26,7 @@ def detect_memcpy(ctx: TraceContext) -> list[Finding]:
             acc[0] += 1
             acc[1] += launch.dur
             acc[2] += launch.nbytes or 0
+            per_step[launch.name][i] += 1
             frames.setdefault(launch.name, launch.frame)
     out = []
     n = len(steps)
@@ -42,19 +44,25 @@ def detect_memcpy(ctx: TraceContext) -> list[Finding]:
                 "Keep step inputs on the device (or in pinned memory with non_blocking=True) "
                 "and avoid .item()/.cpu() inside the step: each transfer stalls the stream."
             )
-        per_step = calls_text(count / n)
+        counts = per_step[name]
+        how_often = calls_text(counts, per=ctx.per)
         out.append(
             Finding(
                 kind=MEMCPY,
-                title=f"{name.strip()}, {per_step} per step",
+                title=f"{name.strip()}, {how_often}",
                 share_of_step=share,
                 kernel=name,
                 kernel_short=name.strip(),
                 calls_per_step=round(count / n, 3),
+                calls_range=[min(counts), max(counts)],
                 bytes_per_step=int(nbytes / n) if nbytes else None,
                 time_per_step_ms=round(time_us / n / 1e3, 4),
                 source=frames.get(name),
-                evidence=[f"{per_step} transfers per step take {time_us / n / 1e3:.2f} ms"],
+                evidence=[
+                    f"{calls_text(counts, 'transfers', ctx.per)} take "
+                    f"{time_us / n / 1e3:.2f} ms {ctx.per}"
+                    + (" on average" if len(set(counts)) > 1 else "")
+                ],
                 suggestion=fix,
             )
         )

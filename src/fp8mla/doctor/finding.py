@@ -26,6 +26,7 @@ __all__ = [
     "SEVERITIES",
     "Finding",
     "calls_text",
+    "range_text",
     "severity",
 ]
 
@@ -46,9 +47,25 @@ def severity(share: float) -> str:
     return "high" if share >= 0.20 else "medium" if share >= 0.05 else "low"
 
 
-def calls_text(calls: float) -> str:
-    """``78`` for whole numbers, ``25.2`` otherwise (a mean over steps that differ)."""
-    return f"{calls:.0f}" if abs(calls - round(calls)) < 0.05 else f"{calls:.1f}"
+def calls_text(counts: list[int], unit: str = "", per: str = "per step") -> str:
+    """How often per step, from the count in each step, never as a fraction: ``78 per step``
+    when every step has the same count, else ``700–850 per step (4,645 in 6 steps)``."""
+    unit = f" {unit}" if unit else ""
+    if not counts:
+        return f"0{unit} {per}"
+    lo, hi = min(counts), max(counts)
+    if lo == hi:
+        return f"{lo:,}{unit} {per}"
+    return f"{lo:,}–{hi:,}{unit} {per} ({sum(counts):,} in {len(counts)} steps)"
+
+
+def range_text(calls: float | None, calls_range: list[int] | None) -> str:
+    """``78`` or ``700–850`` (a JSON finding's per-step count, for display)."""
+    if calls_range and calls_range[0] != calls_range[1]:
+        return f"{calls_range[0]:,}–{calls_range[1]:,}"
+    if calls_range:
+        return f"{calls_range[0]:,}"
+    return "?" if calls is None else f"{round(calls):,}"
 
 
 @dataclass(kw_only=True)
@@ -69,6 +86,7 @@ class Finding:
     kernel_short: str | None = None
     op: str | None = None
     calls_per_step: float | None = None
+    calls_range: list[int] | None = None
     elements_per_call: int | None = None
     elements_source: str | None = None
     elements_note: str | None = None

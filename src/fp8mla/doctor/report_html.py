@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from fp8mla.doctor.families import FAMILIES
-from fp8mla.doctor.finding import calls_text
+from fp8mla.doctor.finding import range_text
 from fp8mla.doctor.floor import floor_text as report_floor_text
 
 __all__ = ["render_html"]
@@ -128,7 +128,7 @@ def _finding(i: int, f: dict[str, Any]) -> str:
             + (f" via <code>{_e(f['op'])}</code>" if f.get("op") else ""),
         )
     if f.get("calls_per_step") is not None:
-        row("calls per step", _e(calls_text(f["calls_per_step"])))
+        row("calls per step", _e(range_text(f["calls_per_step"], f.get("calls_range"))))
     if f.get("elements_per_call") is not None:
         shape = f" {_e(f['shape'])}" if f.get("shape") else ""
         row(

@@ -148,9 +148,10 @@ def _summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     means = {r["path"]: r["steps"]["mean_ms"] for r in ok if r["steps"]["count"]}
     kinds: dict[str, dict[str, Any]] = {}
     for r in ok:
+        for kind in {f["kind"] for f in r["findings"]}:  # ranks with the kind, not findings
+            kinds.setdefault(kind, {"kind": kind, "ranks": 0, "max_share": 0.0})["ranks"] += 1
         for f in r["findings"]:
-            k = kinds.setdefault(f["kind"], {"kind": f["kind"], "ranks": 0, "max_share": 0.0})
-            k["ranks"] += 1
+            k = kinds[f["kind"]]
             k["max_share"] = max(k["max_share"], f["share_of_step"])
     mean = statistics.mean(means.values()) if means else 0.0
     return {
