@@ -126,6 +126,41 @@ def _steps(ctx: TraceContext) -> dict[str, Any]:
     }
 
 
+MAX_SEGMENTS = 1500  # timeline detail: enough for a step of 78 layers, small in the JSON
+
+
+def _timeline(ctx: TraceContext) -> dict[str, Any] | None:
+    """One representative step (the median wall time) as family segments along its time, with
+    where each layer starts: what the HTML report draws to show where in the step time goes."""
+    steps = ctx.steps
+    if not steps:
+        return None
+    step = sorted(steps, key=lambda s: s.wall)[len(steps) // 2]
+    launches = sorted(step.launches, key=lambda x: x.start)
+    join_us = step.wall / MAX_SEGMENTS if len(launches) > MAX_SEGMENTS else 0.5
+    segments: list[list[Any]] = []
+    for x in launches:
+        start, end = x.start - step.start, x.end - step.start
+        last = segments[-1] if segments else None
+        if last and last[2] == x.family and start - last[1] <= join_us:
+            last[1] = max(last[1], end)
+        else:
+            segments.append([start, end, x.family])
+    starts: list[float] = []
+    layer_kernel = None
+    if ctx.layers:
+        counts = Counter(x.name for x in launches)
+        layer_kernel = next((x.name for x in launches if counts[x.name] == ctx.layers), None)
+        starts = [_ms(x.start - step.start) for x in launches if x.name == layer_kernel]
+    return {
+        "step": step.index,
+        "wall_ms": _ms(step.wall),
+        "segments": [[_ms(a), _ms(b - a), fam] for a, b, fam in segments],
+        "layer_starts_ms": starts,
+        "layer_kernel": short_name(layer_kernel) if layer_kernel else None,
+    }
+
+
 def build_report(ctx: TraceContext, findings: list[Finding]) -> dict[str, Any]:
     """The report dict of one trace."""
     return {
@@ -140,6 +175,7 @@ def build_report(ctx: TraceContext, findings: list[Finding]) -> dict[str, Any]:
         "top_kernels": _top_kernels(ctx.steps, ctx.wall_us),
         "findings": [f.to_dict() for f in findings],
         "warnings": list(ctx.warnings),
+        "timeline": _timeline(ctx),
     }
 
 
