@@ -20,6 +20,7 @@ def run_demo(
     import torch
 
     from fp8mla._progress import Progress
+    from fp8mla.demo.accuracy import check_attention
     from fp8mla.demo.decode_loop import DecodeModel
     from fp8mla.demo.profile import profile_steps, time_steps
     from fp8mla.testing import rel_err
@@ -36,11 +37,12 @@ def run_demo(
     )
     if dev.type == "cpu":
         say(
-            "  (CPU: a scaled-down shape; attention runs on fp8mla's PyTorch path. On a GPU the "
-            "default is GLM-5 at tensor-parallel 2: 78 layers, 32 heads, 495,552 slots.)"
+            "  (CPU: a scaled-down shape, and the decode loop's attention runs on fp8mla's "
+            "PyTorch path for all three strategies. On a GPU the default is GLM-5 at "
+            "tensor-parallel 2: 78 layers, 32 heads, 495,552 slots.)"
         )
     torch.manual_seed(0)
-    with Progress(3 + len(ROW_NAMES), "demo", quiet=not progress) as bar:
+    with Progress(4 + len(ROW_NAMES), "demo", quiet=not progress) as bar:
         model = DecodeModel(cfg)
         bar.update("pools filled")
         h0 = torch.randn(cfg.batch, cfg.hidden, device=dev).to(torch.bfloat16)
@@ -49,6 +51,8 @@ def run_demo(
         outs = {name: model.step(h0.clone(), name).float() for name in ROW_NAMES}
         errs = {name: rel_err(outs[name], outs["fp8mla direct"]) for name in ROW_NAMES}
         bar.update("outputs compared")
+        attention = check_attention(model)
+        bar.update("kernel vs float64")
 
         # -- 2. profile what engines ship, and diagnose the trace --
         trace = save_trace or os.path.join(
@@ -75,7 +79,9 @@ def run_demo(
         )
         for name in ROW_NAMES
     ]
-    result = DemoResult(config=cfg, rows=rows, finding=finding, trace_path=trace)
+    result = DemoResult(
+        config=cfg, rows=rows, finding=finding, trace_path=trace, attention=attention
+    )
     if report:
         from fp8mla.demo.report import format_report
 
