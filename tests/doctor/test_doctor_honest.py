@@ -87,3 +87,21 @@ def test_directory_summary_counts_ranks_not_findings(tmp_path):
     assert len(memcpy) == 2  # two transfer kinds in each rank
     (summary,) = [k for k in report["summary"]["findings"] if k["kind"] == "memcpy"]
     assert summary["ranks"] == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "title", "fix"),
+    [
+        # an eager decode loop: ~60 µs of Python per launch, which a CUDA graph removes
+        ("glm5_tp2_fp8_direct.json.gz", "Launch-bound steps", "capture the step in a CUDA graph"),
+        # a training toy: 16 launches in 9 ms, the GPU waits ~570 µs per launch on other work
+        (
+            "external/amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+            "GPU idle 98% of each step, waiting on host work between kernels",
+            "Profile the host side of the step",
+        ),
+    ],
+)
+def test_idle_time_is_told_apart_by_what_the_host_does(name, title, fix):
+    (idle,) = [f for f in diagnose(TRACES / name)["findings"] if f["kind"] == "launch_bound"]
+    assert idle["title"].startswith(title) and fix in idle["suggestion"]

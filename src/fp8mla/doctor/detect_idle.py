@@ -12,7 +12,7 @@ __all__ = ["detect_launch_bound"]
 
 IDLE_SHARE = 0.30
 MIN_LAUNCHES = 10
-LAUNCH_GAP_US = 50.0  # idle per launch above this is host work, not launch overhead
+LAUNCH_GAP_US = 200.0  # idle per launch above this is more than issuing a kernel from Python
 
 
 def detect_launch_bound(ctx: TraceContext) -> list[Finding]:
@@ -51,10 +51,11 @@ def detect_launch_bound(ctx: TraceContext) -> list[Finding]:
     elif gap_us > LAUNCH_GAP_US:
         title = f"GPU idle {idle:.0%} of {each}, waiting on host work between kernels"
         fix = (
-            f"The GPU waits {gap_us:,.0f} µs per launch on average, far longer than launching "
-            "takes: the host is busy with other work between kernels (Python, data loading, "
-            "synchronizations such as .item() or .cpu()). Profile the host side of the step; "
-            "a CUDA graph would only remove the launch overhead."
+            f"The GPU waits {gap_us:,.0f} µs per launch on average, longer than issuing a "
+            "kernel takes even from Python: the host does other work between kernels (data "
+            "loading, synchronizations such as .item() or .cpu(), Python-side logic). Profile "
+            "the host side of the step; a CUDA graph removes only the launch and dispatch "
+            "overhead."
         )
     else:
         title = "Launch-bound steps: the GPU waits between short kernels"
