@@ -24,8 +24,10 @@ SEVERITY_ORDER: Final[tuple[str, ...]] = ("high", "medium", "low")
 SUGGESTION: Final[dict[str, str]] = {
     WHOLE_POOL_CAST: (
         "read the FP8 cache in-kernel: plan fp8mla.BatchMLAPagedAttentionWrapper with "
-        "kv_data_type=<the pool's storage dtype> and pass the buffer uncast to run(); "
-        "or gather-then-cast only the rows this batch reads (buf[kv_indices].to(...))"
+        "kv_data_type=<the pool's storage dtype> and pass the buffer uncast to run() (an MLA "
+        "latent pool; separate K and V pools need a paged kernel that takes FP8 K/V, e.g. "
+        "FlashInfer's BatchDecodeWithPagedKVCacheWrapper); or gather-then-cast only the rows "
+        "this batch reads (buf[kv_indices].to(...))"
     ),
     GATHERED_CAST: (
         "fine: gather-then-cast touches only the gathered rows; reading the FP8 cache in-kernel "
