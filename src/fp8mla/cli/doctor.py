@@ -111,7 +111,7 @@ def _floor_spec(args: argparse.Namespace) -> Any:
     try:
         spec.check()
     except (ValueError, OSError) as exc:
-        fail("doctor", f"--model/--gpu: {exc}")
+        fail("doctor", f"floor estimate (--model, --gpu, --tp, ...): {exc}")
     return spec
 
 
