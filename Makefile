@@ -24,23 +24,33 @@ endif
 $(STAMP): pyproject.toml Makefile
 	@if python3 -c "import torch" >/dev/null 2>&1; then \
 	  echo "fp8mla: keeping the torch already installed ($$(python3 -c 'import torch; print(torch.__version__)'))"; \
+	  echo "fp8mla: creating $(VENV)/ on top of it"; \
 	  python3 -m venv $(VENV) && \
 	  { python3 -c 'import site; print("\n".join(site.getsitepackages()))'; echo "$(CURDIR)/src"; } \
 	    > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_host_site.pth" && \
-	  { $(PY) -c "import pytest, hypothesis" 2>/dev/null || $(PIP) --retries 0 --timeout 15 pytest hypothesis; } && \
-	  { $(PY) -c "import ruff" 2>/dev/null || $(PIP) --retries 0 --timeout 15 ruff || echo "fp8mla: ruff not installed (offline)"; }; \
+	  { $(PY) -c "import pytest, hypothesis" 2>/dev/null || \
+	    { echo "fp8mla: installing the test tools (pytest, hypothesis)"; \
+	      $(PIP) --retries 0 --timeout 15 pytest hypothesis; }; } && \
+	  { $(PY) -c "import ruff" 2>/dev/null || \
+	    { echo "fp8mla: installing ruff (make lint)"; \
+	      $(PIP) --retries 0 --timeout 15 ruff || echo "fp8mla: ruff not installed (offline)"; }; }; \
 	else \
+	  echo "fp8mla: no torch here: creating $(VENV)/ with the CPU build of $(TORCH_PIN) (about a minute)"; \
 	  python3 -m venv $(VENV) && \
+	  echo "fp8mla: installing $(TORCH_PIN) (CPU)" && \
 	  $(PIP) $(TORCH_PIN) && \
+	  echo "fp8mla: installing $(TRITON_PIN) (its interpreter runs the kernels on the CPU), fp8mla and its test tools" && \
 	  $(PIP) $(TRITON_PIN) -e ".[dev]"; \
 	fi
+	@echo "fp8mla: $(VENV)/ is ready (make clean removes it)"
 	@touch $@
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m fp8mla demo $(DEMO_ARGS)
+	@echo "fp8mla: running the demo (about a minute on a CPU): $(PY) -m fp8mla demo $(DEMO_ARGS)"
+	@$(PY) -m fp8mla demo $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_decode.py $(BENCH_ARGS)

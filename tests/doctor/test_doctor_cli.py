@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -85,8 +86,8 @@ def test_text_report(capsys, small):
     ("args", "message"),
     [
         (["/no/such/trace.json"], "no such file"),
-        (["--layers", "x", FULL_CAST], "invalid int value"),
-        (["--layers", "0", FULL_CAST], "layers: expected a positive integer"),
+        (["--layers", "x", FULL_CAST], "argument --layers: expected an integer, got 'x'"),
+        (["--layers", "0", FULL_CAST], "argument --layers: expected an integer >= 1, got 0"),
         (["--gpu", "h200", FULL_CAST], "--gpu needs --model"),
     ],
 )
@@ -175,22 +176,32 @@ def test_source_root_points_at_the_line(tmp_path, capsys, small):
     assert "flashinfer_mla_backend.py:4: k_buffer = k_buffer.to(q.dtype)" in out
 
 
-def test_source_root_problems_are_warnings(tmp_path, capsys, small):
-    code, out, _ = _run(
-        [
-            small,
-            "--json",
-            "--source-root",
-            str(tmp_path / "missing"),
-            "--package",
-            "no_such_package_xyz",
-        ],
-        capsys,
-    )
-    warnings = json.loads(out)["warnings"]
-    assert code == 0
-    assert any("not a directory" in w for w in warnings)
-    assert any("not importable" in w for w in warnings)
+def test_source_root_problems_are_warnings_in_the_library(tmp_path, small):
+    from fp8mla.doctor import diagnose
+
+    report = diagnose(small, source_root=tmp_path / "missing", package="no_such_package_xyz")
+    assert any("not a directory" in w for w in report["warnings"])
+    assert any("not importable" in w for w in report["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--source-root", "/no/such/root"], "--source-root /no/such/root: not a directory"),
+        (["--package", "no_such_package_xyz"], "--package no_such_package_xyz: not importable"),
+        (["--html", "/no/such/dir/r.html"], "--html /no/such/dir/r.html: no such directory"),
+        (["--model", "no-such-model", "--gpu", "h200"], "unknown model"),
+        (["--model", "glm-5", "--gpu", "a100"], "unknown GPU 'a100'"),
+        (["--model", "glm-5"], "--model needs --gpu (presets: h100, h200"),
+    ],
+)
+def test_bad_options_exit_2_before_reading_the_trace(capsys, args, message):
+    # The trace does not exist: an option error must come first, before any work on it.
+    code, out, err = _run(["/no/such/trace.json.gz", *args], capsys)
+    assert code == 2 and not out
+    assert err.startswith("fp8mla doctor: error: ") and err.count("\n") == 1
+    assert message in err, err
+    assert "--bandwidth" not in err
 
 
 def test_floor_from_gap(capsys):
@@ -220,13 +231,6 @@ def test_floor_from_gap(capsys):
     assert "floor per output token" in out
 
 
-def test_floor_with_a_bad_model_is_a_warning(capsys, small):
-    pytest.importorskip("fp8mla.gap")
-    code, out, _ = _run([small, "--json", "--model", "no-such-model", "--gpu", "h200"], capsys)
-    assert code == 0
-    assert any("floor estimate failed" in w for w in json.loads(out)["warnings"])
-
-
 def test_doctor_imports_no_torch():
     code = textwrap.dedent("""
         import sys
@@ -250,9 +254,13 @@ def test_package_locates_the_source(tmp_path, capsys, small, monkeypatch):
 
 
 def test_progress_lines_for_large_files(capsys, small, monkeypatch):
-    from fp8mla.doctor import diagnose, progress
+    from fp8mla import _progress
+    from fp8mla.doctor import diagnose
 
-    monkeypatch.setattr(progress, "LARGE_BYTES", 0)
+    monkeypatch.setattr(_progress, "LARGE_FILE_BYTES", 0)
     diagnose(small, progress=True)
     err = capsys.readouterr().err
-    assert "fp8mla doctor: reading t.json.gz: 100%" in err
+    size_mb = f"{os.path.getsize(small) / 1e6:,.0f}"
+    assert (
+        f"fp8mla doctor [########################] {size_mb}/{size_mb} MB  reading t.json.gz" in err
+    )

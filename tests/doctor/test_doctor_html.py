@@ -32,7 +32,7 @@ def test_directory_page(tmp_path):
         write_trace(str(tmp_path / f"r{rank}.json"), SynthSpec(steps=2))
     (tmp_path / "r9.json").write_text("{")
     html = render_html(diagnose(tmp_path))
-    assert html.count("<svg") == 2 and "r9.json" in html
+    assert html.count("<svg") == 4 and "r9.json" in html  # per rank: timeline, step bars
 
 
 @pytest.mark.skipif(
@@ -68,3 +68,26 @@ def test_headless_browser_renders_it(page, tmp_path):
         timeout=120,
     )
     assert "Whole-pool float8_e4m3fn→bfloat16 cast every layer" in dom.stdout
+
+
+def test_page_shows_where_in_the_step_the_time_goes(page):
+    start = page.index("<h2>Where in the step the time goes</h2>")
+    svg = page[start : page.index("</svg>", start)]
+    assert 'width="100%"' in svg and "viewBox=" in svg  # uses the page's width
+    assert svg.count(">L") == 6  # a mark where each of the 6 layers starts
+    assert "cast/copy" in svg and "attention" in svg  # lanes per kernel family
+    assert "max-width:1100px" not in page
+
+
+def test_each_finding_gives_the_step_time_after_the_fix(tmp_path):
+    report = diagnose(write_trace(str(tmp_path / "t.json.gz"), SynthSpec(layers=6, steps=3)))
+    page = render_html(report)
+    (cast,) = [f for f in report["findings"] if f["kind"] == "pool_proportional_cast"]
+    after = report["steps"]["mean_ms"] - cast["time_per_step_ms"]
+    assert f"≈{after:.2f} ms instead of {report['steps']['mean_ms']:.2f} ms" in page
+
+
+def test_unknown_source_dtype_is_explained(tmp_path):
+    spec = SynthSpec(layers=6, cuda_graph=True, shapes=False, stacks=False, markers=False)
+    page = render_html(diagnose(write_trace(str(tmp_path / "g.json.gz"), spec)))
+    assert "? → bfloat16 (source dtype unknown: the trace has no shapes" in page

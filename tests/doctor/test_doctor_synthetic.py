@@ -214,9 +214,10 @@ def test_cpu_copy_inside_another_op_is_not_a_cast(tmp_path):
                 )
             )
             events.append(op("aten::matmul", t + 160, 30, [[1, 64], [64, 64]], ["float"] * 2))
+            events.append(op("aten::layer_norm", t + 192, 5, [[1, 64], [64]], ["float"] * 2))
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps({"traceEvents": events}))
     report = diagnose(path)
     assert report["steps"]["count"] == 3 and report["layers"] == 4
     assert not [f for f in report["findings"] if f["kind"] != "launch_bound"]
-    assert {r["family"] for r in report["families"]} == {"elementwise", "gemm"}
+    assert {r["family"] for r in report["families"]} == {"elementwise", "gemm", "norm"}

@@ -9,7 +9,7 @@ from fp8mla.doctor.casts import elements_from_grid
 from fp8mla.doctor.devices import peak_bandwidth
 from fp8mla.doctor.families import classify_kernel, classify_op, short_name
 from fp8mla.doctor.frames import is_framework, parse_frame, stack_frame
-from fp8mla.doctor.model import Launch
+from fp8mla.doctor.records import Launch
 from fp8mla.doctor.steps import Step, infer_layers, segment
 from fp8mla.doctor.synth import CAST_KERNEL
 
@@ -120,28 +120,56 @@ def test_peak_bandwidth():
 
 
 def _launch(name: str, start: float, dur: float = 1.0) -> Launch:
-    return Launch(name, "other", start, start + dur, start)
+    return Launch(name, classify_kernel(name), start, start + dur, start)
 
 
-def _step(counts: dict[str, int]) -> Step:
-    launches = [_launch(n, 0) for n, c in counts.items() for _ in range(c)]
+def _step(counts: dict[str, int], layers: int) -> Step:
+    """A step of ``layers`` layers, each launching every kernel its share of times, in order;
+    what does not divide evenly (the first dense layers, sampling) comes last."""
+    launches = []
+    for _ in range(layers):
+        for name, c in counts.items():
+            launches += [_launch(name, 0)] * (c // layers)
+    for name, c in counts.items():
+        launches += [_launch(name, 0)] * (c % layers)
     return Step(0, "s", 0, 1, launches)
 
 
 @pytest.mark.parametrize(
     ("counts", "layers"),
     [
-        ({"norm": 156, "gemm": 78, "cast": 78, "add": 234, "argmax": 1}, 78),
-        ({"matmul": 8, "to": 4, "index": 4}, 4),
-        ({"attn": 61, "norm": 122, "moe": 58, "dense": 3, "sample": 1}, 61),
+        ({"rms_norm": 156, "nvjet_gemm": 78, "copy_kernel": 78, "add": 234, "argmax": 1}, 78),
+        ({"rms_norm": 8, "matmul": 8, "flash_attn": 4, "index": 4}, 4),
+        (
+            {"mla_attn": 61, "rms_norm": 122, "q_gemm": 61, "o_gemm": 61, "fused_moe": 58,
+             "dense_gemm": 3, "sample": 1},
+            61,
+        ),
+    ],
+)  # fmt: skip
+def test_infer_layers(counts, layers):
+    assert infer_layers([_step(counts, layers), _step(counts, layers)])[0] == layers
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        {"a": 1, "b": 1},  # nothing repeats
+        {"vectorized_elementwise_kernel": 1001, "gemm": 2, "add": 3},  # one kernel in a loop
+        {"gemm": 4, "add": 4, "mul": 4},  # repeats, but no other kind of work beside GEMMs
     ],
 )
-def test_infer_layers(counts, layers):
-    assert infer_layers([_step(counts), _step(counts)])[0] == layers
+def test_no_layers_where_a_step_has_no_layer_structure(counts):
+    steps = [_step(counts, 1), _step(counts, 1)]
+    assert infer_layers(steps)[0] is None
 
 
-def test_infer_layers_without_repeats():
-    assert infer_layers([_step({"a": 1, "b": 1})])[0] is None
+def test_counts_that_divide_evenly_are_not_layers_without_a_repeating_sequence():
+    # A training step: every kernel runs an even number of times, in no layer order.
+    names = ["gemm_a", "gemm_b", "rms_norm", "add", "mul", "softmax", "flash_attn"]
+    launches = [_launch(names[i % 7], 0) for i in range(7) for _ in range(2 * (i + 1))]
+    steps = [Step(0, "s", 0, 1, launches)] * 2
+    assert infer_layers(steps)[0] is None
     assert infer_layers([])[0] is None
 
 
@@ -196,7 +224,7 @@ def _group(shape: tuple[int, ...], calls_per_step: int, steps: int = 2):
 
 
 def test_paged_pool_is_counted_in_tokens():
-    from fp8mla.doctor.pool import classify
+    from fp8mla.doctor.pool_evidence import classify
 
     group = _group((8000, 64, 576), 4)  # 512,000 tokens in 64-token pages
     common = dict(

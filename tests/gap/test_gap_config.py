@@ -124,7 +124,7 @@ def test_unreadable_and_missing(tmp_path: Path) -> None:
         ({"measured_tpot_ms": -5.0}, "measured"),
         ({"pool_slots": 0}, "pool_slots"),
         ({"gpu": "a100"}, "unknown GPU"),
-        ({"gpu": None}, "--gpu"),
+        ({"gpu": None}, "bandwidth_tbps"),
     ],
 )
 def test_bad_inputs(kwargs: dict[str, Any], message: str) -> None:

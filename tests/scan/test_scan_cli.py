@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8mla.cli import scan as scan_cli
+from fp8mla.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED = FIXTURES / "seed_mla_backend.py"
@@ -18,11 +17,8 @@ SCHEMA = {"path", "line", "function", "code", "kind", "severity", "suggestion"}
 
 
 def run_scan(argv: list[str]) -> int:
-    """Parse ``argv`` with a parser holding only the scan subcommand, then run it."""
-    parser = argparse.ArgumentParser(prog="fp8mla")
-    scan_cli.register(parser.add_subparsers())
-    args = parser.parse_args(["scan", *argv])
-    return args.func(args)
+    """``fp8mla scan ARGV``'s exit status."""
+    return main(["scan", *argv])
 
 
 def test_text_report_names_file_line_function_code_reason_and_fix(capsys) -> None:
@@ -47,7 +43,7 @@ def test_text_report_names_file_line_function_code_reason_and_fix(capsys) -> Non
 def test_json_report_follows_the_schema(capsys) -> None:
     assert run_scan([str(FIXTURES), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert data["files_scanned"] == 2 and data["skipped"] == []
+    assert data["files_scanned"] == 3 and data["skipped"] == []
     assert data["findings"], "expected findings"
     for finding in data["findings"]:
         assert SCHEMA <= set(finding)

@@ -29,7 +29,9 @@ def expected(path: Path) -> list[tuple[int, str]]:
     return sorted(out)
 
 
-@pytest.mark.parametrize("name", ["seed_mla_backend.py", "engine_patterns.py"])
+@pytest.mark.parametrize(
+    "name", ["seed_mla_backend.py", "engine_patterns.py", "engine_lookalikes.py"]
+)
 def test_reports_exactly_the_marked_lines(name: str) -> None:
     path = FIXTURES / name
     findings = scan_file(path)

@@ -1,7 +1,8 @@
 """The ``fp8mla`` command line: thin subcommands over library functions.
 
-Each subcommand lives in its own module with a ``register(subparsers)`` function that adds its
-parser and sets ``func`` (called with the parsed namespace, returning the exit status).
+Each subcommand lives in its own module with ``register(subparsers)`` (adds its parser through
+:func:`fp8mla.cli._common.add_command` and sets ``func``) and ``run(args) -> int`` (the exit
+status). Bad input anywhere prints one line on stderr and exits 2 (:func:`~fp8mla.cli._common.fail`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+
+from fp8mla.cli._common import fail
 
 # Subcommand modules, in the order ``fp8mla --help`` lists them.
 _SUBCOMMANDS = ("demo", "doctor", "scan", "bench", "gap", "info")
@@ -20,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fp8mla",
         description="MLA attention over an FP8 KV cache, and tools that find full-pool KV casts.",
     )
+    parser.error = lambda message: fail(None, message)  # type: ignore[method-assign]
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _SUBCOMMANDS:
         try:
@@ -33,13 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 a finding, 2 bad input)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the subcommand that was given them
+            fail(getattr(args, "command", None), f"unrecognized arguments: {' '.join(extra)}")
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args) or 0)
+    except SystemExit as exc:  # --help, argument errors and fail() end here
+        return exc.code if isinstance(exc.code, int) else 1
     except KeyboardInterrupt:
         print("fp8mla: interrupted", file=sys.stderr)
         return 130

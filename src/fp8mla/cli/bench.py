@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
+
+from fp8mla.cli._common import add_command, fail
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+def register(subparsers: Any) -> None:
+    """Add the ``bench`` parser to the ``fp8mla`` dispatcher."""
+    p = add_command(
+        subparsers,
         "bench",
         help="measure fp8mla's decode kernel beside full-pool cast, gather-then-cast, ...",
-        description="Benchmark MLA decode on this GPU: fp8mla on the FP8 pool, on a bf16 pool, "
-        "full-pool cast, gather-then-cast, the PyTorch reference and (when importable) SGLang "
+        description="Benchmark MLA decode on this GPU: fp8mla on the FP8 pool, on a bf16 pool,\n"
+        "full-pool cast, gather-then-cast, the PyTorch reference and (when importable) SGLang\n"
         "and FlashInfer, on the same inputs. Appends JSON lines to OUT/<date>-<gpu>.jsonl.",
     )
     p.add_argument(
@@ -43,18 +48,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quick", action="store_true", help="a short sweep and an 8-layer seed")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from fp8mla.bench import SECTIONS, BenchOptions, run
+def run(args: argparse.Namespace) -> int:
+    """Run ``fp8mla bench``: 0 on success, 2 on bad input or without a GPU."""
+    from fp8mla.bench import SECTIONS, BenchOptions
+    from fp8mla.bench import run as run_bench
 
     sections = tuple(s for s in args.sections.split(",") if s)
     bad = [s for s in sections if s not in SECTIONS]
-    if bad:
-        raise SystemExit(f"fp8mla bench: expected sections from {SECTIONS}, got {bad}")
+    if bad or not sections:
+        fail(
+            "bench", f"--sections: expected names from {', '.join(SECTIONS)}, got {args.sections!r}"
+        )
     impls = tuple(args.impls.split(",")) if args.impls else None
-    return run(
+    return run_bench(
         BenchOptions(
             sections=sections,
             impls=impls,

@@ -3,52 +3,77 @@
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Any
+
+from fp8mla.cli._common import add_command, check_writable, fail, positive_int
+
+_DESCRIPTION = """\
+Run an MLA decode loop in three ways of reading the FP8 KV pool (full-pool cast,
+gather-then-cast, fp8mla direct), let the doctor find the cast in a profile of the first,
+check that all three compute the same hidden state, and time a decode step of each.
+
+Defaults: GLM-5 at tensor-parallel 2 on a GPU (78 layers, 32 heads, hidden 6144, a
+495,552-slot pool, 4,096 tokens of context); a scaled-down shape on a CPU (8 layers, 16 heads,
+hidden 1024, 100,000 slots, 2 requests x 1,024 tokens), which finishes in about a minute."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+def register(subparsers: Any) -> None:
+    """Add the ``demo`` parser to the ``fp8mla`` dispatcher."""
+    p = add_command(
+        subparsers,
         "demo",
         help="profile → diagnose → fix → verify an MLA decode loop on this machine",
-        description="Run an MLA decode loop with three ways of reading the FP8 KV pool "
-        "(full-pool cast, gather-then-cast, fp8mla direct), let the doctor find the cast in a "
-        "profile of the first, check that all three agree and time them. Defaults: GLM-5 TP2 "
-        "on a GPU, a scaled-down shape on a CPU.",
+        description=_DESCRIPTION,
     )
-    p.add_argument("--layers", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--pool-slots", type=int)
-    p.add_argument("--context", type=int)
-    p.add_argument("--batch", type=int)
-    p.add_argument("--steps", type=int, help="timed decode steps per strategy")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument(
+    shape = p.add_argument_group("shape (default: GLM-5 TP2 on a GPU, scaled down on a CPU)")
+    shape.add_argument("--layers", type=positive_int, metavar="N", help="decoder layers")
+    shape.add_argument("--heads", type=positive_int, metavar="N", help="query heads per GPU")
+    shape.add_argument("--hidden", type=positive_int, metavar="N", help="hidden size")
+    shape.add_argument(
+        "--pool-slots",
+        type=positive_int,
+        metavar="N",
+        help="slots in each layer's FP8 KV pool (what a full-pool cast converts)",
+    )
+    shape.add_argument(
+        "--context", type=positive_int, metavar="N", help="tokens of context per request"
+    )
+    shape.add_argument("--batch", type=positive_int, metavar="N", help="requests decoded per step")
+    run_ = p.add_argument_group("run")
+    run_.add_argument(
+        "--steps", type=positive_int, metavar="N", help="timed decode steps per strategy"
+    )
+    run_.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default=None,
+        help="where to run (default: cuda if available, else cpu)",
+    )
+    run_.add_argument(
         "--cuda-graph",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="time CUDA-graph replays (GPU default: on)",
+        help="time CUDA-graph replays of the step (GPU only; default on)",
     )
-    p.add_argument("--save-trace", metavar="PATH", help="keep the profiler trace here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_run)
+    run_.add_argument(
+        "--save-trace",
+        metavar="PATH",
+        help="keep the profiler trace of the full-pool-cast loop here (default: a temp folder)",
+    )
+    run_.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Run ``fp8mla demo``: 0 on success, 2 on bad input."""
     import torch
 
     from fp8mla.demo import run_demo
     from fp8mla.demo.config import default_config, with_overrides
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        fail("demo", "--device cuda: no CUDA device is available")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    for name in ("layers", "heads", "hidden", "pool_slots", "context", "batch", "steps"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            print(
-                f"fp8mla demo: expected --{name.replace('_', '-')} >= 1, got {value}",
-                file=sys.stderr,
-            )
-            return 2
     cfg = with_overrides(
         default_config(device),
         layers=args.layers,
@@ -62,15 +87,16 @@ def _run(args: argparse.Namespace) -> int:
         device=device,
     )
     if cfg.active_tokens > cfg.pool_slots:
-        print(
-            f"fp8mla demo: expected batch × context <= --pool-slots ({cfg.pool_slots}), got "
-            f"{cfg.active_tokens}",
-            file=sys.stderr,
+        fail(
+            "demo",
+            f"expected batch × context <= --pool-slots ({cfg.pool_slots:,}), got "
+            f"{cfg.batch} × {cfg.context:,} = {cfg.active_tokens:,}",
         )
-        return 2
+    problem = check_writable(args.save_trace) if args.save_trace else None
+    if problem:
+        fail("demo", f"--save-trace {args.save_trace}: {problem}")
     try:
         run_demo(cfg, save_trace=args.save_trace, progress=not args.no_progress)
     except ValueError as exc:
-        print(f"fp8mla demo: {exc}", file=sys.stderr)
-        return 2
+        fail("demo", str(exc))
     return 0

@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any
+
+from fp8mla.cli._common import add_command, check_writable, fail, positive_int
 
 _EXAMPLE = """examples:
   fp8mla doctor trace.json.gz
@@ -16,15 +18,10 @@ _EXAMPLE = """examples:
   fp8mla doctor trace.json.gz --model glm-5 --gpu h200 --tp 2 --context 3000"""
 
 
-def _fail(message: str) -> NoReturn:
-    """Bad usage: one line on stderr, exit status 2 (argparse's convention)."""
-    print(f"fp8mla doctor: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def register(subparsers: Any) -> None:
     """Add the ``doctor`` parser to the ``fp8mla`` dispatcher."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "doctor",
         help="find full-pool KV casts and other step costs in a torch.profiler trace",
         description=(
@@ -33,9 +30,7 @@ def register(subparsers: Any) -> None:
             "most costly first, with the Python function that launched it and the fix."
         ),
         epilog=_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.error = _fail  # type: ignore[method-assign]  # one-line errors, exit 2
     p.add_argument("trace", metavar="TRACE", help="trace file or directory of per-rank traces")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -49,21 +44,21 @@ def register(subparsers: Any) -> None:
         help="exit with status 1 when a finding of this severity or worse exists",
     )
     hints = p.add_argument_group("analysis hints")
-    hints.add_argument("--layers", type=int, help="layer count (default: inferred)")
+    hints.add_argument("--layers", type=positive_int, help="layer count (default: inferred)")
     hints.add_argument(
         "--active-tokens",
-        type=int,
+        type=positive_int,
         help="KV tokens the step's attention reads, all requests together",
     )
     hints.add_argument(
         "--context",
-        type=int,
+        type=positive_int,
         help="tokens of context per request (active tokens when "
         "--active-tokens is not given; also the floor's context)",
     )
     hints.add_argument(
         "--batch",
-        type=int,
+        type=positive_int,
         default=1,
         help="requests per step (default 1): with --context, the step attends to "
         "context × batch tokens; also the floor's batch",
@@ -74,19 +69,69 @@ def register(subparsers: Any) -> None:
     floor = p.add_argument_group("floor estimate (via fp8mla gap)")
     floor.add_argument("--model", help="model preset or config.json: adds the step's floor")
     floor.add_argument("--gpu", help="GPU preset for the floor (e.g. h200)")
-    floor.add_argument("--weights", choices=("bf16", "fp8", "nvfp4"), default="fp8")
-    floor.add_argument("--kv-dtype", choices=("bf16", "fp8_e4m3", "fp8_e5m2"), default="fp8_e4m3")
-    floor.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    floor.add_argument(
+        "--weights",
+        choices=("bf16", "fp8", "nvfp4"),
+        default="fp8",
+        help="weight format for the floor (default fp8)",
+    )
+    floor.add_argument(
+        "--kv-dtype",
+        choices=("bf16", "fp8_e4m3", "fp8_e5m2"),
+        default="fp8_e4m3",
+        help="KV pool format for the floor (default fp8_e4m3)",
+    )
+    floor.add_argument(
+        "--tp", type=positive_int, default=1, help="tensor-parallel size (default 1)"
+    )
     p.set_defaults(func=run)
+
+
+def _floor_spec(args: argparse.Namespace) -> Any:
+    """The floor request, checked before the trace is read (None without --model)."""
+    from fp8mla.doctor import FloorSpec
+
+    if args.gpu and not args.model:
+        fail("doctor", "--gpu needs --model")
+    if not args.model:
+        return None
+    if not args.gpu:
+        from fp8mla.gap import GPUS
+
+        fail("doctor", f"--model needs --gpu (presets: {', '.join(GPUS)})")
+    spec = FloorSpec(
+        model=args.model,
+        gpu=args.gpu,
+        weights=args.weights,
+        kv_dtype=args.kv_dtype,
+        tp=args.tp,
+        batch=args.batch,
+        context=args.context or 4096,
+    )
+    try:
+        spec.check()
+    except (ValueError, OSError) as exc:
+        fail("doctor", f"floor estimate (--model, --gpu, --tp, ...): {exc}")
+    return spec
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``fp8mla doctor``: 0 on success, 1 for ``--fail-on`` findings, 2 on bad input."""
     from fp8mla.doctor import TraceError, diagnose, format_text, render_html
-    from fp8mla.doctor.floor import attach_floor
 
-    if args.gpu and not args.model:
-        _fail("--gpu needs --model")
+    floor = _floor_spec(args)
+    if args.source_root is not None and not os.path.isdir(args.source_root):
+        fail("doctor", f"--source-root {args.source_root}: not a directory")
+    if args.package is not None:
+        from fp8mla.doctor.sources import package_root
+
+        if package_root(args.package) is None:
+            fail("doctor", f"--package {args.package}: not importable here")
+    problem = check_writable(args.html) if args.html else None
+    if problem:
+        fail("doctor", f"--html {args.html}: {problem}")
+    if not os.path.exists(args.trace):
+        fail("doctor", f"{args.trace}: no such file or directory")
     active_tokens = args.active_tokens
     if active_tokens is None and args.context and args.batch > 1:
         active_tokens = args.context * args.batch  # every request attends to its context
@@ -98,40 +143,30 @@ def run(args: argparse.Namespace) -> int:
             context=args.context,
             source_root=args.source_root,
             package=args.package,
+            floor=floor,
             progress=not args.no_progress,
         )
     except TraceError as exc:
-        _fail(str(exc))
+        fail("doctor", str(exc))
     except Exception as exc:  # a bug must not look like a crash on the user's file
         if os.environ.get("FP8MLA_DEBUG"):
             raise
-        _fail(
+        fail(
+            "doctor",
             f"cannot analyse {args.trace}: {type(exc).__name__}: {exc} "
-            f"(set FP8MLA_DEBUG=1 for the traceback)"
-        )
-    floor_text = None
-    if args.model:
-        floor_text = attach_floor(
-            report,
-            args.model,
-            args.gpu,
-            weights=args.weights,
-            kv_dtype=args.kv_dtype,
-            tp=args.tp,
-            batch=args.batch,
-            context=args.context or 4096,
+            f"(set FP8MLA_DEBUG=1 for the traceback)",
         )
     if args.html:
         try:
             with open(args.html, "w", encoding="utf-8") as f:
-                f.write(render_html(report, floor_text))
+                f.write(render_html(report))
         except OSError as exc:
-            _fail(f"cannot write {args.html}: {exc.strerror or exc}")
+            fail("doctor", f"cannot write {args.html}: {exc.strerror or exc}")
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(format_text(report, floor_text))
+        sys.stdout.write(format_text(report))
     if args.fail_on:
         order = ("high", "medium", "low")
         worst = order[: order.index(args.fail_on) + 1]

@@ -6,25 +6,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from typing import Any, NoReturn
+from typing import Any
 
-from fp8mla.gap import GPUS, PRESETS, estimate
+from fp8mla.cli._common import add_command, fail
 
 _EXAMPLE = (
     "example: fp8mla gap --model glm-5 --tp 2 --gpu h200 --measured-tpot 93.6 --pool-slots 495552"
 )
 
 
-def _fail(message: str) -> NoReturn:
-    """Bad input: one line on stderr, exit status 2 (argparse's convention)."""
-    print(f"fp8mla gap: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def register(subparsers: Any) -> None:
     """Add the ``gap`` parser to the ``fp8mla`` dispatcher."""
-    p = subparsers.add_parser(
+    from fp8mla.gap.gpus import GPUS
+    from fp8mla.gap.presets import PRESETS
+
+    p = add_command(
+        subparsers,
         "gap",
         help="floor time per output token from bytes moved; gap to a measured TPOT",
         description=(
@@ -34,9 +31,7 @@ def register(subparsers: Any) -> None:
             "See docs/gap.md."
         ),
         epilog=_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.error = _fail  # type: ignore[method-assign]  # one-line errors, exit 2
     p.add_argument(
         "--model",
         required=True,
@@ -76,6 +71,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``fp8mla gap`` on parsed arguments; 0 on success, 2 on bad input."""
+    from fp8mla.gap import estimate
+
+    if args.gpu is None and args.bandwidth is None:
+        fail("gap", "give a GPU preset (--gpu) or a bandwidth (--bandwidth TBPS)")
     try:
         report = estimate(
             args.model,
@@ -91,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
             dense_attention=args.dense_attention,
         )
     except ValueError as exc:
-        print(f"fp8mla gap: error: {exc}", file=sys.stderr)
-        return 2
+        hint = "; or give --bandwidth TBPS" if str(exc).startswith("unknown GPU") else ""
+        fail("gap", f"{exc}{hint}")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
+
+from fp8mla.cli._common import add_command
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+def register(subparsers: Any) -> None:
+    """Add the ``info`` parser to the ``fp8mla`` dispatcher."""
+    p = add_command(
+        subparsers,
         "info",
         help="versions, device and whether Triton runs compiled",
-        description="Print fp8mla's, torch's and triton's versions, the device "
-        "and its compute capability, and whether Triton kernels run compiled "
-        "or interpreted.",
+        description="Print fp8mla's, torch's and triton's versions, the device and its compute\n"
+        "capability, and whether Triton kernels run compiled or interpreted.",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Run ``fp8mla info``: always 0."""
     from fp8mla.info import collect
 
     info = collect()

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Any
 
-from fp8mla.scan import ScanError, scan_paths
-from fp8mla.scan.report import format_json, format_text
+from fp8mla.cli._common import add_command, fail
 
 _DESCRIPTION = """\
 Statically find dtype casts applied to whole KV pool buffers (the per-step full-pool
@@ -17,32 +16,44 @@ exit status: 0 when no whole-pool cast is found, 1 when one is, 2 on usage error
 Source is parsed, never imported or executed; files that do not parse are listed as skipped."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``scan`` subcommand."""
-    parser = subparsers.add_parser(
+def register(subparsers: Any) -> None:
+    """Add the ``scan`` parser to the ``fp8mla`` dispatcher."""
+    parser = add_command(
+        subparsers,
         "scan",
         help="find casts of whole KV cache pools in Python source",
         description=_DESCRIPTION,
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="*", metavar="PATH", help="Python files or directories")
     parser.add_argument(
         "--package", metavar="NAME", help="also scan an installed package, e.g. sglang"
     )
     parser.add_argument("--json", action="store_true", help="print findings as JSON")
+    parser.add_argument(
+        "--min-severity",
+        choices=("high", "medium", "low"),
+        default="low",
+        help="show only findings of this severity or worse (default: low, all); the exit "
+        "status still counts every whole-pool cast",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress line on stderr for large trees"
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Scan ``args.paths`` and ``args.package``; print the report; return the exit status."""
+    from fp8mla.scan import ScanError, scan_paths
+    from fp8mla.scan.report import format_json, format_text
+
     if not args.paths and args.package is None:
-        print("fp8mla scan: error: give at least one PATH or --package NAME", file=sys.stderr)
-        return 2
+        fail("scan", "give at least one PATH or --package NAME")
     try:
-        result = scan_paths(args.paths, package=args.package)
+        result = scan_paths(args.paths, package=args.package, progress=not args.no_progress)
     except ScanError as exc:
-        print(f"fp8mla scan: error: {exc}", file=sys.stderr)
-        return 2
+        fail("scan", str(exc))
+    result = result.at_least(args.min_severity)
     print(format_json(result) if args.json else format_text(result))
     return 1 if result.has_whole_pool_cast else 0

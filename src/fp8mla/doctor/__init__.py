@@ -17,7 +17,17 @@ from __future__ import annotations
 
 from fp8mla.doctor.analyze import SCHEMA_VERSION, diagnose
 from fp8mla.doctor.errors import TraceError
+from fp8mla.doctor.finding import Finding
+from fp8mla.doctor.floor import FloorSpec
 from fp8mla.doctor.report_html import render_html
 from fp8mla.doctor.report_text import format_text
 
-__all__ = ["SCHEMA_VERSION", "TraceError", "diagnose", "format_text", "render_html"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Finding",
+    "FloorSpec",
+    "TraceError",
+    "diagnose",
+    "format_text",
+    "render_html",
+]

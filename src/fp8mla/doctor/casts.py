@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from fp8mla.doctor import dtypes
-from fp8mla.doctor.model import Launch, Op
+from fp8mla.doctor.records import Launch, Op
 from fp8mla.doctor.steps import Step
 
 __all__ = ["CastCall", "CastGroup", "elements_from_grid", "group_casts", "op_cast"]

@@ -18,7 +18,7 @@ from typing import Any
 from fp8mla.doctor.errors import TraceError
 from fp8mla.doctor.frames import is_framework
 from fp8mla.doctor.load import ProgressFn, TraceReader
-from fp8mla.doctor.model import Kernel, Marker, Op, PyFrame, RuntimeCall, TraceData
+from fp8mla.doctor.records import Kernel, Marker, Op, PyFrame, RuntimeCall, TraceData
 
 __all__ = ["collect", "device_name"]
 
@@ -126,6 +126,9 @@ class _Collector:
             handler = self.handlers[cat] = self.kinds.get(kind) if kind else None
         if handler is not None:
             handler(e)
+        else:
+            unread = self.data.unread_categories
+            unread[cat] = unread.get(cat, 0) + 1
 
     def _times(self, e: dict[str, Any], sample: bool = True) -> tuple[float, float] | None:
         ts = e.get("ts")

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from fp8mla.doctor.families import classify_kernel, classify_op
 from fp8mla.doctor.frames import stack_frame
-from fp8mla.doctor.model import Launch, Op, PyFrame, RuntimeCall, ThreadKey, TraceData
+from fp8mla.doctor.records import Launch, Op, PyFrame, RuntimeCall, ThreadKey, TraceData
 
 __all__ = ["build_launches", "innermost"]
 

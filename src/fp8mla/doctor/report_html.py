@@ -8,27 +8,24 @@ import os
 from typing import Any
 
 from fp8mla.doctor.families import FAMILIES
-from fp8mla.doctor.findings import calls_text
+from fp8mla.doctor.finding import range_text
+from fp8mla.doctor.floor import floor_text as report_floor_text
+from fp8mla.doctor.html_charts import step_bars, timeline
+from fp8mla.doctor.report_text import (
+    count_text,
+    dtypes_text,
+    layers_text,
+    no_findings_text,
+    steps_text,
+)
 
 __all__ = ["render_html"]
 
-_COLORS = {
-    "cast_copy": "#d62728",
-    "gemm": "#1f77b4",
-    "attention": "#2ca02c",
-    "norm": "#9467bd",
-    "elementwise": "#ff7f0e",
-    "communication": "#8c564b",
-    "memcpy": "#e377c2",
-    "other": "#7f7f7f",
-    "idle": "#d9d9d9",
-}
 _SEVERITY = {"high": "#c0392b", "medium": "#d68910", "low": "#5d6d7e"}
-_MAX_BARS = 60
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:24px auto;
-max-width:1100px;color:#222;padding:0 16px}
+color:#222;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 .meta{color:#555}.note{color:#7a5c00;background:#fff8e1;padding:4px 8px;margin:4px 0;
 border-radius:4px}
@@ -50,66 +47,7 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _chart(report: dict[str, Any]) -> str:
-    steps = report["steps"]["per_step"][:_MAX_BARS]
-    if not steps:
-        return "<p>No steps to chart.</p>"
-    label_w, bar_w, row_h = 118, 820, 22
-    scale_ms = (
-        max(max(s["wall_ms"], sum(f["time_ms"] for f in s["families"].values())) for s in steps)
-        or 1.0
-    )
-    height = row_h * len(steps) + 34
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 70}" '
-        f'height="{height}" role="img" aria-label="time per step by kernel family">'
-    ]
-    for i, step in enumerate(steps):
-        y = 4 + i * row_h
-        parts.append(
-            f'<text x="{label_w - 6}" y="{y + 14}" text-anchor="end" font-size="12">'
-            f"{_e(step['name'][:18])}</text>"
-        )
-        x = float(label_w)
-        segments = [(fam, v["time_ms"]) for fam, v in step["families"].items()]
-        segments.append(("idle", step["wall_ms"] - step["busy_ms"]))
-        for fam, ms in segments:
-            if ms <= 0:
-                continue
-            w = bar_w * ms / scale_ms
-            label = FAMILIES.get(fam, fam)
-            parts.append(
-                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row_h - 6}" '
-                f'fill="{_COLORS.get(fam, "#999")}"><title>{_e(step["name"])}: '
-                f"{_e(label)} {ms:.3f} ms</title></rect>"
-            )
-            x += w
-        parts.append(
-            f'<text x="{x + 4:.1f}" y="{y + 14}" '
-            f'font-size="11" fill="#333">{step["wall_ms"]:.2f} ms</text>'
-        )
-    axis_y = 4 + len(steps) * row_h + 4
-    for k in range(5):
-        ms = scale_ms * k / 4
-        x = label_w + bar_w * k / 4
-        parts.append(
-            f'<line x1="{x:.1f}" y1="{axis_y}" x2="{x:.1f}" y2="{axis_y + 5}" '
-            f'stroke="#888"/><text x="{x:.1f}" y="{axis_y + 18}" font-size="11" '
-            f'text-anchor="middle" fill="#555">{ms:.1f} ms</text>'
-        )
-    parts.append("</svg>")
-    used = {fam for s in steps for fam in s["families"]} | {"idle"}
-    legend = "".join(
-        f'<span><i class="sw" style="background:{c}"></i>{_e(FAMILIES.get(f, f))}</span>'
-        for f, c in _COLORS.items()
-        if f in used
-    )
-    more = report["steps"]["count"] - len(steps)
-    extra = f"<p class='meta'>… and {more} more steps.</p>" if more > 0 else ""
-    return f'<div class="legend">{legend}</div>{"".join(parts)}{extra}'
-
-
-def _finding(i: int, f: dict[str, Any]) -> str:
+def _finding(i: int, f: dict[str, Any], step_ms: float) -> str:
     color = _SEVERITY.get(f["severity"], "#999")
     rows = []
 
@@ -120,6 +58,15 @@ def _finding(i: int, f: dict[str, Any]) -> str:
         "time per step",
         f"{f['time_per_step_ms'] or 0:.3f} ms ({f['share_of_step']:.1%} of the step)",
     )
+    if f.get("time_per_step_ms") and step_ms:
+        after = max(step_ms - f["time_per_step_ms"], 0.0)
+        row(
+            "step after the fix",
+            f"≈{after:.2f} ms instead of {step_ms:.2f} ms ({step_ms / max(after, 1e-9):.1f}× "
+            "faster), if the time this finding costs is removed and nothing else changes"
+            if after
+            else f"≈0 of {step_ms:.2f} ms",
+        )
     if f.get("kernel"):
         row(
             "kernel",
@@ -127,7 +74,7 @@ def _finding(i: int, f: dict[str, Any]) -> str:
             + (f" via <code>{_e(f['op'])}</code>" if f.get("op") else ""),
         )
     if f.get("calls_per_step") is not None:
-        row("calls per step", _e(calls_text(f["calls_per_step"])))
+        row("calls per step", _e(range_text(f["calls_per_step"], f.get("calls_range"))))
     if f.get("elements_per_call") is not None:
         shape = f" {_e(f['shape'])}" if f.get("shape") else ""
         row(
@@ -136,7 +83,7 @@ def _finding(i: int, f: dict[str, Any]) -> str:
             f"<span class='meta'>(from {_e(f['elements_source'])})</span>",
         )
     if f.get("src_dtype") or f.get("dst_dtype"):
-        row("dtypes", f"{_e(f['src_dtype'] or '?')} → {_e(f['dst_dtype'] or '?')}")
+        row("dtypes", _e(dtypes_text(f)))
     if f.get("bytes_per_step") is not None:
         gbps = f.get("bandwidth_gbps")
         bw = f", {gbps:,.0f} GB/s" if gbps and gbps >= 100 else f", {gbps:.2g} GB/s" if gbps else ""
@@ -168,25 +115,31 @@ def _table(headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
 
 def _section(report: dict[str, Any]) -> str:
     t, steps = report["trace"], report["steps"]
-    device = t["device"] or ("CPU only" if t["mode"] == "cpu" else "GPU")
-    layers = f"{report['layers']} layers" if report["layers"] else "layers unknown"
+    device = f"{t['device']} · " if t["device"] else ("GPU · " if t["mode"] == "gpu" else "")
+    mode = "GPU kernels" if t["mode"] == "gpu" else "CPU ops only"
+    per = "in the window" if steps["method"] == "whole-trace" else "per step"
     out = [
         f"<h1>fp8mla doctor: {_e(os.path.basename(report['path']))}</h1>",
-        f"<p class='meta'>{_e(device)} · {steps['count']} steps ({_e(steps['method'])}: "
-        f"{_e(steps['detail'])}) · {steps['mean_ms']:.2f} ms per step · {_e(layers)} · "
+        f"<p class='meta'>{_e(device + mode)} · {_e(steps_text(report))} · "
+        f"{steps['mean_ms']:.2f} ms {per} · {_e(layers_text(report))} · "
         f"{steps['idle_share']:.0%} idle</p>",
     ]
     out += [f"<div class='note'>{_e(w)}</div>" for w in report["warnings"]]
     out.append("<h2>Findings</h2>")
     if report["findings"]:
-        out += [_finding(i, f) for i, f in enumerate(report["findings"], 1)]
+        out += [_finding(i, f, steps["mean_ms"]) for i, f in enumerate(report["findings"], 1)]
     else:
-        out.append("<p>No problems found.</p>")
-    out += ["<h2>Time per step by kernel family</h2>", _chart(report)]
+        out.append(f"<p>{_e(no_findings_text(report))}</p>")
+    out += [
+        "<h2>Where in the step the time goes</h2>",
+        timeline(report),
+        "<h2>Time per step by kernel family</h2>",
+        step_bars(report),
+    ]
     fam_rows = [
         [
             _e(r["label"]),
-            f"{r['launches_per_step']:g}",
+            count_text(r["launches_per_step"]),
             f"{r['time_per_step_ms']:.3f}",
             f"{r['share_of_step']:.1%}",
         ]
@@ -198,7 +151,7 @@ def _section(report: dict[str, Any]) -> str:
         [
             f"<code>{_e(r['kernel_short'])}</code>",
             _e(FAMILIES.get(r["family"], "")),
-            f"{r['calls_per_step']:g}",
+            count_text(r["calls_per_step"]),
             f"{r['time_per_step_ms']:.3f}",
             f"{r['share_of_step']:.1%}",
             f"<code>{_e(r['source'] or '')}</code>",
@@ -231,6 +184,7 @@ def render_html(report: dict[str, Any], floor_text: str | None = None) -> str:
     else:
         body = [_section(report)]
         title = report["path"]
+    floor_text = floor_text or report_floor_text(report)
     if floor_text:
         body.append(f"<h2>Floor</h2><pre>{_e(floor_text)}</pre>")
     return (

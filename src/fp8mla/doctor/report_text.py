@@ -6,7 +6,8 @@ import os
 import textwrap
 from typing import Any
 
-from fp8mla.doctor.findings import calls_text
+from fp8mla.doctor.finding import range_text
+from fp8mla.doctor.floor import floor_text as report_floor_text
 
 __all__ = ["format_text"]
 
@@ -38,10 +39,10 @@ def _wrap(label: str, text: str) -> list[str]:
     return [f"    {label:<10}{lines[0]}"] + [indent + line for line in lines[1:]]
 
 
-def _finding(i: int, f: dict[str, Any], step_ms: float) -> list[str]:
+def _finding(i: int, f: dict[str, Any], step_ms: float, per: str = "per step") -> list[str]:
     out = [
         f"{i}. [{f['severity'].upper()}] {f['title']}: {f['time_per_step_ms'] or 0:.2f} ms "
-        f"per step ({f['share_of_step']:.1%} of {step_ms:.2f} ms)"
+        f"{per} ({f['share_of_step']:.1%} of {step_ms:.2f} ms)"
     ]
     if f.get("kernel"):
         if f.get("op") == f["kernel"]:  # CPU-only traces: the op is the unit of work
@@ -49,19 +50,19 @@ def _finding(i: int, f: dict[str, Any], step_ms: float) -> list[str]:
         else:
             op = f" (launched by {f['op']})" if f.get("op") else ""
             out += _wrap("kernel", f"{f['kernel_short']}{op}")
+    calls = range_text(f.get("calls_per_step"), f.get("calls_range"))
     if f.get("elements_per_call") is not None:
         shape = f" {f['shape']}" if f.get("shape") else ""
         how = f["elements_source"] or "?"
         note = f"; {f['elements_note']}" if f.get("elements_note") else ""
         out += _wrap(
             "calls",
-            f"{calls_text(f['calls_per_step'])} per step × "
-            f"{_count(f['elements_per_call'])} elements{shape} (from {how}{note})",
+            f"{calls} {per} × {_count(f['elements_per_call'])} elements{shape} (from {how}{note})",
         )
     elif f.get("calls_per_step") is not None:
-        out += _wrap("calls", f"{calls_text(f['calls_per_step'])} per step")
+        out += _wrap("calls", f"{calls} {per}")
     if f.get("src_dtype") or f.get("dst_dtype"):
-        out += _wrap("dtypes", f"{f['src_dtype'] or '?'} → {f['dst_dtype'] or '?'}")
+        out += _wrap("dtypes", dtypes_text(f))
     if f.get("bytes_per_step") is not None:
         bw = f", {_rate(f['bandwidth_gbps'])} achieved" if f.get("bandwidth_gbps") else ""
         est = " (a dtype size assumed)" if f.get("bytes_estimated") else ""
@@ -76,54 +77,139 @@ def _finding(i: int, f: dict[str, Any], step_ms: float) -> list[str]:
     return out
 
 
+def dtypes_text(f: dict[str, Any]) -> str:
+    """``float8_e4m3fn → bfloat16``; an unknown side is ``?`` and says why."""
+    text = f"{f.get('src_dtype') or '?'} → {f.get('dst_dtype') or '?'}"
+    if not f.get("src_dtype"):
+        text += " (source dtype unknown: the trace has no shapes for this launch)"
+    return text
+
+
+def count_text(value: float) -> str:
+    """A per-step count for a table: ``78``, or ``~11`` for a mean over steps that differ."""
+    return f"{value:,.0f}" if abs(value - round(value)) < 1e-9 else f"~{round(value):,}"
+
+
+def steps_text(report: dict[str, Any]) -> str:
+    """What the trace is: how many steps of how many launches, found how."""
+    steps = report["steps"]
+    launches = [s["launches"] for s in steps["per_step"]]
+    if not launches:
+        return "nothing to analyse"
+    what = "launches" if report["trace"]["mode"] == "gpu" else "top-level ops"
+    size = (
+        f"{launches[0]:,}"
+        if min(launches) == max(launches)
+        else f"{min(launches):,}–{max(launches):,}"
+    )
+    if max(launches) == 1:
+        what = "launch" if what == "launches" else "top-level op"
+    if steps["method"] == "whole-trace":
+        return f"one window of {size} {what}: no repeating step found ({steps['detail']})"
+    plural = "step" if steps["count"] == 1 else "steps"
+    return f"{steps['count']} {plural} of {size} {what} ({steps['method']}: {steps['detail']})"
+
+
+def layers_text(report: dict[str, Any]) -> str:
+    if not report["layers"]:
+        return "no layer structure found"
+    how = "given" if report["layers_method"] == "option" else "from launch counts"
+    return f"{report['layers']} layers ({how})"
+
+
+def no_findings_text(report: dict[str, Any]) -> str:
+    """The sentence for a report without findings, consistent with its own numbers."""
+    steps = report["steps"]
+    if report["trace"]["mode"] != "gpu":
+        return "No findings among the CPU ops: no large casts or copies."
+    text = "No findings: no pool-sized casts, no casts, copies or transfers over 1% of the step"
+    idle = steps["idle_share"]
+    if idle < 0.30:
+        return f"{text}, and the GPU is busy {1 - idle:.0%} of the step."
+    per_step = sum(s["launches"] for s in steps["per_step"]) / max(steps["count"], 1)
+    launches = "launch" if per_step == 1 else "launches"
+    return (
+        f"{text}. The GPU is idle {idle:.0%} of the step with only {count_text(per_step)} "
+        f"{launches} per step: the step time is set outside the GPU (host work, waiting), "
+        f"which this trace does not break down."
+    )
+
+
 def _breakdown(report: dict[str, Any]) -> list[str]:
     steps = report["steps"]
+    window = steps["method"] == "whole-trace"
+    head = "The window" if window else f"Per step (mean of {steps['count']})"
+    busy = "GPU busy" if report["trace"]["mode"] == "gpu" else "in top-level ops"
+    idle = "GPU idle" if report["trace"]["mode"] == "gpu" else "outside them"
+    what = "launches" if report["trace"]["mode"] == "gpu" else "ops"
     out = [
-        f"Per step (mean of {steps['count']}): {steps['mean_ms']:.2f} ms wall, "
-        f"{steps['busy_ms']:.2f} ms busy, {steps['idle_share']:.0%} idle"
+        f"{head}: {steps['mean_ms']:.2f} ms wall, {steps['busy_ms']:.2f} ms {busy}, "
+        f"{steps['idle_share']:.0%} {idle}"
     ]
-    out.append(f"  {'family':<15}{'launches':>10}{'time (ms)':>12}{'share':>8}")
+    out.append(f"  {'family':<15}{what:>10}{'time (ms)':>12}{'share':>8}")
     for row in report["families"]:
         out.append(
-            f"  {row['label']:<15}{row['launches_per_step']:>10g}"
+            f"  {row['label']:<15}{count_text(row['launches_per_step']):>10}"
             f"{row['time_per_step_ms']:>12.3f}{row['share_of_step']:>8.1%}"
         )
     out.append("")
-    out.append("Top kernels (per step)")
+    kinds = "kernels" if report["trace"]["mode"] == "gpu" else "ops"
+    out.append(f"Top {kinds} ({'in the window' if window else 'per step'})")
     for row in report["top_kernels"][:8]:
         out.append(
             f"  {row['share_of_step']:>6.1%} {row['time_per_step_ms']:>9.3f} ms "
-            f"{row['calls_per_step']:>7g}×  {row['kernel_short'][:70]}"
+            f"{count_text(row['calls_per_step']) + '×':>8}  {row['kernel_short'][:70]}"
         )
+    return out
+
+
+def _joined(parts: list[str]) -> list[str]:
+    """``a · b · c`` on indented lines, broken between the parts where it can be."""
+    lines: list[str] = []
+    line = ""
+    for part in parts:
+        candidate = f"{line} · {part}" if line else part
+        if line and len(candidate) > _WIDTH - 2:
+            lines.append(line)
+            line = part
+        else:
+            line = candidate
+    lines.append(line)
+    out = []
+    for i, text in enumerate(lines):
+        first, rest = ("  ", "    ") if i == 0 else ("    ", "    ")
+        out += textwrap.wrap(text, _WIDTH - 2, initial_indent=first, subsequent_indent=rest)
     return out
 
 
 def _single(report: dict[str, Any]) -> list[str]:
     t = report["trace"]
     steps = report["steps"]
-    device = t["device"] or ("CPU only" if t["mode"] == "cpu" else "GPU")
-    layers = (
-        f"{report['layers']} layers ({report['layers_method']})"
-        if report["layers"]
-        else "layers unknown"
-    )
-    plural = "step" if steps["count"] == 1 else "steps"
+    mode = "GPU kernels" if t["mode"] == "gpu" else "CPU ops only"
+    device = f"{t['device']} · " if t["device"] else ("GPU · " if t["mode"] == "gpu" else "")
+    per = "in the window" if steps["method"] == "whole-trace" else "per step"
     out = [
         f"fp8mla doctor: {os.path.basename(report['path'])}",
-        f"  {device} · {steps['count']} {plural} ({steps['method']}: {steps['detail']}) · "
-        f"{steps['mean_ms']:.2f} ms/step · {layers}",
+        *_joined(
+            [
+                f"{device}{mode}",
+                steps_text(report),
+                f"{steps['mean_ms']:.2f} ms {per}",
+                layers_text(report),
+            ]
+        ),
     ]
     for w in report["warnings"]:
-        out.append(f"  note: {w}")
+        out += textwrap.wrap(w, _WIDTH - 2, initial_indent="  note: ", subsequent_indent="    ")
     out.append("")
     findings = report["findings"]
     if findings:
         out.append("Findings (most costly first)")
         for i, f in enumerate(findings, 1):
-            out += _finding(i, f, steps["mean_ms"])
+            out += _finding(i, f, steps["mean_ms"], per)
             out.append("")
     elif steps["count"]:
-        out += ["No problems found: no pool-sized casts, no large copies, the device is busy.", ""]
+        out += textwrap.wrap(no_findings_text(report), _WIDTH) + [""]
     if steps["count"]:
         out += _breakdown(report)
     return out
@@ -150,8 +236,7 @@ def format_text(report: dict[str, Any], floor_text: str | None = None) -> str:
             )
     else:
         out = _single(report)
+    floor_text = floor_text or report_floor_text(report)
     if floor_text:
         out += ["", floor_text.rstrip()]
-    for w in report.get("floor_warnings", []):
-        out.append(f"note: {w}")
     return "\n".join(out).rstrip() + "\n"

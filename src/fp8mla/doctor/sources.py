@@ -14,6 +14,8 @@ import os
 import re
 from typing import Any
 
+from fp8mla.doctor.finding import CAST_KINDS, POOL_PROPORTIONAL_CAST
+
 __all__ = ["attach_sources", "locate", "package_root"]
 
 _FRAME = re.compile(r"^(?P<file>.+?\.py)\((?P<line>\d+)\): (?P<func>[\w<>.]+)$")
@@ -32,7 +34,6 @@ _SKIP_DIRS = frozenset(
     }
 )
 _MAX_FILES = 200_000
-_KINDS = ("pool_proportional_cast", "dtype_cast")
 
 
 def package_root(package: str) -> str | None:
@@ -122,7 +123,7 @@ def attach_sources(
             index.setdefault(name, []).extend(paths)
     for rep in _reports(report):
         for finding in rep["findings"]:
-            if finding["kind"] not in _KINDS or not finding.get("source"):
+            if finding["kind"] not in CAST_KINDS or not finding.get("source"):
                 continue
             m = _FRAME.match(finding["source"])
             if not m:
@@ -140,7 +141,7 @@ def attach_sources(
                 continue
             matches = [s for s in scanned if s.function == func or s.function.endswith("." + func)]
             whole = [s for s in matches if s.kind == "whole_pool_cast"]
-            if finding["kind"] == "pool_proportional_cast" and whole:
+            if finding["kind"] == POOL_PROPORTIONAL_CAST and whole:
                 matches = whole
             finding["source_file"] = path
             finding["source_lines"] = [

@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fp8mla.doctor.model import Launch, Marker
+from fp8mla.doctor.records import Launch, Marker
 
 __all__ = ["Segmentation", "Step", "infer_layers", "segment"]
 
@@ -113,7 +113,11 @@ def _by_markers(launches: list[Launch], markers: list[Marker]) -> Segmentation |
             last = max(x.end for x in bucket)
             span_end = m.ts + max(m.end - m.ts, last - first)
         steps.append(Step(0, m.name, m.ts, span_end, bucket))
-    return Segmentation(_finish(steps), "markers", f"{len(ordered)} ProfilerStep markers")
+    finished = _finish(steps)
+    detail = f"{len(ordered)} ProfilerStep marker{'s' if len(ordered) != 1 else ''}"
+    if len(finished) != len(ordered):
+        detail += f", {len(finished)} with work"
+    return Segmentation(finished, "markers", detail)
 
 
 def _idle_before(launches: Sequence[Launch]) -> list[float]:
@@ -277,23 +281,34 @@ def segment(launches: list[Launch], markers: list[Marker]) -> Segmentation:
     return Segmentation(
         _finish([whole]),
         "whole-trace",
-        "no markers and no repeating structure: the whole trace is one window" + note,
+        "no markers, no repeating launch sequence, no idle gaps between bursts" + note,
     )
 
 
-def infer_layers(steps: list[Step]) -> tuple[int | None, str]:
-    """The dominant launches-per-step multiple: the layer count of a decode step.
+LAYER_SCORE = 0.6  # share of a step's launches that recur one layer later
+MIN_LAYER_KERNELS = 3  # distinct kernels a layer repeats (a norm, a GEMM, attention, ...)
+MAX_REPEATS = 4  # a kernel runs at most this many times per layer
 
-    Each per-step launch count L is scored by the launches of kernels whose count is a multiple
-    of L; the largest L scoring within 10% of the best wins (78 for a 78-layer model whose layers
-    launch each kernel 1, 2 or 3 times: 2 and 39 score as well, 156 far worse). When no L
-    explains half the repeated launches, the most launch-weighted count.
+
+def infer_layers(steps: list[Step]) -> tuple[int | None, str]:
+    """The layer count of a step, or None when the step shows no layer structure.
+
+    Each per-step launch count L is scored by the launches of kernels whose count is a small
+    multiple of L (1–4 per layer); the largest L scoring within 10% of the best wins (78 for a
+    78-layer model whose layers launch each kernel 1, 2 or 3 times: 2 and 39 score as well, 156
+    far worse). A count is a layer count only if a layer looks like one: at least three
+    different kernels repeat with it, GEMMs among them beside another kind of work, and they
+    make up at least half of the step's launches. Training steps, optimizer loops and single
+    benchmark kernels usually fail this and get no layer count.
     """
     if not steps:
         return None, "no steps"
     per_step: dict[str, list[int]] = defaultdict(list)
+    family: dict[str, str] = {}
     for step in steps:
         counts = Counter(x.name for x in step.launches)
+        for x in step.launches:
+            family.setdefault(x.name, x.family)
         for name in counts.keys() | per_step.keys():
             per_step[name].append(counts.get(name, 0))
     typical = {
@@ -301,23 +316,53 @@ def infer_layers(steps: list[Step]) -> tuple[int | None, str]:
         for name, c in per_step.items()
     }
     typical = {name: c for name, c in typical.items() if c >= 2}
-    total = sum(typical.values())
-    if not total:
-        return None, "no kernel repeats within a step"
+    if not typical:
+        return None, "no layer structure: no kernel repeats within a step"
     launches = sum(len(s.launches) for s in steps) / len(steps)
+
+    def members(candidate: int) -> list[str]:
+        return [
+            n for n, c in typical.items() if c % candidate == 0 and c // candidate <= MAX_REPEATS
+        ]
+
     coverage = {
-        candidate: sum(c for c in typical.values() if c % candidate == 0)
+        candidate: sum(typical[n] for n in members(candidate))
         for candidate in set(typical.values())
     }
     best = max(coverage.values())
-    if best * 2 >= total:
-        candidate = max(c for c, cov in coverage.items() if cov >= 0.9 * best)
-        return candidate, (
-            f"{coverage[candidate] / launches:.0%} of a step's launches come "
-            f"from kernels launched a multiple of {candidate} times per step"
-        )
-    weights: Counter[int] = Counter()
-    for c in typical.values():
-        weights[c] += c
-    candidate = weights.most_common(1)[0][0]
-    return candidate, f"the most common launches-per-step count is {candidate}"
+    ranked = sorted(
+        coverage,
+        key=lambda c: (coverage[c] < 0.9 * best, -c if coverage[c] >= 0.9 * best else -coverage[c]),
+    )
+    typical_step = sorted(steps, key=lambda s: len(s.launches))[len(steps) // 2]
+    ids: dict[str, int] = {}
+    tokens = [ids.setdefault(x.name, len(ids)) for x in typical_step.launches]
+    for candidate in ranked:
+        names = members(candidate)
+        kinds = {family.get(n, "other") for n in names}
+        if (
+            len(names) >= MIN_LAYER_KERNELS
+            and "gemm" in kinds
+            and len(kinds) >= 2
+            and coverage[candidate] * 2 >= launches
+            and _layers_repeat(tokens, candidate, sum(typical[n] for n in names))
+        ):
+            return candidate, (
+                f"{coverage[candidate] / launches:.0%} of a step's launches come from "
+                f"{len(names)} kernels launched 1–{MAX_REPEATS} times per layer "
+                f"({', '.join(sorted(k for k in kinds))})"
+            )
+    return None, (
+        "no layer structure: no repeat count is shared by GEMMs and other kernels making up "
+        "half of a step's launches in a sequence that repeats layer after layer"
+    )
+
+
+def _layers_repeat(tokens: Sequence[int], layers: int, member_launches: int) -> bool:
+    """True when a step's launch sequence repeats with the period of one layer: the same
+    kernel ``period`` launches later at most positions (not just counts that divide evenly)."""
+    guesses = {
+        round(member_launches / layers),
+        *range(len(tokens) // layers - 1, -(-len(tokens) // layers) + 2),
+    }
+    return any(_score(tokens, p) >= LAYER_SCORE for p in guesses if p >= MIN_LAYER_KERNELS)

@@ -34,7 +34,15 @@ __all__ = ["CAST_KERNEL", "SynthSpec", "iter_events", "write_trace"]
 
 def _cast_elements(spec: SynthSpec, step: int) -> int:
     rows = spec.pool_slots if spec.cast == "full" else spec.active_tokens + step
-    return rows * spec.width
+    return rows * spec.row[0] * spec.row[1]
+
+
+def _attention_kernels(spec: SynthSpec) -> list[tuple[str, float, list[int]]]:
+    """One layer's attention: a split-KV stage and its merge (10:1 of ``attention_us``)."""
+    return [
+        ("_fwd_grouped_kernel_stage1", spec.attention_us * 10 / 11, [1, 2, 8]),
+        ("_fwd_kernel_stage2", spec.attention_us / 11, [1, 32, 1]),
+    ]
 
 
 def _layer(w: EventWriter, spec: SynthSpec, step: int, parent: int) -> None:
@@ -56,15 +64,15 @@ def _layer(w: EventWriter, spec: SynthSpec, step: int, parent: int) -> None:
         "sglang/srt/layers/attention/flashinfer_mla_backend.py(412): forward_decode", parent
     )
     stack = "sglang/srt/layers/attention/flashinfer_mla_backend.py(412): forward_decode"
-    if s.cast != "none":
+    for _ in range(s.pools if s.cast != "none" else 0):
         rows = s.pool_slots if s.cast == "full" else s.active_tokens + step
-        shape = [rows, 1, s.width]
+        shape = [rows, *s.row]
         if s.cast == "gathered":
             ext = w.op(
                 "aten::index",
                 40.0,
-                [[s.pool_slots, 1, s.width], [rows]],
-                ["c10::Float8_e4m3fn", "long int"],
+                [[s.pool_slots, *s.row], [rows]],
+                [s.kv_type, "long int"],
                 stack=stack,
             )
             w.launch(
@@ -72,17 +80,17 @@ def _layer(w: EventWriter, spec: SynthSpec, step: int, parent: int) -> None:
                 "kernel<at::native::index_kernel_impl<at::native::OpaqueType<1> > >>(long, "
                 "at::native::gpu_index_kernel)",
                 3.0,
-                [math.ceil(rows * s.width / 512), 1, 1],
+                [math.ceil(rows * shape[1] * shape[2] / 512), 1, 1],
                 ext,
             )
             w.cpu += 45.0
-        elements = rows * s.width
+        elements = rows * shape[1] * shape[2]
         dur = elements * 3 / (s.cast_tbps * 1e6)
         w.op(
             "aten::to",
             60.0,
             [shape, [], [], [], []],
-            ["c10::Float8_e4m3fn", "Scalar", "Scalar", "Scalar", ""],
+            [s.kv_type, "Scalar", "Scalar", "Scalar", ""],
             ["", "15", "False", "False", ""],
             stack=stack,
         )
@@ -91,7 +99,7 @@ def _layer(w: EventWriter, spec: SynthSpec, step: int, parent: int) -> None:
             "aten::_to_copy",
             55.0,
             [shape, [], [], [], [], [], []],
-            ["c10::Float8_e4m3fn", "Scalar", "", "", "", "Scalar", ""],
+            [s.kv_type, "Scalar", "", "", "", "Scalar", ""],
             ["", "15", "", "", "", "False", ""],
             stack=stack,
         )
@@ -100,7 +108,7 @@ def _layer(w: EventWriter, spec: SynthSpec, step: int, parent: int) -> None:
             "aten::copy_",
             35.0,
             [shape, shape, []],
-            ["c10::BFloat16", "c10::Float8_e4m3fn", "Scalar"],
+            ["c10::BFloat16", s.kv_type, "Scalar"],
             ["", "", "False"],
             stack=stack,
         )
@@ -110,16 +118,15 @@ def _layer(w: EventWriter, spec: SynthSpec, step: int, parent: int) -> None:
         w.op(
             "aten::view",
             3.0,
-            [[s.active_tokens + step, 1, s.width], []],
+            [[s.active_tokens + step, *s.row], []],
             ["c10::BFloat16", "ScalarList"],
             stack=stack,
         )
     w.cpu += 5.0
     w.frame("sgl_decode.py(132): decode_attention_fwd_grouped", w.cpu, 60.0, fwd[0])
-    w.launch("_fwd_grouped_kernel_stage1", 30.0, [1, 2, 8], None, "cuLaunchKernelEx")
-    w.cpu += 30.0
-    w.launch("_fwd_kernel_stage2", 3.0, [1, 32, 1], None, "cuLaunchKernelEx")
-    w.cpu += 30.0
+    for name, dur, grid in _attention_kernels(s):
+        w.launch(name, dur, grid, None, "cuLaunchKernelEx")
+        w.cpu += 30.0
     w.close_frame(fwd)
     ext = w.op("aten::mm", 30.0, [[1, 16384], [16384, hidden]], ["c10::BFloat16"] * 2)
     w.launch(GEMM_KERNEL, 70.0, [2, 64, 1], ext)
@@ -197,12 +204,14 @@ def _graph_step(w: EventWriter, spec: SynthSpec, step: int, parent: int) -> None
     for _ in range(s.layers):
         kernels = [(NORM_KERNEL, 4.0, [1, 1, 1]), (GEMM_KERNEL, 60.0, [2, 64, 1])]
         if s.cast != "none":
-            kernels.append(
-                (CAST_KERNEL, elements * 3 / (s.cast_tbps * 1e6), [math.ceil(elements / 512), 1, 1])
+            cast = (
+                CAST_KERNEL,
+                elements * 3 / (s.cast_tbps * 1e6),
+                [math.ceil(elements / 512), 1, 1],
             )
+            kernels += [cast] * s.pools
         kernels += [
-            ("_fwd_grouped_kernel_stage1", 30.0, [1, 2, 8]),
-            ("_fwd_kernel_stage2", 3.0, [1, 32, 1]),
+            *_attention_kernels(s),
             (GEMM_KERNEL, 70.0, [2, 64, 1]),
             (ADD_KERNEL, 1.5, [6, 1, 1]),
         ]

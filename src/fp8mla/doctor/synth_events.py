@@ -67,6 +67,28 @@ class SynthSpec:
     device: str = "NVIDIA H200"
     python_noise: int = 0  # extra python_function events per layer (bulk for benchmarks)
     cast_tbps: float = 1.0  # achieved bandwidth of the cast kernel
+    kv_dtype: str = "float8_e4m3fn"  # the pool's dtype: "float8_e4m3fn" | "float8_e5m2"
+    layout: str = "mla"  # "mla": one [slots, 1, 576] latent pool; "mha": K and V pools
+    kv_heads: int = 8  # MHA: KV heads of each pool row ([slots, kv_heads, head_dim])
+    head_dim: int = 128  # MHA: values per head
+    attention_us: float = 33.0  # device time of one layer's attention kernels
+
+    @property
+    def kv_type(self) -> str:
+        """The pool dtype as an op's ``Input type`` spells it."""
+        return {"float8_e4m3fn": "c10::Float8_e4m3fn", "float8_e5m2": "c10::Float8_e5m2"}[
+            self.kv_dtype
+        ]
+
+    @property
+    def row(self) -> list[int]:
+        """One pool row's trailing dims: ``[1, width]`` (MLA) or ``[kv_heads, head_dim]``."""
+        return [1, self.width] if self.layout == "mla" else [self.kv_heads, self.head_dim]
+
+    @property
+    def pools(self) -> int:
+        """Pools cast per layer: one latent pool (MLA), or K and V (MHA)."""
+        return 1 if self.layout == "mla" else 2
 
 
 class EventWriter:

@@ -10,10 +10,11 @@ Pure Python (no torch). Public API:
 
 from __future__ import annotations
 
-from fp8mla.gap.estimate import GapReport, estimate
+from fp8mla.gap.estimate import estimate
 from fp8mla.gap.gpus import GPUS, GpuSpec, lookup_gpu
-from fp8mla.gap.models import ModelSpec, load_model, spec_from_config
+from fp8mla.gap.model_spec import ModelSpec, load_model, spec_from_config
 from fp8mla.gap.presets import PRESETS
+from fp8mla.gap.report import GapReport
 
 __all__ = [
     "GPUS",

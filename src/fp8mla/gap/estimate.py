@@ -11,11 +11,10 @@ on the cast) and its share of the gap. Where the GPU preset has a measured cast 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from fp8mla.gap.gpus import lookup_gpu
-from fp8mla.gap.models import load_model
+from fp8mla.gap.model_spec import load_model
+from fp8mla.gap.report import GapReport
 from fp8mla.gap.traffic import (
     KV_BYTES,
     WEIGHT_BYTES,
@@ -26,67 +25,6 @@ from fp8mla.gap.traffic import (
     touched_experts,
     weight_breakdown,
 )
-
-
-@dataclass
-class GapReport:
-    """One estimate. Bytes are per GPU per decode step; times in ms; bandwidths in TB/s (10^12 B/s).
-
-    ``to_dict()`` keys: the inputs (``model``, ``gpu``, ``weights``, ``kv_dtype``, ``tp``,
-    ``batch``, ``context``), ``weight_bytes`` (with ``weight_breakdown``), ``kv_bytes`` (=
-    ``kv_latent_bytes`` + ``kv_index_bytes``), ``total_bytes``, ``bandwidth_tbps``, ``floor_ms``;
-    ``measured_ms``, ``gap_ms``, ``cast_bytes``, ``cast_ms``, ``cast_share_of_gap`` (null unless
-    measured / pool given), plus ``assumptions`` and ``notes`` (lists of strings).
-    """
-
-    model: str
-    model_source: str
-    gpu: str | None
-    bandwidth_tbps: float
-    bandwidth_source: str
-    weights: str
-    kv_dtype: str
-    tp: int
-    batch: int
-    context: int
-    num_layers: int
-    attention: str
-    kv_tokens_per_layer: int
-    kv_values_per_token: int
-    routed_experts_per_layer: float
-    weight_breakdown: dict[str, float]
-    weight_bytes: float
-    kv_latent_bytes: float
-    kv_index_bytes: float
-    kv_bytes: float
-    total_bytes: float
-    floor_ms: float
-    copy_tbps_measured: float | None = None
-    floor_ms_at_copy_rate: float | None = None
-    resident_weight_bytes: float = 0.0
-    gpu_memory_bytes: float | None = None
-    measured_ms: float | None = None
-    gap_ms: float | None = None
-    pool_slots: int | None = None
-    pool_bytes: float | None = None
-    cast_bytes: float | None = None
-    cast_ms: float | None = None
-    cast_share_of_gap: float | None = None
-    cast_tbps_measured: float | None = None
-    cast_ms_at_measured_rate: float | None = None
-    cast_share_at_measured_rate: float | None = None
-    assumptions: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict (numbers, strings, null, lists, dicts)."""
-        return asdict(self)
-
-    def format_text(self) -> str:
-        """The human-readable report ``fp8mla gap`` prints."""
-        from fp8mla.gap.text import format_report
-
-        return format_report(self)
 
 
 def _positive_int(name: str, value: object, minimum: int = 1) -> int:
@@ -148,7 +86,7 @@ def estimate(
     elif gpu_spec is not None:
         bandwidth, source = gpu_spec.datasheet_tbps, f"{gpu_spec.name} datasheet"
     else:
-        raise ValueError("give a GPU preset (--gpu) or a bandwidth (--bandwidth TBPS)")
+        raise ValueError("give a GPU preset (gpu) or a bandwidth (bandwidth_tbps)")
 
     parts = weight_breakdown(spec, weights, tp, batch)
     latent, index = kv_bytes(spec, kv_dtype, batch, context, dense_attention)

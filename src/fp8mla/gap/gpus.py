@@ -59,7 +59,5 @@ def lookup_gpu(name: str) -> GpuSpec:
     """The preset for ``name`` (case and ``_``/space insensitive); ``ValueError`` if unknown."""
     key = name.strip().lower().replace("_", "-").replace(" ", "-")
     if key not in _ALIASES:
-        raise ValueError(
-            f"unknown GPU {name!r}: presets are {', '.join(GPUS)}; or give --bandwidth TBPS"
-        )
+        raise ValueError(f"unknown GPU {name!r}: presets are {', '.join(GPUS)}")
     return GPUS[_ALIASES[key]]

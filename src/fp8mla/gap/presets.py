@@ -1,6 +1,6 @@
 """Model presets, stored as the Hugging Face ``config.json`` fields they come from.
 
-Each preset is parsed by :func:`fp8mla.gap.models.spec_from_config`, the same code path a user's
+Each preset is parsed by :func:`fp8mla.gap.model_spec.spec_from_config`, the same code path a user's
 ``config.json`` takes, so a preset is exactly "that file, minus the fields we do not use".
 
 DeepSeek-V3 (``deepseek-ai/DeepSeek-V3``, ``config.json``; DeepSeek-R1 shares it): every value

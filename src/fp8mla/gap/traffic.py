@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from fp8mla.gap.models import ModelSpec
+from fp8mla.gap.model_spec import ModelSpec
 
 BF16 = 2.0
 WEIGHT_BYTES: dict[str, float] = {

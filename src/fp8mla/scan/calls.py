@@ -37,6 +37,8 @@ def cast_operand(node: ast.Call) -> tuple[ast.expr, int] | None:
             dtype = node.args[1]
         if dtype is None or (isinstance(dtype, ast.Constant) and dtype.value is None):
             return None
+        if pat.is_integer_dtype(dtype):
+            return None
         return node.args[0], node.lineno
     if not isinstance(func, ast.Attribute):
         return None
@@ -46,14 +48,18 @@ def cast_operand(node: ast.Call) -> tuple[ast.expr, int] | None:
         return func.value, line
     if name == "to":
         target = _to_dtype(node)
-        return (func.value, line) if target is not None else None
+        if target is None or pat.is_integer_dtype(target):  # a move, or an index/mask dtype
+            return None
+        return func.value, line
     if name in ("type", "type_as"):
         arg = (
             node.args[0]
             if node.args
             else next((k.value for k in node.keywords if k.arg in ("dtype", "other")), None)
         )
-        return (func.value, line) if arg is not None else None
+        if arg is None or pat.is_integer_dtype(arg):
+            return None
+        return func.value, line
     return None
 
 

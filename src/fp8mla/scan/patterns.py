@@ -41,8 +41,65 @@ _METADATA_TAILS = frozenset(
 _LAYER_INDEX_TOKENS = frozenset({"layer", "layers", "engine", "ve"})
 
 
+# Tokens naming a tensor that was gathered (or all-gathered across ranks) rather than a pool:
+# ``gathered_kv_cache``, ``all_gather_kv_cache_for_dcp(...)``.
+_GATHER_TOKENS = frozenset({"gather", "gathered", "allgather", "allgathered", "gathers"})
+# Tokens of an argument that selects token slots: a getter called with one returns those rows.
+_SLOT_INDEX_TOKENS = frozenset(
+    {"indices", "index", "idx", "idxs", "loc", "locs", "slots", "slot", "ids", "positions"}
+)
+# Decorators of functions whose body is a device kernel (Triton, TileLang, CuTe DSL, Numba):
+# their ``x.to(tl.int64)`` converts a register block, not a KV pool.
+_KERNEL_DECORATORS = frozenset({"jit", "autotune", "heuristics", "kernel", "prim_func"})
+_KERNEL_MODULES = frozenset({"triton", "tl", "tilelang", "T", "cute", "numba", "cuda"})
+_INTEGER_DTYPES = frozenset(
+    {
+        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "long", "int",
+        "short", "bool", "int1",
+    }
+)  # fmt: skip
+
+
 def _tokens(name: str) -> list[str]:
     return [t for t in name.lower().strip("_").split("_") if t]
+
+
+def is_gathered_name(name: str) -> bool:
+    """True for names that say the tensor was gathered: ``gathered_kv``, ``all_gather_kv``."""
+    return bool(_GATHER_TOKENS.intersection(_tokens(name)))
+
+
+def is_slot_index(node: ast.expr) -> bool:
+    """True for an argument naming token slots (``kv_indices``, ``out_cache_loc``)."""
+    name = dotted_name(node.value if isinstance(node, ast.Starred) else node)
+    if name is None:
+        return False
+    return bool(_SLOT_INDEX_TOKENS.intersection(_tokens(name.rpartition(".")[2])))
+
+
+def is_kernel_decorator(node: ast.expr) -> bool:
+    """True for ``@triton.jit``, ``@triton.autotune(...)``, ``@tilelang.jit``, ``@jit``."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    name = dotted_name(node)
+    if name is None:
+        return False
+    head, _, last = name.rpartition(".")
+    if last not in _KERNEL_DECORATORS:
+        return False
+    return not head or head.split(".")[0] in _KERNEL_MODULES
+
+
+def is_integer_dtype(node: ast.expr) -> bool:
+    """True for ``torch.int64``, ``tl.int32``, ``torch.long``, ``torch.bool``: index and mask
+    dtypes, never what a KV pool's values are converted to."""
+    name = dotted_name(node)
+    if name is None:
+        return False
+    head, _, last = name.rpartition(".")
+    return head.split(".")[-1] in ("torch", "tl", "language", "triton", "np", "numpy") and (
+        last in _INTEGER_DTYPES
+    )
 
 
 def is_buffer_getter(name: str) -> bool:
@@ -127,6 +184,8 @@ VIEW_FUNCTIONS = frozenset({"flatten", "reshape", "squeeze", "unsqueeze", "trans
 # Methods and ``torch.<fn>(buffer, ...)`` functions that gather a subset of rows.
 GATHER_METHODS = frozenset({"index_select", "gather", "take", "take_along_dim", "masked_select"})
 
+# ``torch.<fn>([a, b], ...)``: joins a cached prefix to the new tokens.
+CONCAT_FUNCTIONS = frozenset({"cat", "concat", "concatenate"})
 # Casting methods that take no dtype argument (float32, float16, bfloat16, float64).
 FIXED_CASTS = frozenset({"float", "half", "bfloat16", "double"})
 # ``torch.<fn>(data, dtype=...)`` constructors that copy-convert an existing tensor.

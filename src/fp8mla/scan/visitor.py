@@ -9,6 +9,7 @@ gather-then-cast.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from fp8mla.scan import patterns as pat
@@ -49,6 +50,7 @@ class KVCastVisitor(ast.NodeVisitor):
         self.path = path
         self.lines = lines
         self.findings: list[ScanFinding] = []
+        self._prefix_casts: set[int] = set()  # casts listed in a torch.cat(...) with new tokens
         self._qualname: list[str] = []
         self._scopes: list[_Scope] = [_Scope("module")]
 
@@ -76,6 +78,8 @@ class KVCastVisitor(ast.NodeVisitor):
         for expr in [*node.decorator_list, *args.defaults, *args.kw_defaults]:
             if expr is not None:
                 self.visit(expr)
+        if any(pat.is_kernel_decorator(d) for d in node.decorator_list):
+            return  # a device kernel (@triton.jit, ...): its casts convert registers, not pools
         scope = self._enclosing_non_class().child("function")
         for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
             if arg is not None:  # a parameter shadows an outer alias of the same name
@@ -184,7 +188,11 @@ class KVCastVisitor(ast.NodeVisitor):
             if key is not None and key in self._scope.bindings:
                 return self._scope.bindings[key]
             name = node.id if isinstance(node, ast.Name) else node.attr
-            return Receiver(snippet(node)) if pat.is_buffer_name(name) else None
+            if not pat.is_buffer_name(name):
+                return None
+            if pat.is_gathered_name(name):
+                return Receiver(snippet(node), gathered_by=f"`{name}` (a gathered copy)")
+            return Receiver(snippet(node))
         if isinstance(node, ast.Subscript):
             base = self._receiver(node.value)
             if base is None or base.gathered_by is not None:
@@ -198,6 +206,10 @@ class KVCastVisitor(ast.NodeVisitor):
             return None
         name = pat.call_name(node)
         if name is not None and pat.is_buffer_getter(name):
+            selectors = [a for a in [*node.args[1:], *(k.value for k in node.keywords)]]
+            rows = next((a for a in selectors if pat.is_slot_index(a)), None)
+            if rows is not None:  # get_mla_kv_buffer(layer, kv_indices, ...): those rows only
+                return Receiver(snippet(node), gathered_by=f"{name}(…, {snippet(rows)})")
             return Receiver(snippet(node))
         if node.args and pat.is_torch_function(node, pat.VIEW_FUNCTIONS):
             return self._receiver(node.args[0])
@@ -207,6 +219,10 @@ class KVCastVisitor(ast.NodeVisitor):
             return self._receiver(node.func.value)
         if isinstance(node.func, ast.Attribute) and name in pat.GATHER_METHODS:
             return self._gathered(self._receiver(node.func.value), f".{name}(...)")
+        if name is not None and pat.is_gathered_name(name):
+            sources = [self._receiver(a) for a in node.args if isinstance(a, ast.expr)]
+            if any(r is not None for r in sources) or pat.is_buffer_name(name):
+                return Receiver(snippet(node), gathered_by=f"{name}(...)")
         return None
 
     @staticmethod
@@ -218,10 +234,16 @@ class KVCastVisitor(ast.NodeVisitor):
     # -- calls: casts and plan() -------------------------------------------------------------
 
     def visit_Call(self, node: ast.Call) -> None:
+        if pat.is_torch_function(node, pat.CONCAT_FUNCTIONS) and node.args:
+            parts = node.args[0]
+            if isinstance(parts, ast.List | ast.Tuple) and len(parts.elts) > 1:
+                self._prefix_casts.update(id(e) for e in parts.elts if isinstance(e, ast.Call))
         cast = cast_operand(node)
         if cast is not None:
             operand, line = cast
             receiver = self._receiver(operand)
+            if receiver is not None and id(node) in self._prefix_casts:
+                receiver = replace(receiver, gathered_by="torch.cat(...)")
             if receiver is not None:
                 self._report_cast(snippet(node), operand, receiver, line)
         hint = plan_dtype_hint(node)
@@ -236,9 +258,19 @@ class KVCastVisitor(ast.NodeVisitor):
                 f" `{receiver.alias}` (from `{receiver.origin}`, assigned on line "
                 f"{receiver.alias_line})"
             )
-        if receiver.gathered_by is not None:
+        if receiver.gathered_by == "torch.cat(...)":
             reason = (
-                f"`{cast}` casts rows gathered by `{receiver.gathered_by}` from KV buffer"
+                f"`{cast}` converts the cached KV{source or f' `{receiver.origin}`'} that "
+                "torch.cat joins to the new tokens: attention reads all of it, so the cost "
+                "scales with the context, not with a preallocated pool"
+            )
+            self._add(line, GATHERED_CAST, reason)
+            return
+        if receiver.gathered_by is not None:
+            by = receiver.gathered_by
+            by = by if by.startswith("`") else f"`{by}`"
+            reason = (
+                f"`{cast}` casts rows gathered by {by} from KV buffer"
                 f"{source or f' `{receiver.origin}`'}: its cost scales with the batch, not the pool"
             )
             self._add(line, GATHERED_CAST, reason)
@@ -269,8 +301,10 @@ class KVCastVisitor(ast.NodeVisitor):
         )
 
 
-def find_casts(tree: ast.AST, path: str, lines: list[str]) -> list[ScanFinding]:
-    """Run the walk over a parsed module; ``lines`` are its source lines (for ``code``)."""
+def find_casts(tree: ast.AST | Iterable[ast.AST], path: str, lines: list[str]) -> list[ScanFinding]:
+    """Run the walk over a parsed module, or over its parts in source order (module-level
+    aliases carry from one part to the next); ``lines`` are its source lines (for ``code``)."""
     visitor = KVCastVisitor(path, lines)
-    visitor.visit(tree)
+    for part in [tree] if isinstance(tree, ast.AST) else tree:
+        visitor.visit(part)
     return sorted(visitor.findings, key=lambda f: (f.line, f.kind))

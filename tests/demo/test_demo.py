@@ -26,10 +26,11 @@ def tiny(device):
     )
 
 
-def test_demo_strategies_agree_and_doctor_finds_the_cast(tiny, tmp_path, capsys):
+def test_demo_strategies_agree_and_doctor_finds_the_cast(tiny, tmp_path, capfd):
     trace = tmp_path / "demo.json.gz"
     result = run_demo(tiny, save_trace=str(trace), progress=False)
-    out = capsys.readouterr().out
+    out, err = capfd.readouterr()
+    assert "USDT" not in err and "profiler_start" not in err  # the profiler's own notes
     names = [r.name for r in result.rows]
     assert names == ["full-pool cast", "gather-then-cast", "fp8mla direct"]
     for row in result.rows:
@@ -45,6 +46,35 @@ def test_demo_strategies_agree_and_doctor_finds_the_cast(tiny, tmp_path, capsys)
     assert trace.exists()
     for name in names:
         assert name in out
+    # what is compared against what, in the output
+    flat = " ".join(out.split())
+    assert (
+        f"each strategy's hidden state after all {tiny.layers} layers against fp8mla direct's"
+        in flat
+    )
+    check = result.attention
+    assert check is not None and check.rel_err < 1e-2 and 0 < check.rounding < check.rel_err * 4
+    assert f"relative error {check.rel_err:.1e}" in flat
+    assert "against fp8mla.reference.mla_reference computed in float64" in flat
+    if tiny.device == "cpu":
+        assert check.what == "fp8mla's Triton kernel, run by Triton's CPU interpreter"
+        assert "0 (same)" in out and "they say nothing about GPU kernel speed" in flat
+
+
+def test_profiler_notes_are_dropped_and_other_stderr_kept(capfd):
+    import os
+
+    from fp8mla.demo.profile import _without_profiler_notes
+
+    with _without_profiler_notes():
+        os.write(
+            2, b"USDT:2026-11-30 19:16:27 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+        )
+        os.write(2, b"a real warning\n")
+        os.write(
+            2, b"USDT:2026-11-30 19:16:37 1:1 SyncActivityProfilerHandler.cpp:59] profiler_stop\n"
+        )
+    assert capfd.readouterr().err == "a real warning\n"
 
 
 def test_demo_cli_rejects_bad_shapes(capsys):

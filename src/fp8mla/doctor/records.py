@@ -104,6 +104,7 @@ class TraceData:
     truncated: bool = False
     warnings: list[str] = field(default_factory=list)
     device: str | None = None
+    unread_categories: dict[str, int] = field(default_factory=dict)  # complete events not read
 
 
 @dataclass(slots=True)

@@ -1,14 +1,75 @@
-"""Plain-text rendering of a :class:`~fp8mla.gap.estimate.GapReport` (1 GB = 10^9 bytes)."""
+"""The result of :func:`~fp8mla.gap.estimate.estimate` and its plain-text rendering
+(1 GB = 10^9 bytes)."""
 
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from fp8mla.gap.traffic import KV_BYTES
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fp8mla.gap.estimate import GapReport
+__all__ = ["GapReport", "format_report"]
+
+
+@dataclass
+class GapReport:
+    """One estimate. Bytes are per GPU per decode step; times in ms; bandwidths in TB/s (10^12 B/s).
+
+    ``to_dict()`` keys: the inputs (``model``, ``gpu``, ``weights``, ``kv_dtype``, ``tp``,
+    ``batch``, ``context``), ``weight_bytes`` (with ``weight_breakdown``), ``kv_bytes`` (=
+    ``kv_latent_bytes`` + ``kv_index_bytes``), ``total_bytes``, ``bandwidth_tbps``, ``floor_ms``;
+    ``measured_ms``, ``gap_ms``, ``cast_bytes``, ``cast_ms``, ``cast_share_of_gap`` (null unless
+    measured / pool given), plus ``assumptions`` and ``notes`` (lists of strings).
+    """
+
+    model: str
+    model_source: str
+    gpu: str | None
+    bandwidth_tbps: float
+    bandwidth_source: str
+    weights: str
+    kv_dtype: str
+    tp: int
+    batch: int
+    context: int
+    num_layers: int
+    attention: str
+    kv_tokens_per_layer: int
+    kv_values_per_token: int
+    routed_experts_per_layer: float
+    weight_breakdown: dict[str, float]
+    weight_bytes: float
+    kv_latent_bytes: float
+    kv_index_bytes: float
+    kv_bytes: float
+    total_bytes: float
+    floor_ms: float
+    copy_tbps_measured: float | None = None
+    floor_ms_at_copy_rate: float | None = None
+    resident_weight_bytes: float = 0.0
+    gpu_memory_bytes: float | None = None
+    measured_ms: float | None = None
+    gap_ms: float | None = None
+    pool_slots: int | None = None
+    pool_bytes: float | None = None
+    cast_bytes: float | None = None
+    cast_ms: float | None = None
+    cast_share_of_gap: float | None = None
+    cast_tbps_measured: float | None = None
+    cast_ms_at_measured_rate: float | None = None
+    cast_share_at_measured_rate: float | None = None
+    assumptions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict (numbers, strings, null, lists, dicts)."""
+        return asdict(self)
+
+    def format_text(self) -> str:
+        """The human-readable report ``fp8mla gap`` prints."""
+        return format_report(self)
+
 
 _LABELS = {
     "attention": "attention (MLA projections)",
