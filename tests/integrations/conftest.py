@@ -6,9 +6,10 @@ and are appended to ``sys.path`` here, so fp8mla's own torch and Triton stay the
 imported. When the install found the package registry unreachable, only
 ``test_engines_installed.py`` is collected and it skips with that reason (one line).
 
-Stand-ins (test-only, CPU machines): ``standins/torchvision`` when no working torchvision is
-installed (the registry's wheels link CUDA libraries; the engines import it at module level
-for image processing only). The engine tests run after the rest of the suite, since
+Stand-ins (test-only): ``standins/torchvision`` when no working torchvision is installed (the
+registry's wheels link CUDA libraries; the engines import it at module level for image
+processing only); on CUDA, ``standins_cuda/sgl_kernel`` when SGLang's compiled kernels are
+absent (imported at module level by modules whose ops the MLA attention path never calls). The engine tests run after the rest of the suite, since
 importing an engine configures process-wide state (logging, multiprocessing).
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from engines_path import ENGINES, HERE, UNREACHABLE
+from integrations.engines_path import ENGINES, HERE, UNREACHABLE
 
 collect_ignore: list[str] = []
 if UNREACHABLE.is_file():
@@ -50,8 +51,11 @@ try:
     _CUDA = torch.cuda.is_available()
 except ImportError:  # pragma: no cover
     _CUDA = False
-if not _CUDA:
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+# vLLM's CUDA platform imports its compiled extensions at start; the tests drive
+# FP8MLAImpl directly, so vLLM's CPU platform is used everywhere (tensors may be CUDA).
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+if _CUDA and importlib.util.find_spec("sgl_kernel") is None:
+    sys.path.insert(0, str(HERE / "standins_cuda"))
 
 
 def pytest_collection_modifyitems(config, items):

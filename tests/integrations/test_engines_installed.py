@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata as md
 
 import pytest
-from engines_path import ENGINES, UNREACHABLE
+from integrations.engines_path import ENGINES, UNREACHABLE
 
 
 def test_pinned_engines_installed():
