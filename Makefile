@@ -12,6 +12,9 @@ STAMP := $(VENV)/.fp8mla-installed
 TORCH_PIN := torch==2.13.0
 TRITON_PIN := triton==3.9.0
 PIP := $(PY) -m pip install -q --disable-pip-version-check
+# Pinned SGLang/vLLM (no dependencies) for tests/integrations, apart from the venv's packages.
+ENGINES := $(VENV)/engines
+ENGINES_STAMP := $(ENGINES)/.installed
 
 # Triton kernels run compiled on a CUDA GPU, interpreted everywhere else.
 HAS_CUDA := $(shell python3 -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 && echo 1 || echo 0)
@@ -19,7 +22,7 @@ ifeq ($(HAS_CUDA),0)
 export TRITON_INTERPRET ?= 1
 endif
 
-.PHONY: test demo bench lint info clean
+.PHONY: test demo bench lint info clean engines
 
 $(STAMP): pyproject.toml Makefile
 	@if python3 -c "import torch" >/dev/null 2>&1; then \
@@ -45,7 +48,13 @@ $(STAMP): pyproject.toml Makefile
 	@echo "fp8mla: $(VENV)/ is ready (make clean removes it)"
 	@touch $@
 
-test: $(STAMP)
+# Skips itself (leaving an UNREACHABLE note) only when the package registry cannot be reached.
+$(ENGINES_STAMP): tests/integrations/requirements-engines.txt tests/integrations/install_engines.py | $(STAMP)
+	@$(PY) tests/integrations/install_engines.py --target $(ENGINES)
+
+engines: $(ENGINES_STAMP)
+
+test: $(STAMP) $(ENGINES_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)

@@ -1,0 +1,317 @@
+"""``FP8MLABackend``: vLLM's MLA decode (``forward_mqa``) on fp8mla's kernels.
+
+vLLM keeps MLA's KV cache as ``[num_blocks, block_size, 576]`` (latent 512 + RoPE 64), FP8
+values stored as ``k / k_scale`` by ``concat_and_cache_mla``. ``forward_mqa`` hands that cache
+to fp8mla's wrapper as two strided views and ``layer._k_scale`` (a 1-element device tensor,
+read by the kernel) as the dequantization scale: no cast, no copy. Prefill keeps vLLM's own
+MLA prefill path (``MLACommonImpl``'s MHA over the up-projected K/V).
+
+Metadata: vLLM's dense block table becomes the wrapper's CSR page list on the device: every
+decode request gets the same host-known number of pages, ``ceil(max_seq_len / block_size)``
+(``max_seq_len`` is the host bound vLLM already keeps), so ``kv_indptr`` is built on the host
+and ``kv_indices`` is a slice of the block table; the exact lengths stay on the device
+(``seq_lens``) and bound what the kernel reads. The plan runs once per step, on the first
+layer's call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from vllm.model_executor.layers.attention.mla_attention import (
+    MLACommonBackend,
+    MLACommonDecodeMetadata,
+    MLACommonImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+    QueryLenSupport,
+)
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, MultipleOf
+
+from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE
+from fp8mla.integrations.common import (
+    MAX_PAGE_SIZE,
+    IntegrationConfigError,
+    check_mla_config,
+    kernel_backend,
+)
+from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
+
+NAME = "FP8MLA"
+HEAD_SIZE = HEAD_DIM_CKV + HEAD_DIM_KPE
+WORKSPACE_BYTES = 128 << 20
+_KV_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+@dataclass
+class FP8MLADecodeMetadata(MLACommonDecodeMetadata):
+    """vLLM's decode metadata plus what the wrapper's ``plan()`` needs from the host."""
+
+    query_start_loc_cpu: torch.Tensor | None = None
+    max_seq_len: int = 0
+    causal: bool = True
+    planned: Any = None  # (wrapper, plan key) once the step's first layer planned
+
+
+def decode_plan_args(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc_cpu: torch.Tensor,
+    max_seq_len: int,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(qo_indptr host, kv_indptr host, kv_indices device, kv_len device)`` for ``plan()``.
+
+    Every request is given ``ceil(max_seq_len / block_size)`` pages (a host-known bound),
+    taken from its block-table row; its exact length ``seq_lens[b]`` (device) bounds the read.
+    """
+    n = seq_lens.numel()
+    pages = max(1, -(-int(max_seq_len) // block_size))
+    pages = min(pages, block_table.shape[1])
+    kv_indptr = torch.arange(0, (n + 1) * pages, pages, dtype=torch.int32)
+    kv_indices = block_table[:n, :pages].to(torch.int32).reshape(-1)
+    qo_indptr = (query_start_loc_cpu[: n + 1] - query_start_loc_cpu[0]).to(torch.int32)
+    return qo_indptr, kv_indptr, kv_indices, seq_lens.to(torch.int32)
+
+
+class FP8MLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
+    # Multi-token decode rows (speculative verification) are one causal block per request.
+    query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
+    # The plan reads host arrays per step: attention runs outside vLLM's full CUDA graphs
+    # (piecewise graphs capture the rest of the model).
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def _build_decode(
+        self,
+        block_table_tensor,
+        seq_lens_device,
+        max_seq_len,
+        query_start_loc_cpu,
+        query_start_loc_device,
+        num_decode_tokens,
+        max_query_len,
+        dcp_tot_seq_lens_device,
+    ) -> FP8MLADecodeMetadata:
+        return FP8MLADecodeMetadata(
+            block_table=block_table_tensor,
+            seq_lens=seq_lens_device,
+            dcp_tot_seq_lens=dcp_tot_seq_lens_device,
+            query_start_loc_cpu=query_start_loc_cpu,
+            max_seq_len=int(max_seq_len),
+        )
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
+        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        if isinstance(metadata.decode, FP8MLADecodeMetadata):
+            metadata.decode.causal = bool(metadata.causal)
+        return metadata
+
+
+class FP8MLABackend(MLACommonBackend):
+    """vLLM attention backend ``FP8MLA``; capabilities are declared for vLLM's selector."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = [
+        "auto",
+        "float16",
+        "bfloat16",
+        "fp8",
+        "fp8_e4m3",
+        "fp8_e5m2",
+    ]
+
+    @staticmethod
+    def get_name() -> str:
+        return NAME
+
+    @staticmethod
+    def get_impl_cls() -> type[FP8MLAImpl]:
+        return FP8MLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[FP8MLAMetadataBuilder]:
+        return FP8MLAMetadataBuilder
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [HEAD_SIZE]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(16)]
+
+    @classmethod
+    def supports_block_size(cls, block_size: int | None) -> bool:
+        return block_size is None or (block_size % 16 == 0 and block_size <= MAX_PAGE_SIZE)
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        # Ampere and newer (FP8 is decoded in registers; the Gluon kernel needs SM90).
+        return capability.major >= 8
+
+    @classmethod
+    def supports_combination(
+        cls,
+        head_size,
+        dtype,
+        kv_cache_dtype,
+        block_size,
+        use_mla,
+        has_sink,
+        use_sparse,
+        use_mm_prefix,
+        device_capability,
+    ) -> str | None:
+        if use_mla and head_size != HEAD_SIZE:
+            return (
+                f"fp8mla serves MLA with kv_lora_rank {HEAD_DIM_CKV} + rope {HEAD_DIM_KPE} "
+                f"(head size {HEAD_SIZE}), got head size {head_size}"
+            )
+        if block_size is not None and not cls.supports_block_size(block_size):
+            return f"fp8mla needs --block-size a multiple of 16 up to {MAX_PAGE_SIZE}"
+        return None
+
+
+class FP8MLAImpl(MLACommonImpl[MLACommonMetadata]):
+    """``forward_mqa`` over vLLM's paged MLA cache, FP8 read in place with ``k_scale``."""
+
+    can_return_lse_for_decode: bool = False
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes,
+        sliding_window,
+        kv_cache_dtype: str,
+        logits_soft_cap,
+        attn_type: str,
+        kv_sharing_target_layer_name,
+        **mla_args,
+    ) -> None:
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            alibi_slopes,
+            sliding_window,
+            kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+            **mla_args,
+        )
+        unsupported = {
+            "alibi_slopes": alibi_slopes,
+            "sliding_window": sliding_window,
+            "logits_soft_cap": logits_soft_cap,
+        }
+        for name, value in unsupported.items():
+            if value:
+                raise IntegrationConfigError(f"fp8mla (vllm): {name} is not supported")
+        if attn_type != AttentionType.DECODER:
+            raise IntegrationConfigError(
+                f"fp8mla (vllm): attention type {attn_type} is not supported (decoder only)"
+            )
+        if self.dcp_world_size > 1:
+            raise IntegrationConfigError(
+                "fp8mla (vllm): --decode-context-parallel-size > 1 is not supported"
+            )
+        reason = check_mla_config(
+            engine="vllm",
+            kv_lora_rank=self.kv_lora_rank,
+            qk_rope_head_dim=self.qk_rope_head_dim,
+            num_heads=num_heads,
+            options={"dims": "--model"},
+        )
+        if reason:
+            raise IntegrationConfigError(reason)
+        if kv_cache_dtype not in FP8MLABackend.supported_kv_cache_dtypes:
+            raise IntegrationConfigError(
+                f"fp8mla (vllm): --kv-cache-dtype {kv_cache_dtype} is not supported; use "
+                f"fp8, fp8_e4m3, fp8_e5m2 or auto"
+            )
+        self._fp8_dtype = _KV_DTYPES.get(kv_cache_dtype)
+        # fp8mla reads bf16/fp16 queries against the FP8 cache (no FP8 query path).
+        self.supports_quant_query_input = False
+        self._backend = kernel_backend()
+        self._wrappers: dict[torch.device, BatchMLAPagedAttentionWrapper] = {}
+
+    def _wrapper(self, device: torch.device) -> BatchMLAPagedAttentionWrapper:
+        w = self._wrappers.get(device)
+        if w is None:
+            ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+            w = BatchMLAPagedAttentionWrapper(ws, backend=self._backend)
+            self._wrappers[device] = w
+        return w
+
+    def _plan(self, decode: FP8MLADecodeMetadata, q_dtype, kv_cache: torch.Tensor):
+        key = (self.num_heads, float(self.scale), q_dtype, kv_cache.dtype, kv_cache.shape[1])
+        if decode.planned is not None and decode.planned[1] == key:
+            return decode.planned[0]
+        wrapper = self._wrapper(kv_cache.device)
+        qo_indptr, kv_indptr, kv_indices, kv_len = decode_plan_args(
+            decode.block_table,
+            decode.seq_lens,
+            decode.query_start_loc_cpu,
+            decode.max_seq_len,
+            kv_cache.shape[1],
+        )
+        wrapper.plan(
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            kv_len,
+            self.num_heads,
+            HEAD_DIM_CKV,
+            HEAD_DIM_KPE,
+            kv_cache.shape[1],
+            decode.causal,
+            float(self.scale),
+            q_dtype,
+            kv_cache.dtype,
+        )
+        decode.planned = (wrapper, key)
+        return wrapper
+
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: MLACommonMetadata,
+        layer,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        decode = attn_metadata.decode
+        if not isinstance(decode, FP8MLADecodeMetadata):
+            raise ValueError(
+                f"expected FP8MLADecodeMetadata from FP8MLAMetadataBuilder, got "
+                f"{type(decode).__name__}"
+            )
+        if isinstance(q, tuple):
+            q_nope, q_pe = q
+        else:
+            q_nope, q_pe = q[..., :HEAD_DIM_CKV], q[..., HEAD_DIM_CKV:]
+        cache = kv_c_and_k_pe_cache
+        scale = None
+        if self._fp8_dtype is not None:
+            cache = cache.view(torch.uint8).view(self._fp8_dtype)
+            scale = layer._k_scale
+        wrapper = self._plan(decode, q_nope.dtype, cache)
+        out = wrapper.run(
+            q_nope,
+            q_pe,
+            cache[..., :HEAD_DIM_CKV],
+            cache[..., HEAD_DIM_CKV:],
+            ckv_scale=scale,
+            kpe_scale=scale,
+        )
+        return out, None

@@ -1,0 +1,1 @@
+"""Engine integration tests (SGLang, vLLM); a package so its conftest does not shadow tests/conftest.py."""
