@@ -11,7 +11,6 @@ case ``SGLANG_DECODE_B<b>_H<h>_L<l>_float8_e4m3fn`` and impls ``fp8mla`` / ``sgl
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time

@@ -19,12 +19,12 @@ import sys
 
 import torch
 
+from fp8mla.attention.config import KernelConfig
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs, random_pool
 from fp8mla.bench.measure import Timing, flops, kv_bytes, time_cuda, time_graph
 from fp8mla.bench.runner import placements, reference_subset
-from fp8mla.attention.config import KernelConfig
 from fp8mla.testing import rel_err
 
 
@@ -124,6 +124,8 @@ WGMMA = [  # round 7: the Gluon kernel against the best Triton tiles, FP8 KV
         (8, 16, 32),
     ),
 ]
+
+
 def few(rows: int, cvt: str) -> KernelConfig:
     return KernelConfig(16 if rows <= 16 else 32, 64, 4, 1, variant="fewrows", fp8_cvt=cvt)
 

@@ -23,15 +23,26 @@ _LAZY = {
     "mla_reference": "fp8mla.reference",
 }
 
-_SUBMODULES = ("attention", "reference", "testing", "cache", "formats", "doctor", "scan", "gap", "bench", "demo")
+_SUBMODULES = (
+    "attention",
+    "reference",
+    "testing",
+    "cache",
+    "formats",
+    "doctor",
+    "scan",
+    "gap",
+    "bench",
+    "demo",
+)
 
 __all__ = ["__version__", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fp8mla.cache import MLAKVCache, PoolExhaustedError  # noqa: F401
     from fp8mla.attention.functional import mla_decode  # noqa: F401
-    from fp8mla.reference import mla_reference  # noqa: F401
     from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper  # noqa: F401
+    from fp8mla.cache import MLAKVCache, PoolExhaustedError  # noqa: F401
+    from fp8mla.reference import mla_reference  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -296,9 +296,11 @@ def _table_choices() -> list[tuple[KernelConfig, torch.dtype]]:
 @pytest.mark.parametrize(
     "cfg, kv_dtype",
     _table_choices(),
-    ids=lambda v: f"{v.variant}-{v.block_m}x{v.block_n}w{v.num_warps}s{v.num_stages}"
-    if isinstance(v, KernelConfig)
-    else str(v).removeprefix("torch."),
+    ids=lambda v: (
+        f"{v.variant}-{v.block_m}x{v.block_n}w{v.num_warps}s{v.num_stages}"
+        if isinstance(v, KernelConfig)
+        else str(v).removeprefix("torch.")
+    ),
 )
 def test_every_table_choice_runs_here(cfg, kv_dtype):
     """Tiles chosen for other GPUs (compiled only there in CI) run on this one against float64."""

@@ -128,9 +128,7 @@ def test_debug_check_names_request_and_id(device, via, monkeypatch):
     if via == "environment":
         monkeypatch.setenv("FP8MLA_DEBUG", "1")
     b = make_batch([10, 20], 16, page_size=1, device=device, generator=gen(32))
-    w = BatchMLAPagedAttentionWrapper(
-        workspace(device), backend="triton", debug=via == "argument"
-    )
+    w = BatchMLAPagedAttentionWrapper(workspace(device), backend="triton", debug=via == "argument")
     w.plan(*b.plan_args(), 16, 512, 64, 1, False, SM_SCALE, torch.bfloat16, b.ckv.dtype)
     w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, **b.scale_kwargs())  # valid: no error
     b.kv_indices[15] = 99_999
@@ -166,7 +164,9 @@ def test_scales_accept_numpy_and_refuse_non_finite(device, backend):
         w.run(*args, kpe_scale=torch.tensor(math.inf))
     with pytest.raises(ValueError, match="as a float or a tensor, got str"):
         w.run(*args, ckv_scale="1.0")
-    with pytest.raises(ValueError, match="on .* \\(or as a CPU tensor or a float\\), got a tensor on meta"):
+    with pytest.raises(
+        ValueError, match="on .* \\(or as a CPU tensor or a float\\), got a tensor on meta"
+    ):
         w.run(*args, ckv_scale=torch.ones(1, device="meta"))
 
 

@@ -26,7 +26,9 @@ from integrations.engines_path import ENGINES, HERE, UNREACHABLE
 
 collect_ignore: list[str] = []
 if UNREACHABLE.is_file():
-    collect_ignore = [p.name for p in HERE.glob("test_*.py") if p.name != "test_engines_installed.py"]
+    collect_ignore = [
+        p.name for p in HERE.glob("test_*.py") if p.name != "test_engines_installed.py"
+    ]
 elif ENGINES.is_dir() and str(ENGINES) not in sys.path:
     sys.path.append(str(ENGINES))
 

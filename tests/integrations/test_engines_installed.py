@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata as md
 
 import pytest
+
 from integrations.engines_path import ENGINES, UNREACHABLE
 
 

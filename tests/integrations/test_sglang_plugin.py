@@ -101,12 +101,26 @@ def test_server_args_accepted():
         (dict(dtype="float32"), "--dtype"),
         (dict(page_size=256), "--page-size"),
         (dict(dcp_size=2), "--dcp-size"),
-        (dict(speculative_algorithm="EAGLE", speculative_eagle_topk=4,
-              speculative_draft_attention_backend="triton"), "--speculative-eagle-topk"),  # fmt: skip
-        (dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1),
-         "--speculative-draft-attention-backend"),  # fmt: skip
-        (dict(attention_backend="triton", decode_attention_backend="fp8mla",
-              kv_cache_dtype="fp4_e2m1"), "--kv-cache-dtype"),  # fmt: skip
+        (
+            dict(
+                speculative_algorithm="EAGLE",
+                speculative_eagle_topk=4,
+                speculative_draft_attention_backend="triton",
+            ),
+            "--speculative-eagle-topk",
+        ),  # fmt: skip
+        (
+            dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1),
+            "--speculative-draft-attention-backend",
+        ),  # fmt: skip
+        (
+            dict(
+                attention_backend="triton",
+                decode_attention_backend="fp8mla",
+                kv_cache_dtype="fp4_e2m1",
+            ),
+            "--kv-cache-dtype",
+        ),  # fmt: skip
     ],
 )
 def test_server_args_refused_in_one_line(bad, option):

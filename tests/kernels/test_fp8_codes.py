@@ -48,8 +48,8 @@ def test_kernel_conversions_on_gpu(dtype, mode):
     import triton
     import triton.language as tl
 
-    from fp8mla.kernels.mla_tiles import _fp8_bytes_to_f16
     from fp8mla.attention.launch import fp8_conversion
+    from fp8mla.kernels.mla_tiles import _fp8_bytes_to_f16
 
     @triton.jit
     def convert(src, dst, FP8_CVT: tl.constexpr):

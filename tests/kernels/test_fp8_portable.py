@@ -8,10 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
-from fp8mla.kernels.mla_tiles import _fp8_bytes_to_f16
 from fp8mla.attention.launch import fp8_conversion
 from fp8mla.attention.planner import KernelConfig
 from fp8mla.attention.targets import TARGETS
+from fp8mla.kernels.mla_tiles import _fp8_bytes_to_f16
 from fp8mla.testing import make_batch
 
 from attention_utils import assert_matches_reference, run_wrapper

@@ -61,8 +61,12 @@ class PlanState:
         if not isinstance(ckv, torch.Tensor) or ckv.dim() != 3:
             check_tensor("ckv_cache", ckv, ndim=3)
         pages = ckv.shape[0]
-        _fast_check("ckv_cache", ckv, (pages, self.page_size, self.head_dim_ckv), self.kv_dtype, dev)
-        _fast_check("kpe_cache", kpe, (pages, self.page_size, self.head_dim_kpe), self.kv_dtype, dev)
+        _fast_check(
+            "ckv_cache", ckv, (pages, self.page_size, self.head_dim_ckv), self.kv_dtype, dev
+        )
+        _fast_check(
+            "kpe_cache", kpe, (pages, self.page_size, self.head_dim_kpe), self.kv_dtype, dev
+        )
         if self.max_page is not None and self.max_page >= pages:
             raise ValueError(
                 f"expected page ids in [0, {pages}) for a cache of {pages} pages, got page id "

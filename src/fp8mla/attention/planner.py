@@ -185,9 +185,7 @@ def choose_config(
 def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[KernelConfig]:
     """Every config :func:`choose_config` can pick for ``target`` and ``kv_dtype``, with and
     without a RoPE part (what the compile matrix builds)."""
-    out = [
-        choose_config(rows, kv_dtype, target, kpe) for kpe in (64, 0) for rows in SELECTION_ROWS
-    ]
+    out = [choose_config(rows, kv_dtype, target, kpe) for kpe in (64, 0) for rows in SELECTION_ROWS]
     return list(dict.fromkeys(out))
 
 
@@ -271,7 +269,9 @@ def make_launch_plan(
             config, target or MEASURED, kv_dtype, rows, head_dim_kpe
         )
         if why is not None:
-            raise ValueError(f"expected a kernel config that serves this batch, got {config.variant} ({why})")
+            raise ValueError(
+                f"expected a kernel config that serves this batch, got {config.variant} ({why})"
+            )
     m_tiles = max(1, -(-rows // config.block_m))
     if num_splits is None:
         num_splits = choose_splits(

@@ -194,7 +194,8 @@ class BatchMLAPagedAttentionWrapper:
                 max_kv_len=None if self._use_cuda_graph else state.max_kv_len,
                 sms=device_sm_count(self.device),
                 max_splits_by_workspace=max(
-                    1, split_capacity(self._workspace, 1, state.head_dim_ckv)
+                    1,
+                    split_capacity(self._workspace, 1, state.head_dim_ckv)
                     // max(1, state.total_tokens * state.num_heads),
                 ),
                 target=target,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from fp8mla.bench.inputs import BenchInputs
 from fp8mla.attention.functional import shared_workspace
 from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
+from fp8mla.bench.inputs import BenchInputs
 
 SM_SCALE = 1 / math.sqrt(192)
 WORKSPACE_BYTES = 256 << 20
@@ -328,7 +328,9 @@ def flashinfer_wrapper(
             pool.dtype,
         )
     except Exception as exc:  # noqa: BLE001 - FlashInfer refuses what it does not support
-        raise Unavailable(f"flashinfer refused the plan ({str(exc).splitlines()[0][:100]})") from exc
+        raise Unavailable(
+            f"flashinfer refused the plan ({str(exc).splitlines()[0][:100]})"
+        ) from exc
     ckv, kpe = inp.paged(pool)
     out = torch.empty_like(inp.q_nope)
     kw = {}

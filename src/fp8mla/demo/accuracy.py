@@ -18,10 +18,10 @@ __all__ = ["check_attention"]
 
 def check_attention(model: DecodeModel) -> AttentionCheck:
     """Layer 0's attention for random queries, fp8mla vs ``fp8mla.reference`` in float64."""
+    from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
     from fp8mla.reference import mla_reference
     from fp8mla.runtime import interpreted
     from fp8mla.testing import rel_err
-    from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
 
     cfg, dev = model.cfg, model.device
     if dev.type == "cuda":

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import torch
 
+from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
 from fp8mla.cache import MLAKVCache
 from fp8mla.demo import strategies as S
 from fp8mla.demo.config import DemoConfig
-from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
 
 D_CKV, D_KPE = 512, 64
 

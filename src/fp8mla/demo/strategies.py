@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from fp8mla.cache import MLAKVCache
 from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
+from fp8mla.cache import MLAKVCache
 
 STRATEGIES = ("full-pool cast", "gather-then-cast", "fp8mla direct")
 

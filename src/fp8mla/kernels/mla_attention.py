@@ -41,11 +41,11 @@ from fp8mla.kernels.mla_tiles import (
     _nan_if,
     _online_softmax,
     _out_factor,
-    _safe_pages,
-    _scan_pages,
     _program_kv,
     _program_setup,
     _query_rows,
+    _safe_pages,
+    _scan_pages,
 )
 
 # Values that change between calls of one plan are not specialized on (a direct launch of the

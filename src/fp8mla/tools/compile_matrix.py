@@ -48,6 +48,7 @@ CVT_NAMES = {
 MERGE = "fp8mla.kernels.merge:_mla_merge_kernel"
 KV_WRITE = "fp8mla.kernels.kv_write:_kv_write_kernel"
 
+
 @dataclass(frozen=True)
 class Job:
     """One row of the matrix before it is built."""
@@ -176,8 +177,8 @@ def merge_jobs(target: Target) -> list[Job]:
 
 def kv_write_jobs(target: Target) -> list[Job]:
     """The fused KV write for every storage dtype and scale mode of ``MLAKVCache``."""
-    from fp8mla.formats import FP8_MAX, SCALE_GROUP
     from fp8mla.cache.kv_write import FP8_FIELDS, STORE_KIND
+    from fp8mla.formats import FP8_MAX, SCALE_GROUP
 
     jobs = []
     for kv in KV_DTYPES:

@@ -26,10 +26,10 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.runtime_context import get_parallel
 
+from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
 from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, is_fp8
 from fp8mla.integrations.common import IntegrationConfigError, check_mla_config, kernel_backend
 from fp8mla.integrations.sglang.batch import build_batch_plan
-from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
 
 WORKSPACE_BYTES = 128 << 20  # split-KV partials; shared by every wrapper of a backend
 HEAD_DIM = HEAD_DIM_CKV + HEAD_DIM_KPE
@@ -162,7 +162,9 @@ class FP8MLAAttnBackend(AttentionBackend):
         if wrapper is None:
             raise ValueError("expected init_forward_metadata() before forward, got no plan")
         if layer.logit_cap and layer.logit_cap > 0:
-            raise IntegrationConfigError("fp8mla (sglang): attention logit soft-capping is not supported")
+            raise IntegrationConfigError(
+                "fp8mla (sglang): attention logit soft-capping is not supported"
+            )
         h = layer.tp_q_head_num
         if q_rope is not None:
             q_nope = q.view(-1, h, layer.v_head_dim)

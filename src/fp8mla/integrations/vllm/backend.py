@@ -30,6 +30,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
 )
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, MultipleOf
 
+from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
 from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE
 from fp8mla.integrations.common import (
     MAX_PAGE_SIZE,
@@ -37,7 +38,6 @@ from fp8mla.integrations.common import (
     check_mla_config,
     kernel_backend,
 )
-from fp8mla.wrapper import BatchMLAPagedAttentionWrapper
 
 NAME = "FP8MLA"
 HEAD_SIZE = HEAD_DIM_CKV + HEAD_DIM_KPE

@@ -39,7 +39,11 @@ class _Absent:
 def _module(name: str) -> types.ModuleType:
     mod = types.ModuleType(name)
     mod.__path__ = []  # a package: submodules import
-    mod.__getattr__ = lambda attr: (_ for _ in ()).throw(AttributeError(attr)) if attr.startswith("__") else _Absent(f"{name}.{attr}")  # noqa: E501
+    mod.__getattr__ = lambda attr: (
+        (_ for _ in ()).throw(AttributeError(attr))
+        if attr.startswith("__")
+        else _Absent(f"{name}.{attr}")
+    )  # noqa: E501
     sys.modules[name] = mod
     return mod
 
