@@ -122,7 +122,7 @@ def _mla_attn_rows_kernel(
         )
     )  # fmt: skip
 
-    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE, BLOCK_N)
+    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE)
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_CKV], dtype=tl.float32)
@@ -261,7 +261,7 @@ def _mla_attn_vsplit_kernel(
             q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h, pe_factor, D_KPE, DOT_DTYPE
         )
 
-    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE, BLOCK_N)
+    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE)
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)

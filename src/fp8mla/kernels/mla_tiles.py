@@ -97,17 +97,20 @@ def _page_table(kv_indptr_ptr, kv_indices_ptr, b, num_indices):
     return kv_indices_ptr + base, n_entries
 
 
+SCAN_BLOCK = tl.constexpr(1024)  # page-table entries checked per step of the scan
+
+
 @triton.jit
-def _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE: tl.constexpr,
-                BLOCK_N: tl.constexpr):  # fmt: skip
+def _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE: tl.constexpr):
     """Whether any page-table entry the split ``[n_begin, n_end)`` reads is bad: past the
     request's own entries, or a page id outside ``[0, num_pages)``. One pass over the split's
     entries (4 bytes per page, beside 576+ bytes of KV per token) before the KV loop, whose
-    loads then only clamp their indices (:func:`_safe_pages`)."""
+    loads then only clamp their indices (:func:`_safe_pages`). ``SCAN_BLOCK`` entries a step:
+    each step waits for its loads (an unpipelined loop), so a split takes one or two steps."""
     e_end = tl.cdiv(n_end, PAGE_SIZE)
-    bad = tl.zeros([BLOCK_N], dtype=tl.int32)
-    for e0 in range(n_begin // PAGE_SIZE, e_end, BLOCK_N):
-        e = e0 + tl.arange(0, BLOCK_N)
+    bad = tl.zeros([SCAN_BLOCK], dtype=tl.int32)
+    for e0 in range(n_begin // PAGE_SIZE, e_end, SCAN_BLOCK):
+        e = e0 + tl.arange(0, SCAN_BLOCK)
         ok = e < e_end
         listed = ok & (e < n_entries)
         page = tl.load(page_base + e, mask=listed, other=0)
