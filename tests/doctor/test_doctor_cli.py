@@ -248,6 +248,9 @@ def test_package_locates_the_source(tmp_path, capsys, small, monkeypatch):
         (d / "__init__.py").write_text("")
     (backend / "flashinfer_mla_backend.py").write_text(BACKEND)
     monkeypatch.syspath_prepend(str(tmp_path))
+    # an installed SGLang (the engine tests import the real one) must not shadow this package
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
     code, out, _ = _run([small, "--json", "--package", "sglang"], capsys)
     finding = json.loads(out)["findings"][0]
     assert [line["line"] for line in finding["source_lines"]] == [4]

@@ -122,7 +122,6 @@ def _mla_attn_rows_kernel(
         )
     )  # fmt: skip
 
-    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE)
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_CKV], dtype=tl.float32)
@@ -163,6 +162,7 @@ def _mla_attn_rows_kernel(
         acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
 
     # -- epilogue: normalize, value scale, write out and LSE (NaN after a bad page entry) --
+    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE)
     inv_l = _nan_if(_out_factor(l_i, v_scale), bad)
     d = tl.arange(0, D_CKV)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h
@@ -261,7 +261,6 @@ def _mla_attn_vsplit_kernel(
             q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h, pe_factor, D_KPE, DOT_DTYPE
         )
 
-    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE)
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
@@ -292,6 +291,7 @@ def _mla_attn_vsplit_kernel(
         p, alpha, m_i, l_i = _online_softmax(s * qk_scale, m_i, l_i, visible, 1)
         acc = tl.dot(p.to(DOT_DTYPE), k_own, acc * alpha[:, None])
 
+    bad = _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE)
     inv_l = _nan_if(_out_factor(l_i, v_scale), bad)
     o_rows = o_ptr + split * stride_o_split + tok * stride_o_t + head * stride_o_h + c_own
     tl.store(

@@ -121,12 +121,11 @@ def _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE: tl.c
 @triton.jit
 def _safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE: tl.constexpr):
     """Page ids of the tokens at ``pos`` (where ``n_ok``), every index clamped into range: the
-    entry into the request's own, the page id into ``[0, num_pages)`` (an unsigned min, so a
-    negative id clamps too). A clamped token reads the wrong row, but the split's
+    entry into the request's own, the page id into ``[0, num_pages)``. A clamped token reads the wrong row, but the split's
     :func:`_scan_pages` has then made its output NaN; nothing outside the arrays is read."""
     entry = tl.minimum(pos // PAGE_SIZE, tl.maximum(n_entries - 1, 0))
-    page = tl.load(page_base + entry, mask=n_ok, other=0).to(tl.uint32)
-    return tl.minimum(page, (num_pages - 1).to(tl.uint32)).to(tl.int64)
+    page = tl.load(page_base + entry, mask=n_ok, other=0)
+    return tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
 
 
 @triton.jit
