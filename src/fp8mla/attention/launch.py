@@ -269,7 +269,7 @@ class AttentionLaunch:
         grid = (plan.m_tiles * self.variant.programs_per_tile, batch, plan.num_splits)
         self.kernel = KernelLauncher(self.variant.load(), grid, options)
         # the Gluon kernels point a bad page entry's token at a NaN row; the Triton kernels
-        # check their split's entries before the loop instead
+        # check their split's entries after the KV loop instead
         self.uses_nan_row = "nan_row_ckv" in self.kernel.names
         self.merge = None
         if self.split:

@@ -104,8 +104,9 @@ SCAN_BLOCK = tl.constexpr(1024)  # page-table entries checked per step of the sc
 def _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE: tl.constexpr):
     """Whether any page-table entry the split ``[n_begin, n_end)`` reads is bad: past the
     request's own entries, or a page id outside ``[0, num_pages)``. One pass over the split's
-    entries (4 bytes per page, beside 576+ bytes of KV per token) before the KV loop, whose
-    loads then only clamp their indices (:func:`_safe_pages`). ``SCAN_BLOCK`` entries a step:
+    entries (4 bytes per page, beside 576+ bytes of KV per token, hot in the L2) after the KV
+    loop, whose loads only clamp their indices (:func:`_safe_pages`); run before the loop it
+    made ptxas allocate SM80's 64-row FP8 tile 32 registers. ``SCAN_BLOCK`` entries a step:
     each step waits for its loads (an unpipelined loop), so a split takes one or two steps."""
     e_end = tl.cdiv(n_end, PAGE_SIZE)
     bad = tl.zeros([SCAN_BLOCK], dtype=tl.int32)
