@@ -95,7 +95,9 @@ class KernelLauncher:
     with ``key=None`` every launch takes Triton's own path (the interpreter, profiling hooks,
     arguments outside the fast specialization)."""
 
-    def __init__(self, fn: Any, grid: tuple[int, int, int], options: dict[str, int]) -> None:
+    def __init__(
+        self, fn: Any, grid: tuple[int, int, int], options: dict[str, int], device: int = 0
+    ) -> None:
         self.fn = fn
         self.grid = grid
         self.options = options
@@ -104,7 +106,7 @@ class KernelLauncher:
             p.name: p.default for p in getattr(fn, "params", ()) if getattr(p, "has_default", False)
         }
         self._compiled: dict[Hashable, Any] = {}
-        self._device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        self._device = device  # CUDA index whose current stream a direct launch uses
         self.direct_launches = 0  # launches that skipped Triton's path (for tests)
 
     def launch(self, args: dict[str, Any], key: Hashable | None) -> None:
@@ -136,22 +138,18 @@ class KernelLauncher:
         return True
 
 
-_NAN_ROWS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_NAN_ROWS: dict[torch.device, torch.Tensor] = {}
 NAN_ROW_ELEMENTS = 1024 + 16  # a NaN row wider than any cache row (576), and room to align it
 
 
-def nan_row(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """NaN values in ``dtype`` on ``device`` (``uint8``: the FP8 NaN code 0x7F of both formats,
-    as the Gluon kernels read FP8 bytes): the row a token whose page-table entry is bad reads
-    instead of the cache, so that nothing outside the cache is read and its rows turn NaN."""
-    key = (device, dtype)
-    row = _NAN_ROWS.get(key)
+def nan_row(device: torch.device) -> torch.Tensor:
+    """FP8 NaN codes (0x7F in both formats) as bytes on ``device``: the row a token whose
+    page-table entry is bad reads instead of the cache in the Gluon kernels (which read FP8
+    bytes), so that nothing outside the cache is read and its rows turn NaN."""
+    row = _NAN_ROWS.get(device)
     if row is None:
-        if dtype == torch.uint8:
-            row = torch.full((NAN_ROW_ELEMENTS,), 0x7F, dtype=dtype, device=device)
-        else:
-            row = torch.full((NAN_ROW_ELEMENTS,), float("nan"), device=device).to(dtype)
-        _NAN_ROWS[key] = row
+        row = torch.full((NAN_ROW_ELEMENTS,), 0x7F, dtype=torch.uint8, device=device)
+        _NAN_ROWS[device] = row
     return row
 
 
@@ -225,7 +223,6 @@ class AttentionLaunch:
         self.split = plan.num_splits > 1
         self.heads = heads
         self.d_kpe = head_dim_kpe
-        self.nan_row = nan_row(device, torch.uint8 if kv_dtype.itemsize == 1 else kv_dtype)
         self.partials = partials
         self.interpreted = interpreted
         self.fp8_cvt = fp8_conversion(kv_dtype, device, interpreted, cfg.fp8_cvt, target)
@@ -267,10 +264,13 @@ class AttentionLaunch:
         if not self.variant.gluon:
             options["num_stages"] = cfg.num_stages
         grid = (plan.m_tiles * self.variant.programs_per_tile, batch, plan.num_splits)
-        self.kernel = KernelLauncher(self.variant.load(), grid, options)
+        index = device.index if device.index is not None else 0
+        if device.type == "cuda" and device.index is None:
+            index = torch.cuda.current_device()
+        self.kernel = KernelLauncher(self.variant.load(), grid, options, index)
         # the Gluon kernels point a bad page entry's token at a NaN row; the Triton kernels
         # check their split's entries after the KV loop instead
-        self.uses_nan_row = "nan_row_ckv" in self.kernel.names
+        self.nan_row = nan_row(device) if "nan_row_ckv" in self.kernel.names else None
         self.merge = None
         if self.split:
             from fp8mla.kernels.merge import _mla_merge_kernel
@@ -290,7 +290,7 @@ class AttentionLaunch:
                 BLOCK_S=block_s,
             )
             merge_grid = (512 // MERGE_BLOCK_D, plan.rows_per_request, batch)
-            self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, {"num_warps": 4})
+            self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, {"num_warps": 4}, index)
 
     def __call__(
         self,
@@ -307,7 +307,6 @@ class AttentionLaunch:
         d_kpe = self.d_kpe
         if self.q_fp16 and q_nope.dtype == torch.bfloat16:
             q_nope = q_nope.to(torch.float16)  # contiguous [T, H, D]
-        nan = self.nan_row
         if self.fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointers
             ckv, kpe = ckv.view(torch.uint8), kpe.view(torch.uint8)
         q_pe = q_pe if d_kpe else q_nope
@@ -344,7 +343,8 @@ class AttentionLaunch:
             CKV_SCALE_PTR=ckv_ptr,
             KPE_SCALE_PTR=kpe_ptr,
         )
-        if self.uses_nan_row:
+        nan = self.nan_row
+        if nan is not None:
             args.update(nan_row_ckv=_nan_offset(ckv, nan), nan_row_kpe=_nan_offset(kpe, nan))
         if not self.split:
             write_lse = lse is not None
@@ -370,7 +370,7 @@ class AttentionLaunch:
                 args["stride_kpe_p"], args["stride_ckv_s"], args["stride_kpe_s"],
             ]  # fmt: skip
             wide = False
-            if self.uses_nan_row:
+            if nan is not None:
                 strides += [args["nan_row_ckv"], args["nan_row_kpe"]]
                 # Triton types an int argument i32 or i64 by its value: part of the key
                 wide = not all(-(2**31) <= args[n] < 2**31 for n in ("nan_row_ckv", "nan_row_kpe"))

@@ -106,7 +106,7 @@ class PlanState:
 
     def check_indices(self, num_pages: int) -> None:
         """Read the device index arrays back (a host sync: the opt-in debug check of
-        ``run()``) and raise on the first page entry the kernels would refuse, naming the
+        ``run()``, skipped while a CUDA graph is being captured) and raise on the first page entry the kernels would refuse, naming the
         request and the id."""
         b = self.num_requests
         kvp = self.kv_indptr[: b + 1].tolist()
@@ -185,10 +185,6 @@ def _scale(
     return value
 
 
-def _host_ints(name: str, t: torch.Tensor) -> list[int]:
-    return t.tolist() if t.device.type == "cpu" else t.cpu().tolist()
-
-
 def build_plan_state(
     qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor,
@@ -214,9 +210,9 @@ def build_plan_state(
     check_index("kv_len_arr", kv_len_arr, length=batch)
     check_index("kv_indices", kv_indices)
 
-    qo = _host_ints("qo_indptr", qo_indptr)
-    kvp = _host_ints("kv_indptr", kv_indptr)
-    kl = _host_ints("kv_len_arr", kv_len_arr)
+    qo = qo_indptr.tolist()
+    kvp = kv_indptr.tolist()
+    kl = kv_len_arr.tolist()
     if qo[0] != 0 or kvp[0] != 0:
         raise ValueError(f"expected qo_indptr[0] == kv_indptr[0] == 0, got {qo[0]} and {kvp[0]}")
     nnz = kvp[-1]

@@ -62,7 +62,8 @@ class BatchMLAPagedAttentionWrapper:
             (the float32 PyTorch reference: the CPU fallback), or ``"auto"`` (Triton on CUDA).
         debug: check at every ``run()`` that the page-table entries the kernels will read are
             in range (a host sync), raising ``ValueError`` naming the request and the page id.
-            Also on with the environment variable ``FP8MLA_DEBUG=1``. Without it, an
+            Also on with the environment variable ``FP8MLA_DEBUG=1``; not inside CUDA-graph
+            capture, which cannot read back. Without it, an
             out-of-range id is never read and makes that request's output NaN.
 
     Example:
@@ -335,13 +336,17 @@ class BatchMLAPagedAttentionWrapper:
             lse = torch.empty(
                 st.total_tokens, st.num_heads, dtype=torch.float32, device=self.device
             )
-        if self._debug:
+        if self._debug and not _capturing(self.device):  # a capture cannot read back
             st.check_indices(ckv_cache.shape[0])
         if self._launch is None:
             _run_reference(st, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
         elif st.total_tokens and st.batch:
             self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
         return (out, lse) if return_lse else out
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 _SIGNATURE_NAMES = (
