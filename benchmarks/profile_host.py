@@ -1,37 +1,150 @@
-"""Where the host time of eager ``run()`` goes (GPU): cProfile over back-to-back calls of the
-1 × 32 × 4096 FP8 decode, the HOST case of ``fp8mla bench``."""
+"""Where the host time of eager ``run()`` goes (GPU), on the HOST case of ``fp8mla bench``
+(1 × 32 × 4096 FP8 decode): the whole call, then each layer under it down to the bare
+launches, beside the machine's own launch floors (an empty Triton kernel, a tiny torch op),
+and a cProfile of the whole call. Every row is host time per call over back-to-back calls,
+read before synchronizing.
+
+    python benchmarks/profile_host.py [--calls 200] [--cprofile]
+"""
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import pstats
 import time
+from collections.abc import Callable
 
 import torch
+import triton
 
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import HOST_CASE
 from fp8mla.bench.inputs import build_inputs
 
 
-def main() -> int:
-    inp = build_inputs(HOST_CASE, torch.device("cuda"))
-    run = I.fp8mla_direct(inp)
+@triton.jit
+def _empty(x_ptr):
+    pass
+
+
+@triton.jit
+def _empty45(
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9,
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9,
+    e0, e1, e2, e3, e4,
+):  # fmt: skip
+    pass
+
+
+def per_call(fn: Callable[[], object], calls: int) -> float:
+    """Median over 5 rounds of host µs per call of ``calls`` back-to-back calls."""
     for _ in range(20):
-        run()
+        fn()
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(200):
-        run()
-    print(f"{(time.perf_counter() - start) / 200 * 1e6:.1f} us per eager run()")
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return sorted(samples)[2]
+
+
+def _direct(launcher, args: dict) -> Callable[[], None]:
+    """A bare call of the compiled kernel a launcher cached, with the arguments ordered once."""
+    (kernel,) = launcher._compiled.values()
+    ordered = [args[n] if n in args else launcher.defaults[n] for n in launcher.names]
+    g0, g1, g2 = launcher.grid
+    stream = torch.cuda.current_stream().cuda_stream
+    fn = kernel.function
+    meta = kernel.packed_metadata
+    run = kernel.run
+    return lambda: run(g0, g1, g2, stream, fn, meta, None, None, None, *ordered)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--cprofile", action="store_true")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    inp = build_inputs(HOST_CASE, dev)
+    run = I.fp8mla_direct(inp)
+    run()
     torch.cuda.synchronize()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(200):
-        run()
-    prof.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    w = run.__closure__  # the wrapper inside the bench runner
+    wrapper = next(c.cell_contents for c in w if hasattr(c.cell_contents, "_plan"))
+    launch = wrapper._launch
+    ckv, kpe = inp.paged()
+    out = torch.empty_like(inp.q_nope)
+    s = inp.scale
+    st = wrapper._plan
+    rows: list[tuple[str, float]] = []
+
+    def add(name: str, fn: Callable[[], object]) -> None:
+        rows.append((name, per_call(fn, args.calls)))
+        print(f"{name:<52} {rows[-1][1]:8.1f} us", flush=True)
+
+    add("wrapper.run() (bench HOST case)", run)
+    add("  check_run (validation, scales)", lambda: st.check_run(
+        inp.q_nope, inp.q_pe, ckv, kpe, s, s, None))  # fmt: skip
+    scales = st.check_run(inp.q_nope, inp.q_pe, ckv, kpe, s, s, None)
+    add("  AttentionLaunch.__call__ (args + 2 launches)", lambda: launch(
+        inp.q_nope, inp.q_pe, ckv, kpe, out, None, scales))  # fmt: skip
+    # capture the argument dicts the launch builds, to time the bare compiled kernels
+    seen: dict[str, dict] = {}
+    for name, kl in (("attention", launch.kernel), ("merge", launch.merge)):
+        if kl is None:
+            continue
+        orig = kl.launch
+
+        def spy(a, key, _n=name, _o=orig):
+            seen[_n] = (a, key)
+            _o(a, key)
+
+        kl.launch = spy
+    launch(inp.q_nope, inp.q_pe, ckv, kpe, out, None, scales)
+    for name, kl in (("attention", launch.kernel), ("merge", launch.merge)):
+        if kl is None:
+            continue
+        del kl.launch
+        a, key = seen[name]
+        add(f"    {name}: KernelLauncher.launch (key {key is not None})", lambda kl=kl, a=a, k=key:
+            kl.launch(a, k))  # fmt: skip
+        if kl._compiled:
+            (k,) = kl._compiled.values()
+            md = k.metadata
+            print(f"      {name}: {len(kl.names)} args, global_scratch "
+                  f"{getattr(md, 'global_scratch_size', '?')} B, profile_scratch "
+                  f"{getattr(md, 'profile_scratch_size', '?')} B, grid {kl.grid}")  # fmt: skip
+            add(f"    {name}: compiled kernel .run() alone", _direct(kl, a))
+    x = torch.zeros(16, device=dev)
+    add("floor: torch x.add_(1)", lambda: x.add_(1))
+    add("floor: torch.empty(32*512 bf16)", lambda: torch.empty(32, 512, dtype=torch.bfloat16,
+                                                                device=dev))  # fmt: skip
+    _empty[(1,)](x)
+    add("floor: empty Triton kernel, 1 arg, Triton path", lambda: _empty[(1,)](x))
+    k1 = _empty[(1,)](x)
+    stream = torch.cuda.current_stream().cuda_stream
+    add("floor: empty Triton kernel, 1 arg, .run()", lambda: k1.run(
+        1, 1, 1, stream, k1.function, k1.packed_metadata, None, None, None, x))  # fmt: skip
+    a45 = [x] * 10 + [7] * 35
+    k45 = _empty45[(1,)](*a45)
+    add("floor: empty Triton kernel, 10 ptr + 35 int, .run()", lambda: k45.run(
+        1, 1, 1, stream, k45.function, k45.packed_metadata, None, None, None, *a45))  # fmt: skip
+    if args.cprofile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.calls):
+            run()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(16)
+    print("\nhost us per call")
+    for name, us in rows:
+        print(f"{name:<52} {us:8.1f}")
     return 0
 
 
