@@ -42,11 +42,30 @@ def runner(inp, triton_tiles: bool):
     return I.fp8mla_direct(inp, **kw)
 
 
+def kernel_times(run, calls: int = 20) -> dict[str, float]:
+    """Device µs per call of each kernel ``run`` launches (torch profiler, eager calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0))
+        if us > 0 and e.count >= calls:
+            out[e.key[:48]] = round(us / calls, 2)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--label", required=True)
     ap.add_argument("--json", required=True)
     ap.add_argument("--triton-tiles", action="store_true")
+    ap.add_argument("--kernels", action="store_true", help="also each kernel's device time")
     args = ap.parse_args()
     dev = torch.device("cuda")
     pools: dict[torch.dtype, torch.Tensor] = {}
@@ -68,6 +87,8 @@ def main() -> int:
             t = Timing(g.us_median / len(runs), g.us_p20 / len(runs), g.us_p80 / len(runs))
         rows.append(dict(label=args.label, case=case.name, us=round(t.us_median, 2),
                          p20=round(t.us_p20, 2), p80=round(t.us_p80, 2)))  # fmt: skip
+        if args.kernels:
+            rows[-1]["kernels"] = kernel_times(runs[0])
         print(json.dumps(rows[-1]), flush=True)
         del runs, inputs
     with open(args.json, "w") as f:

@@ -338,3 +338,24 @@ def test_direct_launch_matches_tritons_path(heads, qo_len):
         out, lse = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, return_lse=True, **b.scale_kwargs())
         assert_matches_reference(b, out, lse, causal=qo_len > 1)
     assert w._launch.kernel.direct_launches >= 2, "the direct path never engaged"
+    # new tensors on every call: a pool with a wider row (other strides), queries and an output
+    # elsewhere, LSE or not, the scale as a float or a device tensor
+    for step, (lse_wanted, tensor_scale) in enumerate(
+        [(False, True), (True, False), (False, False)]
+    ):
+        fresh = make_batch([5, 700, 64], heads, qo_lens=qo_len, page_size=1, device="cuda",
+                           fill_unused_nan=False, generator=gen(40 + step))  # fmt: skip
+        wide = torch.zeros(b.pool.shape[0], 1, 576 + 16 * (step + 1), dtype=b.pool.dtype,
+                           device="cuda")  # fmt: skip
+        wide[..., :576] = fresh.pool
+        b.pool, b.ckv = wide, wide[..., :512]
+        b.kpe = wide[..., 512:576]
+        b.q_nope, b.q_pe = fresh.q_nope.clone(), fresh.q_pe.clone()
+        kw = b.scale_kwargs()
+        if tensor_scale and "ckv_scale" in kw:
+            kw["ckv_scale"] = torch.tensor([kw["ckv_scale"]], device="cuda")
+        out = torch.full_like(b.q_nope, float("nan"))
+        res = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out, return_lse=lse_wanted, **kw)
+        out_, lse_ = res if lse_wanted else (res, None)
+        assert out_ is out
+        assert_matches_reference(b, out_, lse_, causal=qo_len > 1)

@@ -4,6 +4,7 @@ in parameter order, constexpr defaults included; anything else takes Triton's ow
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fp8mla.attention import launch as L
@@ -79,3 +80,121 @@ def test_specialization_checks():
     assert not L._strides16(16, 8)
     assert not L._strides16(0, 16)  # 0 is not divisible in Triton's sense
     assert not L._strides16(1)
+
+
+class _Recorder:
+    """Stands in for a compiled kernel and its JITFunction: Triton-path launches record their
+    arguments by name, direct launches by position."""
+
+    packed_metadata = "meta"
+    function = "fn"
+
+    def __init__(self):
+        self.by_name = []
+        self.positional = []
+
+    def __getitem__(self, grid):
+        def launch(**kw):
+            self.by_name.append(kw)
+            return self
+
+        return launch
+
+    def run(self, *args):
+        self.positional.append(list(args[9:]))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a.data_ptr() == b.data_ptr()  # the Triton path passes byte views of FP8 caches
+    return a == b and type(a) is type(b)
+
+
+@pytest.mark.parametrize("variant, splits", [("rows", 1), ("rows", 4), ("fewrows", 8)])
+def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
+    """A direct launch passes, position by position, what Triton's path binds by name, for
+    calls that change every run()-time input: pool, queries, output, LSE, scales' kinds."""
+    from fp8mla.attention.config import LaunchPlan
+    from fp8mla.attention.planner import tile_for_variant
+    from fp8mla.attention.targets import TARGETS
+    from fp8mla.formats import Scales
+
+    monkeypatch.setattr(L, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
+    heads, fp8 = 16, torch.float8_e4m3fn
+    cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
+    plan = LaunchPlan(cfg, 1, splits)
+    i32 = dict(dtype=torch.int32)
+    idx = (torch.tensor([0, 1, 2], **i32), torch.tensor([0, 5, 9], **i32),
+           torch.arange(9, **i32), torch.tensor([5, 4], **i32))  # fmt: skip
+    partials = None
+    if splits > 1:
+        partials = (torch.zeros(splits, 2 * heads, 512), torch.zeros(splits, 2 * heads))
+    launch = L.AttentionLaunch(
+        plan, batch=2, heads=heads, head_dim_kpe=64, page_size=2, causal=False,
+        sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,
+        device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
+    )  # fmt: skip
+    kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
+    recorders = []
+    for k in kernels:
+        k.fn = _Recorder()
+        recorders.append(k.fn)
+
+    def make(pool_slots, lse, scale):
+        pool = torch.zeros(pool_slots, 2, 576, dtype=torch.uint8).view(fp8)
+        q = torch.zeros(2, heads, 576, dtype=torch.bfloat16)
+        out = torch.empty(2, heads, 512, dtype=torch.bfloat16)
+        lse_t = torch.empty(2, heads) if lse else None
+        return (q[..., :512], q[..., 512:], pool[..., :512], pool[..., 512:], out, lse_t,
+                Scales(ckv=scale, kpe=scale))  # fmt: skip
+
+    inputs = [make(16, False, 0.5), make(32, True, torch.full((1,), 2.0)), make(48, False, 0.25)]
+    for x in inputs + inputs:  # the first of each specialization compiles, later ones go direct
+        launch(*x)
+    direct = [rec.positional for rec in recorders]
+    for launcher, rec in zip(kernels, recorders):
+        assert launcher.direct_launches == 4 and len(rec.by_name) == 2
+        launcher._compiled.clear()
+        rec.by_name.clear()
+    # the four direct launches' calls again, through Triton's path alone
+    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: False))
+    for x in inputs[2:] + inputs:
+        launch(*x)
+    for x, named in zip(inputs[2:] + inputs, recorders[0].by_name):
+        assert (
+            _expected_call_args(x, split=splits > 1).items()
+            <= {
+                k: (v.data_ptr() if isinstance(v, torch.Tensor) else v) for k, v in named.items()
+            }.items()
+        )
+    for launcher, rec, positional in zip(kernels, recorders, direct):
+        assert len(positional) == len(rec.by_name) == 4
+        for pos, named in zip(positional, rec.by_name):
+            expect = [named.get(n, launcher.defaults.get(n)) for n in launcher.names]
+            bad = [n for n, a, b in zip(launcher.names, pos, expect) if not _same(a, b)]
+            assert not bad, f"{variant}: direct launch differs in {bad}"
+
+
+def _expected_call_args(x, split: bool) -> dict:
+    """What the attention kernel must receive from one run(), derived from its inputs alone
+    (tensors as data pointers)."""
+    qn, qp, ckv, kpe, out, lse, sc = x
+    cs_ptr = isinstance(sc.ckv, torch.Tensor)
+    want = dict(
+        q_nope_ptr=qn.data_ptr(), q_pe_ptr=qp.data_ptr(), ckv_ptr=ckv.data_ptr(),
+        kpe_ptr=kpe.data_ptr(), stride_qn_t=qn.stride(0), stride_qn_h=qn.stride(1),
+        stride_qp_t=qp.stride(0), stride_qp_h=qp.stride(1), stride_ckv_p=ckv.stride(0),
+        stride_ckv_s=ckv.stride(1), stride_kpe_p=kpe.stride(0), stride_kpe_s=kpe.stride(1),
+        num_pages=ckv.shape[0], num_tokens=qn.shape[0], PAGE_SIZE=ckv.shape[1],
+        CKV_SCALE_PTR=cs_ptr, KPE_SCALE_PTR=cs_ptr, TOKEN_GROUP=False,
+        ckv_scale_val=1.0 if cs_ptr else sc.ckv, kpe_scale_val=1.0 if cs_ptr else sc.kpe,
+    )  # fmt: skip
+    if cs_ptr:
+        want.update(ckv_scale_ptr=sc.ckv.data_ptr(), kpe_scale_ptr=sc.kpe.data_ptr())
+    if not split:
+        want.update(o_ptr=out.data_ptr(), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
+                    WRITE_LSE=lse is not None)  # fmt: skip
+        if lse is not None:
+            want.update(lse_ptr=lse.data_ptr(), stride_lse_t=lse.stride(0))
+    return want

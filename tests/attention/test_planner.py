@@ -298,3 +298,19 @@ def test_current_target_asks_torch(monkeypatch, request):
     targets_mod._device_target.cache_clear()
     with pytest.raises(ValueError, match="expected a CUDA/ROCm device"):
         current_target("cpu")
+
+
+def test_register_cap_keeps_the_programs_per_sm_the_split_count_counts_on():
+    # 8 warps, two programs per SM: 65,536 / (2 × 256) registers each
+    assert KernelConfig(16, 64, 8, 1, occupancy=2).max_registers() == 128
+    assert KernelConfig(16, 64, 8, 1, occupancy=3).max_registers() == 80
+    # one program per SM, or a cap at the hardware's 255 anyway: nothing to tell ptxas
+    assert KernelConfig(16, 64, 8, 1).max_registers() is None
+    assert KernelConfig(16, 64, 4, 2, occupancy=2).max_registers() is None
+    fields = ("few_fp8", "few_16bit", "many_fp8", "many_16bit", "wide_fp8", "wide_16bit")
+    for table in TABLES.values():
+        for cfg in filter(None, (getattr(t, f) for t in table.chain() for f in fields)):
+            cap = cfg.max_registers()
+            assert cap is None or (
+                cap % 8 == 0 and cap * cfg.num_warps * 32 * cfg.occupancy <= 65536
+            )

@@ -110,19 +110,27 @@ class KernelLauncher:
         self.direct_launches = 0  # launches that skipped Triton's path (for tests)
 
     def launch(self, args: dict[str, Any], key: Hashable | None) -> None:
-        if key is not None and self._direct_ok():
-            kernel = self._compiled.get(key)
-            if kernel is not None:
-                ordered = [args[n] if n in args else self.defaults[n] for n in self.names]
-                stream = _current_stream(self._device)
-                g0, g1, g2 = self.grid
-                kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata,
-                           None, None, None, *ordered)  # fmt: skip
-                self.direct_launches += 1
-                return
+        """A launch through Triton's path (binding and specializing ``args`` by name); with a
+        ``key``, later :meth:`launch_direct` calls of that key reuse its compiled kernel."""
+        if key is not None and self.launch_direct(
+            [args[n] if n in args else self.defaults[n] for n in self.names], key
+        ):
+            return
         kernel = self.fn[self.grid](**args, **self.options)
         if key is not None and kernel is not None and hasattr(kernel, "packed_metadata"):
             self._compiled[key] = kernel
+
+    def launch_direct(self, ordered: list[Any], key: Hashable) -> bool:
+        """Call the kernel compiled for ``key`` with every argument in parameter order;
+        False (nothing launched) when there is none yet or a profiler hooks launches."""
+        kernel = self._compiled.get(key)
+        if kernel is None or not self._direct_ok():
+            return False
+        g0, g1, g2 = self.grid
+        kernel.run(g0, g1, g2, _current_stream(self._device), kernel.function,
+                   kernel.packed_metadata, None, None, None, *ordered)  # fmt: skip
+        self.direct_launches += 1
+        return True
 
     @staticmethod
     def _direct_ok() -> bool:
@@ -162,11 +170,52 @@ def _nan_offset(base: torch.Tensor, nan: torch.Tensor) -> int:
     return (nan.data_ptr() - base.data_ptr()) // es + start
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _current_stream(device: int) -> int:
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device)
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device)
     return torch.cuda.current_stream(device).cuda_stream
+
+
+# The arguments each run() supplies, in the order AttentionLaunch.__call__ lists their values;
+# every other parameter of an attention kernel is fixed at plan() or left to its default.
+CALL_ARGS = (
+    "q_nope_ptr", "q_pe_ptr", "ckv_ptr", "kpe_ptr", "scale_arr_ptr", "ckv_scale_ptr",
+    "kpe_scale_ptr", "stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_ckv_p",
+    "stride_ckv_s", "stride_kpe_p", "stride_kpe_s", "stride_sa_p", "stride_sa_s", "num_pages",
+    "ckv_scale_val", "kpe_scale_val", "TOKEN_GROUP", "CKV_SCALE_PTR", "KPE_SCALE_PTR",
+    "num_tokens",
+)  # fmt: skip
+OUT_ARGS = ("o_ptr", "lse_ptr", "stride_o_t", "stride_o_h", "stride_lse_t", "WRITE_LSE")
+NAN_ARGS = ("nan_row_ckv", "nan_row_kpe")  # the Gluon kernels' NaN-row offsets
+CACHE_POINTERS = ("ckv_ptr", "kpe_ptr", "scale_arr_ptr", "ckv_scale_ptr", "kpe_scale_ptr")
+MERGE_CALL_ARGS = ("o_ptr", "lse_ptr", "num_tokens", "stride_o_t", "stride_o_h", "stride_lse_t",
+                   "WRITE_LSE")  # fmt: skip
+
+
+class _Binder:
+    """A kernel's positional arguments for a direct launch: the plan's values and defaults in
+    a template, the call's values put into their positions (``call`` names them in order)."""
+
+    def __init__(self, launcher: KernelLauncher, fixed: dict[str, Any], call: tuple[str, ...]):
+        names = launcher.names
+        missing = [
+            n for n in names if n not in fixed and n not in call and n not in launcher.defaults
+        ]
+        if missing:
+            raise TypeError(
+                f"expected every kernel argument bound at plan() or run(), got {missing} unbound"
+            )
+        self.template = [fixed.get(n, launcher.defaults.get(n)) for n in names]
+        self.slots = tuple(names.index(n) for n in call)
+
+    def __call__(self, vals: list[Any]) -> list[Any]:
+        args = self.template.copy()
+        for i, v in zip(self.slots, vals):
+            args[i] = v
+        return args
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:
@@ -193,7 +242,7 @@ class AttentionLaunch:
     Args:
         plan: variant, tile and grid shape.
         batch: requests in the grid (the buffer capacity under CUDA graphs).
-        heads, head_dim_kpe, causal, sm_scale: the batch's attention parameters.
+        heads, head_dim_kpe, page_size, causal, sm_scale: the batch's attention parameters.
         indices: ``(qo_indptr, kv_indptr, kv_indices, kv_len)`` int32 on the device.
         partials: ``(mid_o, mid_lse)`` workspace views when ``plan.num_splits > 1``.
         kv_dtype: storage dtype of the cache.
@@ -208,6 +257,7 @@ class AttentionLaunch:
         batch: int,
         heads: int,
         head_dim_kpe: int,
+        page_size: int,
         causal: bool,
         sm_scale: float,
         indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
@@ -247,6 +297,9 @@ class AttentionLaunch:
             CAUSAL=causal,
             DOT_DTYPE=self.dot,
             FP8_CVT=self.fp8_cvt,
+            PAGE_SIZE=page_size,
+            stride_o_split=0,
+            stride_lse_split=0,
         )
         if self.split:
             mid_o, mid_lse = partials
@@ -263,6 +316,9 @@ class AttentionLaunch:
         options = {"num_warps": cfg.num_warps}
         if not self.variant.gluon:
             options["num_stages"] = cfg.num_stages
+        cap = cfg.max_registers(target.warp_size) if target.backend == "cuda" else None
+        if cap is not None and not interpreted:
+            options["maxnreg"] = cap
         grid = (plan.m_tiles * self.variant.programs_per_tile, batch, plan.num_splits)
         index = device.index if device.index is not None else 0
         if device.type == "cuda" and device.index is None:
@@ -291,6 +347,16 @@ class AttentionLaunch:
             )
             merge_grid = (512 // MERGE_BLOCK_D, plan.rows_per_request, batch)
             self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, {"num_warps": 4}, index)
+            self._merge_bind = _Binder(self.merge, self.merge_fixed, MERGE_CALL_ARGS)
+        call = (
+            CALL_ARGS
+            + (() if self.split else OUT_ARGS)
+            + (NAN_ARGS if self.nan_row is not None else ())
+        )
+        self._bind = _Binder(self.kernel, self.fixed, call)
+        # direct launches: compiled code, and the plan's arrays keep Triton's 16-byte alignment
+        fixed_tensors = [v for v in self.fixed.values() if isinstance(v, torch.Tensor)]
+        self.fast = not interpreted and _aligned(*fixed_tensors)
 
     def __call__(
         self,
@@ -304,106 +370,71 @@ class AttentionLaunch:
     ) -> None:
         """Attention of ``q [T, H, 512|64]`` over the paged cache into ``out [T, H, 512]``
         and ``lse [T, H]`` (checked by the caller)."""
-        d_kpe = self.d_kpe
         if self.q_fp16 and q_nope.dtype == torch.bfloat16:
             q_nope = q_nope.to(torch.float16)  # contiguous [T, H, D]
-        if self.fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointers
-            ckv, kpe = ckv.view(torch.uint8), kpe.view(torch.uint8)
-        q_pe = q_pe if d_kpe else q_nope
-        kpe = kpe if d_kpe else ckv
-        ckv_ptr = isinstance(scales.ckv, torch.Tensor)
-        kpe_ptr = isinstance(scales.kpe, torch.Tensor)
-        sa = scales.ckv_arr
+        if not self.d_kpe:
+            q_pe, kpe = q_nope, ckv
+        cs, ks, sa = scales.ckv, scales.kpe, scales.ckv_arr
+        cs_ptr = type(cs) is not float  # a 1-element device tensor the kernel reads
+        ks_ptr = type(ks) is not float
         group = sa is not None
-        args = dict(self.fixed)
-        args.update(
-            q_nope_ptr=q_nope,
-            q_pe_ptr=q_pe,
-            ckv_ptr=ckv,
-            kpe_ptr=kpe,
-            scale_arr_ptr=sa if group else ckv,
-            ckv_scale_ptr=scales.ckv if ckv_ptr else ckv,
-            kpe_scale_ptr=scales.kpe if kpe_ptr else ckv,
-            stride_qn_t=q_nope.stride(0),
-            stride_qn_h=q_nope.stride(1),
-            stride_qp_t=q_pe.stride(0),
-            stride_qp_h=q_pe.stride(1),
-            stride_ckv_p=ckv.stride(0),
-            stride_ckv_s=ckv.stride(1),
-            stride_kpe_p=kpe.stride(0),
-            stride_kpe_s=kpe.stride(1),
-            stride_sa_p=sa.stride(0) if group else 0,
-            stride_sa_s=sa.stride(1) if group else 0,
-            num_tokens=q_nope.shape[0],
-            num_pages=ckv.shape[0],
-            ckv_scale_val=1.0 if ckv_ptr else float(scales.ckv),
-            kpe_scale_val=1.0 if kpe_ptr else float(scales.kpe),
-            PAGE_SIZE=ckv.shape[1],
-            TOKEN_GROUP=group,
-            CKV_SCALE_PTR=ckv_ptr,
-            KPE_SCALE_PTR=kpe_ptr,
-        )
+        write_lse = lse is not None
+        qs, ps, cks, kps = q_nope.stride(), q_pe.stride(), ckv.stride(), kpe.stride()
+        sas = sa.stride() if group else (0, 0)
+        vals = [
+            q_nope, q_pe, ckv, kpe, sa if group else ckv, cs if cs_ptr else ckv,
+            ks if ks_ptr else ckv, qs[0], qs[1], ps[0], ps[1], cks[0], cks[1], kps[0], kps[1],
+            sas[0], sas[1], ckv.shape[0], 1.0 if cs_ptr else cs, 1.0 if ks_ptr else ks, group,
+            cs_ptr, ks_ptr, q_nope.shape[0],
+        ]  # fmt: skip
+        # the specialization a direct launch needs: 16-byte aligned pointers (fixed arrays were
+        # checked at plan()), strides divisible by 16
+        ptrs = q_nope.data_ptr() | q_pe.data_ptr() | ckv.data_ptr() | kpe.data_ptr()
+        strides = [qs[0], qs[1], ps[0], ps[1], cks[0], cks[1], kps[0], kps[1]]
+        if cs_ptr:
+            ptrs |= cs.data_ptr()
+        if ks_ptr:
+            ptrs |= ks.data_ptr()
+        if group:
+            ptrs |= sa.data_ptr()
+            strides += sas
+        if write_lse:
+            ptrs |= lse.data_ptr()
+        os = out.stride()
+        if not self.split:
+            ptrs |= out.data_ptr()
+            lse_t = lse.stride(0) if write_lse else 0
+            vals += [out, lse if write_lse else out, os[0], os[1], lse_t, write_lse]
+            strides += [os[0], os[1]] + ([lse_t] if write_lse else [])
+        wide = False
         nan = self.nan_row
         if nan is not None:
-            args.update(nan_row_ckv=_nan_offset(ckv, nan), nan_row_kpe=_nan_offset(kpe, nan))
-        if not self.split:
-            write_lse = lse is not None
-            args.update(
-                o_ptr=out,
-                lse_ptr=lse if write_lse else out,
-                stride_o_split=0,
-                stride_o_t=out.stride(0),
-                stride_o_h=out.stride(1),
-                stride_lse_split=0,
-                stride_lse_t=lse.stride(0) if write_lse else 0,
-                WRITE_LSE=write_lse,
-            )
+            nc, nk = _nan_offset(ckv, nan), _nan_offset(kpe, nan)
+            vals += [nc, nk]
+            strides += [nc, nk]
+            # Triton types an int argument i32 or i64 by its value: part of the key
+            wide = not (-(2**31) <= nc < 2**31 and -(2**31) <= nk < 2**31)
         key = None
-        if not self.interpreted:
-            tensors = [q_nope, q_pe, ckv, kpe, out]
-            if ckv_ptr:
-                tensors.append(scales.ckv)
-            if kpe_ptr:
-                tensors.append(scales.kpe)
-            strides = [
-                args["stride_qn_t"], args["stride_qn_h"], args["stride_ckv_p"],
-                args["stride_kpe_p"], args["stride_ckv_s"], args["stride_kpe_s"],
-            ]  # fmt: skip
-            wide = False
-            if nan is not None:
-                strides += [args["nan_row_ckv"], args["nan_row_kpe"]]
-                # Triton types an int argument i32 or i64 by its value: part of the key
-                wide = not all(-(2**31) <= args[n] < 2**31 for n in ("nan_row_ckv", "nan_row_kpe"))
-            if d_kpe:
-                strides += [args["stride_qp_t"], args["stride_qp_h"]]
-            if not self.split:
-                strides += [args["stride_o_t"], args["stride_o_h"]]
-            if lse is not None:
-                tensors.append(lse)
-                if not self.split:
-                    strides.append(args["stride_lse_t"])
-            if group:
-                tensors.append(sa)
-            if group:
-                strides += [args["stride_sa_p"], args["stride_sa_s"]]
-            if _aligned(*tensors) and _strides16(*strides):
-                key = (ckv_ptr, kpe_ptr, group, lse is not None, ckv.shape[1], wide)
-        self.kernel.launch(args, key)
+        if self.fast and ptrs & 15 == 0 and _strides16(*strides):
+            key = (cs_ptr, ks_ptr, group, write_lse, wide)
+        if key is None or not self.kernel.launch_direct(self._bind(vals), key):
+            self.kernel.launch(self._args(vals), key)
         if self.merge is not None:
-            write_lse = lse is not None
-            margs = dict(self.merge_fixed)
-            margs.update(
-                o_ptr=out,
-                lse_ptr=lse if write_lse else self.partials[1],
-                num_tokens=out.shape[0],
-                stride_o_t=out.stride(0),
-                stride_o_h=out.stride(1),
-                stride_lse_t=lse.stride(0) if write_lse else 0,
-                WRITE_LSE=write_lse,
-            )
+            lse_t = lse.stride(0) if write_lse else 0
+            mvals = [out, lse if write_lse else self.partials[1], out.shape[0], os[0], os[1],
+                     lse_t, write_lse]  # fmt: skip
             mkey = None
-            if key is not None:
-                mstrides = [out.stride(0), out.stride(1)] + ([lse.stride(0)] if write_lse else [])
-                if _strides16(*mstrides):
-                    mkey = (write_lse,)
-            self.merge.launch(margs, mkey)
+            if key is not None and _strides16(os[0], os[1], *([lse_t] if write_lse else [])):
+                mkey = (write_lse,)
+            if mkey is None or not self.merge.launch_direct(self._merge_bind(mvals), mkey):
+                self.merge.launch(dict(zip(MERGE_CALL_ARGS, mvals), **self.merge_fixed), mkey)
+
+    def _args(self, vals: list[Any]) -> dict[str, Any]:
+        """The call's arguments by name, for Triton's path (which specializes on them)."""
+        names = CALL_ARGS + (() if self.split else OUT_ARGS)
+        args = dict(zip(names + NAN_ARGS, vals), **self.fixed)
+        if self.fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointers
+            views = {id(t): t.view(torch.uint8) for t in (args["ckv_ptr"], args["kpe_ptr"])}
+            for name in CACHE_POINTERS:
+                args[name] = views.get(id(args[name]), args[name])
+        return args

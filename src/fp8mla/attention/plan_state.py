@@ -159,6 +159,8 @@ def _scale(
     """A per-tensor scale: a real number (Python or NumPy) → float; CPU tensor → float (no
     device sync); 1-element fp32 tensor on the run device → read by the kernel. Scales must be
     finite and positive."""
+    if type(value) is float and 0.0 < value < math.inf:  # the common case, first
+        return value
     if value is None:
         return 1.0
     if isinstance(value, torch.Tensor):

@@ -216,6 +216,7 @@ class BatchMLAPagedAttentionWrapper:
             batch=state.batch,
             heads=state.num_heads,
             head_dim_kpe=state.head_dim_kpe,
+            page_size=state.page_size,
             causal=state.causal,
             sm_scale=state.sm_scale,
             indices=(state.qo_indptr, state.kv_indptr, state.kv_indices, state.kv_len),

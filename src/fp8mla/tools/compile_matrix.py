@@ -151,6 +151,7 @@ def attention_jobs(target: Target) -> list[Job]:
                     tuple(consts.items()),
                     cfg.num_warps,
                     None if kind.gluon else cfg.num_stages,
+                    cfg.max_registers(target.warp_size) if target.backend == "cuda" else None,
                 )
                 variant = (
                     f"{SHORT[kv]} {tile} w{cfg.num_warps}s{cfg.num_stages} {label} {CVT_NAMES[cvt]}"

@@ -44,6 +44,7 @@ class Build:
     constexprs: tuple[tuple[str, object], ...]
     num_warps: int
     num_stages: int | None = None  # None: Triton's default, as a launch that passes none
+    maxnreg: int | None = None  # register cap per thread (CUDA), as KernelConfig.max_registers
 
     def function(self):
         import importlib
@@ -110,6 +111,8 @@ def compile_build(build: Build, target: Target):
     options = dict(num_warps=build.num_warps)
     if build.num_stages is not None:
         options["num_stages"] = build.num_stages
+    if build.maxnreg is not None and target.backend == "cuda":
+        options["maxnreg"] = build.maxnreg
     return triton.compile(src, target=gpu, options=options)
 
 
