@@ -314,3 +314,14 @@ def test_register_cap_keeps_the_programs_per_sm_the_split_count_counts_on():
             assert cap is None or (
                 cap % 8 == 0 and cap * cfg.num_warps * 32 * cfg.occupancy <= 65536
             )
+
+
+def test_merge_columns_per_program_follow_the_rows():
+    from fp8mla.attention.planner import merge_block_d
+
+    assert merge_block_d(64 * 16, 132) == 512  # many rows: whole rows per program
+    assert merge_block_d(8 * 32, 132) == 256
+    assert merge_block_d(32, 132) == 128  # one request of 32 heads: 128 programs
+    plan = make_launch_plan(batch=1, num_heads=32, max_qo_len=1, max_kv_len=4096, sms=132,
+                            max_splits_by_workspace=64, target=TARGETS["sm90"])  # fmt: skip
+    assert plan.merge_block_d == 128 and plan.num_splits > 1

@@ -51,6 +51,7 @@ class LaunchPlan:
     config: KernelConfig
     m_tiles: int  # row tiles of the longest request (shorter ones exit early)
     num_splits: int
+    merge_block_d: int = 128  # output columns per program of the split merge (128/256/512)
 
     @property
     def rows_per_request(self) -> int:

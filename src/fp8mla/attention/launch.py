@@ -35,7 +35,6 @@ from fp8mla.attention.variants import get_variant
 from fp8mla.formats import Scales
 
 LN2_INV = 1.4426950408889634  # 1 / ln 2: softmax runs in base 2
-MERGE_BLOCK_D = 128  # output columns per merge program
 
 
 def dot_dtype(kv_dtype: torch.dtype, interpreted: bool) -> tl.dtype:
@@ -342,10 +341,10 @@ class AttentionLaunch:
                 stride_mo_split=mid_o.stride(0),
                 stride_ml_split=mid_lse.stride(0),
                 D=512,
-                BLOCK_D=MERGE_BLOCK_D,
+                BLOCK_D=plan.merge_block_d,
                 BLOCK_S=block_s,
             )
-            merge_grid = (512 // MERGE_BLOCK_D, plan.rows_per_request, batch)
+            merge_grid = (512 // plan.merge_block_d, plan.rows_per_request, batch)
             self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, {"num_warps": 4}, index)
             self._merge_bind = _Binder(self.merge, self.merge_fixed, MERGE_CALL_ARGS)
         call = (

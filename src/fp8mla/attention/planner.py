@@ -281,4 +281,21 @@ def make_launch_plan(
             max_splits_by_workspace,
             config,
         )
-    return LaunchPlan(config=config, m_tiles=m_tiles, num_splits=num_splits)
+    rows_per_request = m_tiles * config.block_m
+    return LaunchPlan(
+        config=config,
+        m_tiles=m_tiles,
+        num_splits=num_splits,
+        merge_block_d=merge_block_d(rows_per_request * batch, sms),
+    )
+
+
+def merge_block_d(rows: int, sms: int) -> int:
+    """Output columns per program of the split merge for ``rows`` query rows: all 512 when
+    that gives two programs per SM (many small programs cost more than they spread: 64 × 16
+    rows merged 4× slower in 128-column programs on the H200), else down to 128 so that a
+    small batch still spreads (one request of 32 heads: 11.5 → 4.3 µs)."""
+    for block in (512, 256):
+        if rows * (512 // block) >= 2 * sms:
+            return block
+    return 128

@@ -1,10 +1,13 @@
 """Merge of split-KV partial results: out = Σ_s w_s o_s / Σ_s w_s with w_s = 2^(lse_s - max).
 
-One program per (128 output columns, query row of a request, request): a one-request decode
-with 32 heads still spreads over 128 programs, and each program reads its splits ``BLOCK_S`` at
-a time as one block. The grid is sized by the batch capacity and the rows per request the
-attention launch covers, and rows are found through ``qo_indptr``, so a CUDA graph captured
-once serves later plans whose rows fit it. A NaN partial (a bad page entry) makes the row NaN.
+One program per (``BLOCK_D`` output columns, query row of a request, request): the planner
+takes all 512 columns per program when the batch has rows enough to fill the GPU, and
+narrower blocks for small batches, so that a one-request decode with 32 heads still spreads
+over 128 programs. Splits are read ``BLOCK_S`` at a time in one pass with a running maximum, the
+partial outputs loaded beside their LSEs (no load waits on another but the request's row
+range). The grid is sized by the batch capacity and the rows per request the attention launch
+covers, and rows are found through ``qo_indptr``, so a CUDA graph captured once serves later
+plans whose rows fit it. A NaN partial (a bad page entry) makes the row NaN.
 """
 
 import triton
@@ -44,36 +47,31 @@ def _mla_merge_kernel(
     h = r % num_heads
     row = tok.to(tl.int64) * num_heads + h
     s_idx = tl.arange(0, BLOCK_S)
+    d = c * BLOCK_D + tl.arange(0, BLOCK_D)
 
-    # -- the largest partial LSE; NaN anywhere makes the row NaN --
-    m = tl.full([BLOCK_S], NEG_INF, tl.float32)
+    m = tl.max(tl.full([BLOCK_S], NEG_INF, tl.float32), axis=0)  # running max of live LSEs
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    total = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
     nan_seen = tl.zeros([BLOCK_S], tl.int32)
     for s0 in range(0, num_splits, BLOCK_S):
-        s_ok = (s0 + s_idx) < num_splits
-        lse_s = tl.load(mid_lse_ptr + (s0 + s_idx) * stride_ml_split + row, mask=s_ok, other=0.0)
-        nan_seen |= (lse_s != lse_s).to(tl.int32)
-        m = tl.maximum(m, tl.where(s_ok, lse_s, NEG_INF))
-    m_max = tl.max(m, axis=0)
-    m_use = tl.where(m_max == NEG_INF, 0.0, m_max)
-
-    # -- weighted sum of the partial outputs --
-    d = c * BLOCK_D + tl.arange(0, BLOCK_D)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    w_sum = tl.zeros([BLOCK_S], dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s_ok = (s0 + s_idx) < num_splits
-        lse_s = tl.load(
-            mid_lse_ptr + (s0 + s_idx) * stride_ml_split + row, mask=s_ok, other=NEG_INF
-        )
-        w = tl.where(s_ok & (lse_s > NEG_INF), tl.exp2(lse_s - m_use), 0.0)
+        s = s0 + s_idx
+        s_ok = s < num_splits
+        lse_s = tl.load(mid_lse_ptr + s * stride_ml_split + row, mask=s_ok, other=NEG_INF)
         o_s = tl.load(
-            mid_o_ptr + (s0 + s_idx)[:, None].to(tl.int64) * stride_mo_split + row * D + d[None, :],
-            mask=(s_ok & (w > 0.0))[:, None],
+            mid_o_ptr + s[:, None].to(tl.int64) * stride_mo_split + row * D + d[None, :],
+            mask=s_ok[:, None],
             other=0.0,
         )
-        acc += tl.sum(w[:, None] * o_s, axis=0)
-        w_sum += w
-    total = tl.sum(w_sum, axis=0)
+        nan_seen |= (lse_s != lse_s).to(tl.int32)
+        live = lse_s > NEG_INF  # false for empty splits and NaN
+        m_new = tl.maximum(m, tl.max(tl.where(live, lse_s, NEG_INF), axis=0))
+        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = tl.exp2(m - m_use)  # 0 while nothing was live
+        w = tl.where(live, tl.exp2(lse_s - m_use), 0.0)
+        # an empty split's partial is never read into the sum, whatever its bytes
+        acc = acc * alpha + tl.sum(tl.where(live[:, None], w[:, None] * o_s, 0.0), axis=0)
+        total = total * alpha + tl.sum(w, axis=0)
+        m = m_new
     bad = tl.max(nan_seen, axis=0) > 0
     inv = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
     out = tl.where(bad, float("nan"), acc * inv)
@@ -82,6 +80,6 @@ def _mla_merge_kernel(
     )
     if WRITE_LSE:
         if c == 0:
-            lse = tl.where(total > 0.0, m_use + tl.log2(tl.where(total > 0.0, total, 1.0)), m_max)
+            lse = tl.where(total > 0.0, m + tl.log2(tl.where(total > 0.0, total, 1.0)), NEG_INF)
             lse = tl.where(bad, float("nan"), lse)
             tl.store(lse_ptr + tok.to(tl.int64) * stride_lse_t + h, lse)

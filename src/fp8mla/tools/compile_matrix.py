@@ -161,18 +161,19 @@ def attention_jobs(target: Target) -> list[Job]:
 
 
 def merge_jobs(target: Target) -> list[Job]:
-    """The split merge as the launcher runs it: fp32 partials into a bf16 output."""
+    """The split merge as the launcher runs it: fp32 partials into a bf16 output, in each
+    column block the planner picks (``planner.merge_block_d``)."""
     jobs = []
-    from fp8mla.attention.launch import MERGE_BLOCK_D
-
-    for write_lse in (True, False):
-        ptrs = dict(
-            mid_o_ptr="fp32", mid_lse_ptr="fp32", o_ptr="bf16", lse_ptr="fp32", qo_indptr_ptr="i32"
-        )
-        consts = (("D", 512), ("BLOCK_D", MERGE_BLOCK_D), ("BLOCK_S", 16), ("WRITE_LSE", write_lse))
-        build = Build(MERGE, tuple(ptrs.items()), consts, 4, None)
-        variant = "bf16 out + LSE" if write_lse else "bf16 out"
-        jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
+    for block_d in (128, 256, 512):
+        for write_lse in (True, False):
+            ptrs = dict(
+                mid_o_ptr="fp32", mid_lse_ptr="fp32", o_ptr="bf16", lse_ptr="fp32",
+                qo_indptr_ptr="i32",
+            )  # fmt: skip
+            consts = (("D", 512), ("BLOCK_D", block_d), ("BLOCK_S", 16), ("WRITE_LSE", write_lse))
+            build = Build(MERGE, tuple(ptrs.items()), consts, 4, None)
+            variant = f"{block_d} cols, bf16 out" + (" + LSE" if write_lse else "")
+            jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
     return jobs
 
 
