@@ -6,15 +6,23 @@ SGLang's attention kit; one layer's ``RadixAttention`` call is timed after
 case ``SGLANG_DECODE_B<b>_H<h>_L<l>_float8_e4m3fn`` and impls ``fp8mla`` / ``sglang-triton``.
 
     python benchmarks/bench_sglang_kit.py --out results.jsonl [--batch 1 8 64] [--ctx 4096]
+
+With ``FP8MLA_ENGINES_PATH`` set (a GPU machine's unpacked carry, benchmarks/
+run_engines_on_gpu.sh), SGLang is found there with the tests' set-up: the folder appended to
+``sys.path`` and the test stand-ins where the real packages are absent
+(``tests/integrations/engines_path.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 import unittest
+from pathlib import Path
 
 import torch
 
@@ -70,6 +78,13 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--iters", type=int, default=30)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_sglang_kit: needs a CUDA GPU (it times with CUDA events)")
+    if os.environ.get("FP8MLA_ENGINES_PATH"):
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from integrations.engines_path import use_engines
+
+        use_engines()
 
     from fp8mla.integrations.sglang import register
 
@@ -108,6 +123,7 @@ def main() -> None:
                             rec["max_abs_diff_vs_fp8mla"] = round(d, 5)
                         print(json.dumps(rec), flush=True)
                         f.write(json.dumps(rec) + "\n")
+                        f.flush()  # kept if a time limit stops the run
                         torch.cuda.empty_cache()
 
 

@@ -1,12 +1,19 @@
 """Test-only stand-in for ``sgl_kernel`` (GPU test machines without SGLang's compiled kernels).
 
-On CUDA about 13 SGLang modules import ``sgl_kernel`` at module level (under ``if _is_cuda``)
-for ops the MLA attention path through fp8mla, ``torch_native`` and SGLang's ``triton``
-backend never calls. Importing works; calling any of its functions raises. Put on
-``sys.path`` by ``tests/integrations/conftest.py`` only on CUDA when the real package is absent.
+On CUDA, SGLang modules on the attention kit's import chain import ``sgl_kernel`` and its
+submodules at module level (under ``if _is_cuda``; e.g. ``sglang.srt.layers.quantization``
+does ``from sgl_kernel.quantization import ...``) for ops the MLA attention path through
+fp8mla, ``torch_native`` and SGLang's ``triton`` backend never calls. Importing works, for
+any submodule and any name; calling any of them raises. Put on ``sys.path`` by
+``tests/integrations/engines_path.py`` only on CUDA when the real package is absent.
 """
 
 from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
 
 __version__ = "0.0.0+fp8mla-standin"
 
@@ -23,8 +30,44 @@ class _Absent:
     def __call__(self, *args, **kwargs):
         raise RuntimeError(f"{self._name}: sgl_kernel is a test stand-in here")
 
+    def __mro_entries__(self, bases):  # used as a base class: an empty class
+        return (object,)
 
-def __getattr__(attr: str):
-    if attr.startswith("__"):
-        raise AttributeError(attr)
-    return _Absent(f"sgl_kernel.{attr}")
+    def __bool__(self) -> bool:  # feature probes (`if sgl_kernel.x:`) see it as absent
+        return False
+
+    def __repr__(self) -> str:
+        return f"<sgl_kernel stand-in {self._name}>"
+
+
+def _module_getattr(name: str):
+    def __getattr__(attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Absent(f"{name}.{attr}")
+
+    return __getattr__
+
+
+class _Submodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Any ``sgl_kernel.<a>.<b>`` imports as an empty package of absent names."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith(__name__ + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        mod = types.ModuleType(spec.name)
+        mod.__path__ = []
+        mod.__getattr__ = _module_getattr(spec.name)
+        return mod
+
+    def exec_module(self, module):
+        pass
+
+
+if not any(isinstance(f, _Submodules) for f in sys.meta_path):
+    sys.meta_path.append(_Submodules())
+
+__getattr__ = _module_getattr(__name__)
