@@ -4,7 +4,9 @@ On CUDA, SGLang modules on the attention kit's import chain import ``sgl_kernel`
 submodules at module level (under ``if _is_cuda``; e.g. ``sglang.srt.layers.quantization``
 does ``from sgl_kernel.quantization import ...``) for ops the MLA attention path through
 fp8mla, ``torch_native`` and SGLang's ``triton`` backend never calls. Importing works, for
-any submodule and any name; calling any of them raises. Put on ``sys.path`` by
+any submodule and any name; calling any of them raises, but for one capability query
+(``sgl_kernel.utils.is_arch_support_pdl``, which SGLang's ``triton`` backend calls when it is
+built: the H200 run of 2026-11-30 could not time that backend without it). Put on ``sys.path`` by
 ``tests/integrations/engines_path.py`` only on CUDA when the real package is absent.
 """
 
@@ -66,6 +68,21 @@ class _Submodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         pass
 
+
+def _is_arch_support_pdl() -> bool:
+    """``sgl_kernel.utils.is_arch_support_pdl``: a capability query, not a kernel (SGLang's
+    ``triton`` backend asks it in its constructor): programmatic dependent launch needs SM90+."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+# the one real name: a module of absent names but for that query
+utils = types.ModuleType(__name__ + ".utils")
+utils.__path__ = []
+utils.__getattr__ = _module_getattr(utils.__name__)
+utils.is_arch_support_pdl = _is_arch_support_pdl
+sys.modules.setdefault(utils.__name__, utils)
 
 if not any(isinstance(f, _Submodules) for f in sys.meta_path):
     sys.meta_path.append(_Submodules())
