@@ -233,3 +233,23 @@ def test_graph_capture_replays_each_fitting_replan(qo_len):
         torch.cuda.synchronize()
         b.q_nope, b.q_pe = q_nope, q_pe
         assert_matches_reference(b, out, lse, causal=qo_len > 1)
+
+
+def test_lengths_left_on_the_device_are_bounded_by_the_kernels(device, monkeypatch):
+    """vLLM keeps exact lengths on the device: ``plan()`` then never reads them (no sync) and
+    plans for the page table's bound; the answers match the reference, and a length past its
+    request's pages makes that request NaN (not a read past its pages)."""
+    from fp8mla.attention import plan_state
+
+    b = batch_of([1, 37, 300], 1, device, 31)
+    lens = b.kv_len
+    monkeypatch.setattr(plan_state, "_on_host", lambda t: t is not lens)
+    w = BatchMLAPagedAttentionWrapper(workspace(device), backend="triton")
+    plan(w, b, causal=False)
+    assert w._plan.max_kv_len == 304  # 19 pages of 16: the page table's bound, not 300
+    out, lse = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, return_lse=True, **b.scale_kwargs())
+    assert_matches_reference(b, out, lse)
+    lens[1] = 37 + PAGE * 3  # three pages past what request 1 owns
+    out = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, **b.scale_kwargs())
+    assert torch.isnan(out[1]).all()
+    assert torch.isfinite(out[[0, 2]]).all()

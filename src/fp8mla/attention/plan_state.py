@@ -28,7 +28,7 @@ class PlanState:
     num_requests: int
     total_tokens: int
     max_qo_len: int
-    max_kv_len: int
+    max_kv_len: int  # longest KV in tokens; the page-table bound when lengths stay on the device
     max_page: int | None  # largest page id referenced; None when kv_indices stayed on the device
     num_heads: int
     head_dim_ckv: int
@@ -187,6 +187,11 @@ def _scale(
     return value
 
 
+def _on_host(t: torch.Tensor) -> bool:
+    """Whether reading ``t`` costs no wait for the device."""
+    return t.device.type == "cpu"
+
+
 def build_plan_state(
     qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor,
@@ -214,7 +219,7 @@ def build_plan_state(
 
     qo = qo_indptr.tolist()
     kvp = kv_indptr.tolist()
-    kl = kv_len_arr.tolist()
+    kl = kv_len_arr.tolist() if _on_host(kv_len_arr) else None  # device lengths: not read
     if qo[0] != 0 or kvp[0] != 0:
         raise ValueError(f"expected qo_indptr[0] == kv_indptr[0] == 0, got {qo[0]} and {kvp[0]}")
     nnz = kvp[-1]
@@ -224,11 +229,15 @@ def build_plan_state(
         )
     max_qo = max_kv = 0
     for b in range(batch):
-        n, pages, length = qo[b + 1] - qo[b], kvp[b + 1] - kvp[b], kl[b]
+        n, pages = qo[b + 1] - qo[b], kvp[b + 1] - kvp[b]
         if n < 0 or pages < 0:
             raise ValueError(
                 f"expected non-decreasing qo_indptr and kv_indptr, got a decrease at request {b}"
             )
+        if kl is None:  # the page table bounds the length
+            max_qo, max_kv = max(max_qo, n), max(max_kv, pages * page_size)
+            continue
+        length = kl[b]
         if length < 0:
             raise ValueError(f"expected kv_len_arr >= 0, got {length} for request {b}")
         if -(-length // page_size) > pages:

@@ -128,10 +128,13 @@ class BatchMLAPagedAttentionWrapper:
     ) -> None:
         """Describe the batch: B requests, request b owning query tokens
         ``qo_indptr[b]:qo_indptr[b+1]`` and KV pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
-        holding ``kv_len_arr[b]`` tokens. Index arrays are int32. ``qo_indptr``,
-        ``kv_indptr`` and ``kv_len_arr`` are read on the host (pass CPU tensors, as engines
-        hold them, and ``plan()`` never waits for the device); ``kv_indices`` is read only
-        when it is a CPU tensor (on the device, the kernels bound every id they use).
+        holding ``kv_len_arr[b]`` tokens. Index arrays are int32. ``qo_indptr`` and
+        ``kv_indptr`` are read on the host (pass CPU tensors, as engines hold them, and
+        ``plan()`` never waits for the device). ``kv_indices`` and ``kv_len_arr`` are read only
+        when they are CPU tensors: on the device (vLLM keeps exact lengths there) the kernels
+        bound every id and length they use -- a length past its request's pages makes that
+        request's output NaN -- and the split count plans for the page table's bound
+        (``pages × page_size`` tokens per request).
 
         ``num_splits`` and ``kernel_config`` (keyword-only, fp8mla extensions) override the
         planner's KV split count per request and its kernel: a :class:`KernelConfig`, or a
