@@ -374,8 +374,8 @@ class AttentionLaunch:
         if not self.d_kpe:
             q_pe, kpe = q_nope, ckv
         cs, ks, sa = scales.ckv, scales.kpe, scales.ckv_arr
-        cs_ptr = type(cs) is not float  # a 1-element device tensor the kernel reads
-        ks_ptr = type(ks) is not float
+        cs_ptr = isinstance(cs, torch.Tensor)  # a 1-element device tensor the kernel reads
+        ks_ptr = isinstance(ks, torch.Tensor)
         group = sa is not None
         write_lse = lse is not None
         qs, ps, cks, kps = q_nope.stride(), q_pe.stride(), ckv.stride(), kpe.stride()
