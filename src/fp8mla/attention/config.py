@@ -35,7 +35,8 @@ class KernelConfig:
         registers on every CUDA target), or None when the cap would be the hardware's 255.
         ptxas is told it (Triton's ``maxnreg``): left to itself it gave the H200's 8-warp FP8
         16-row tile 142 registers, one program per SM where the split count counted on two
-        (+52% time, measured)."""
+        (that tile's runs went from 111 to 170 µs, the merge's share of it ~11 µs; capped at
+        128 registers its kernel time is within 4% of the release's)."""
         if self.occupancy <= 1:
             return None
         cap = REGISTERS_PER_SM // (self.occupancy * self.num_warps * warp_size)
