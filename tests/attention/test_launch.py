@@ -198,3 +198,37 @@ def _expected_call_args(x, split: bool) -> dict:
         if lse is not None:
             want.update(lse_ptr=lse.data_ptr(), stride_lse_t=lse.stride(0))
     return want
+
+
+def test_unaligned_output_takes_tritons_path_for_the_merge_too(monkeypatch):
+    """A compiled kernel assumes 16-byte aligned pointers: an output view that is not aligned
+    must not reach the merge kernel compiled for aligned ones."""
+    from fp8mla.attention.config import LaunchPlan
+    from fp8mla.attention.planner import tile_for_variant
+    from fp8mla.attention.targets import TARGETS
+    from fp8mla.formats import Scales
+
+    monkeypatch.setattr(L, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
+    heads, fp8 = 16, torch.float8_e4m3fn
+    plan = LaunchPlan(tile_for_variant("rows", heads, fp8, TARGETS["sm90"]), 1, 4)
+    i32 = dict(dtype=torch.int32)
+    idx = (torch.tensor([0, 1], **i32), torch.tensor([0, 5], **i32), torch.arange(5, **i32),
+           torch.tensor([5], **i32))  # fmt: skip
+    partials = (torch.zeros(4, heads, 512), torch.zeros(4, heads))
+    launch = L.AttentionLaunch(
+        plan, batch=1, heads=heads, head_dim_kpe=64, page_size=1, causal=False,
+        sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,
+        device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
+    )  # fmt: skip
+    launch.kernel.fn, launch.merge.fn = _Recorder(), _Recorder()
+    pool = torch.zeros(8, 1, 576, dtype=torch.uint8).view(fp8)
+    q = torch.zeros(1, heads, 576, dtype=torch.bfloat16)
+    args = (q[..., :512], q[..., 512:], pool[..., :512], pool[..., 512:])
+    aligned = torch.empty(1, heads, 512, dtype=torch.bfloat16)
+    for _ in range(2):
+        launch(*args, aligned, None, Scales())
+    assert launch.merge.direct_launches == 1
+    shifted = torch.empty(1 * heads * 512 + 1, dtype=torch.bfloat16)[1:].view(1, heads, 512)
+    launch(*args, shifted, None, Scales())
+    assert launch.merge.direct_launches == 1 and len(launch.merge.fn.by_name) == 2

@@ -389,6 +389,7 @@ class AttentionLaunch:
         # the specialization a direct launch needs: 16-byte aligned pointers (fixed arrays were
         # checked at plan()), strides divisible by 16
         ptrs = q_nope.data_ptr() | q_pe.data_ptr() | ckv.data_ptr() | kpe.data_ptr()
+        ptrs |= out.data_ptr()  # the attention kernel's output, or the merge's
         strides = [qs[0], qs[1], ps[0], ps[1], cks[0], cks[1], kps[0], kps[1]]
         if cs_ptr:
             ptrs |= cs.data_ptr()
@@ -401,7 +402,6 @@ class AttentionLaunch:
             ptrs |= lse.data_ptr()
         os = out.stride()
         if not self.split:
-            ptrs |= out.data_ptr()
             lse_t = lse.stride(0) if write_lse else 0
             vals += [out, lse if write_lse else out, os[0], os[1], lse_t, write_lse]
             strides += [os[0], os[1]] + ([lse_t] if write_lse else [])
