@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fp8mla.attention import launch as L
+from fp8mla.attention.variants import REGISTRY
 
 
 class _Param:
@@ -110,7 +111,7 @@ def _same(a, b) -> bool:
     return a == b and type(a) is type(b)
 
 
-@pytest.mark.parametrize("variant, splits", [("rows", 1), ("rows", 4), ("fewrows", 8)])
+@pytest.mark.parametrize("variant, splits", [(v, s) for v in sorted(REGISTRY) for s in (1, 4)])
 def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
     """A direct launch passes, position by position, what Triton's path binds by name, for
     calls that change every run()-time input: pool, queries, output, LSE, scales' kinds."""
@@ -163,7 +164,7 @@ def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
         launch(*x)
     for x, named in zip(inputs[2:] + inputs, recorders[0].by_name):
         assert (
-            _expected_call_args(x, split=splits > 1).items()
+            _expected_call_args(x, split=splits > 1, q_copied=launch.q_fp16).items()
             <= {
                 k: (v.data_ptr() if isinstance(v, torch.Tensor) else v) for k, v in named.items()
             }.items()
@@ -173,12 +174,17 @@ def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
         for pos, named in zip(positional, rec.by_name):
             expect = [named.get(n, launcher.defaults.get(n)) for n in launcher.names]
             bad = [n for n, a, b in zip(launcher.names, pos, expect) if not _same(a, b)]
+            if launch.q_fp16 and bad[:1] == ["q_nope_ptr"]:  # a fresh fp16 copy per call
+                q = pos[launcher.names.index("q_nope_ptr")]
+                assert q.dtype == torch.float16 and q.is_contiguous()
+                bad = bad[1:]
             assert not bad, f"{variant}: direct launch differs in {bad}"
 
 
-def _expected_call_args(x, split: bool) -> dict:
+def _expected_call_args(x, split: bool, q_copied: bool) -> dict:
     """What the attention kernel must receive from one run(), derived from its inputs alone
-    (tensors as data pointers)."""
+    (tensors as data pointers); ``q_copied``: the tile reads a contiguous fp16 copy of
+    ``q_nope`` made for the call."""
     qn, qp, ckv, kpe, out, lse, sc = x
     cs_ptr = isinstance(sc.ckv, torch.Tensor)
     want = dict(
@@ -190,6 +196,9 @@ def _expected_call_args(x, split: bool) -> dict:
         CKV_SCALE_PTR=cs_ptr, KPE_SCALE_PTR=cs_ptr, TOKEN_GROUP=False,
         ckv_scale_val=1.0 if cs_ptr else sc.ckv, kpe_scale_val=1.0 if cs_ptr else sc.kpe,
     )  # fmt: skip
+    if q_copied:
+        del want["q_nope_ptr"]
+        want.update(stride_qn_t=qn.shape[1] * 512, stride_qn_h=512)
     if cs_ptr:
         want.update(ckv_scale_ptr=sc.ckv.data_ptr(), kpe_scale_ptr=sc.kpe.data_ptr())
     if not split:
