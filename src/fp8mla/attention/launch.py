@@ -111,9 +111,10 @@ class KernelLauncher:
     def launch(self, args: dict[str, Any], key: Hashable | None) -> None:
         """A launch through Triton's path (binding and specializing ``args`` by name); with a
         ``key``, later :meth:`launch_direct` calls of that key reuse its compiled kernel."""
-        if key is not None and self.launch_direct(
-            [args[n] if n in args else self.defaults[n] for n in self.names], key
-        ):
+        if key is not None and key in self._compiled and self._direct_ok():
+            self.launch_direct(
+                [args[n] if n in args else self.defaults[n] for n in self.names], key
+            )
             return
         kernel = self.fn[self.grid](**args, **self.options)
         if key is not None and kernel is not None and hasattr(kernel, "packed_metadata"):
@@ -401,8 +402,8 @@ class AttentionLaunch:
         if write_lse:
             ptrs |= lse.data_ptr()
         os = out.stride()
+        lse_t = lse.stride(0) if write_lse else 0
         if not self.split:
-            lse_t = lse.stride(0) if write_lse else 0
             vals += [out, lse if write_lse else out, os[0], os[1], lse_t, write_lse]
             strides += [os[0], os[1]] + ([lse_t] if write_lse else [])
         wide = False
@@ -419,7 +420,6 @@ class AttentionLaunch:
         if key is None or not self.kernel.launch_direct(self._bind(vals), key):
             self.kernel.launch(self._args(vals), key)
         if self.merge is not None:
-            lse_t = lse.stride(0) if write_lse else 0
             mvals = [out, lse if write_lse else self.partials[1], out.shape[0], os[0], os[1],
                      lse_t, write_lse]  # fmt: skip
             mkey = None
