@@ -123,13 +123,10 @@ def test_kit_cuda_graph_decode(page_size, prefix_lens, kernel, monkeypatch, engi
     )
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("page_size, prefix_lens", [(1, (5, 40)), (16, (5, 9)), (64, (30, 61))])
-def test_kit_eagle_verify(page_size, prefix_lens, kernel, monkeypatch, engine_device):
-    """Speculative target verification (EAGLE/MTP chain, topk 1), eager."""
-    monkeypatch.setenv(BACKEND_ENV, kernel)
-    case = kit.MLAAttentionCase(
-        name=f"fp8mla_verify_p{page_size}",
+def _verify_case(name: str, page_size: int, prefix_lens: tuple[int, ...]):
+    """A target-verify case of 16 heads: 3 draft tokens per request over ``prefix_lens``."""
+    return kit.MLAAttentionCase(
+        name=name,
         backend="fp8mla",
         forward_mode=ForwardMode.TARGET_VERIFY,
         num_heads=16,
@@ -137,6 +134,14 @@ def test_kit_eagle_verify(page_size, prefix_lens, kernel, monkeypatch, engine_de
         prefix_lens=prefix_lens,
         extend_lens=(3,) * len(prefix_lens),
     )
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("page_size, prefix_lens", [(1, (5, 40)), (16, (5, 9)), (64, (30, 61))])
+def test_kit_eagle_verify(page_size, prefix_lens, kernel, monkeypatch, engine_device):
+    """Speculative target verification (EAGLE/MTP chain, topk 1), eager."""
+    monkeypatch.setenv(BACKEND_ENV, kernel)
+    case = _verify_case(f"fp8mla_verify_p{page_size}", page_size, prefix_lens)
     kit_verify.run_mla_eagle_verify_case(
         unittest.TestCase(), case, topk=1, **DIMS, max_context_len=128, dtype=DTYPE,
         device=engine_device,
@@ -148,15 +153,7 @@ def test_kit_eagle_verify_cuda_graph(page_size, prefix_lens, monkeypatch, engine
     """Target verify under the kit's graph flow. The kit's eager leg writes the prefix at
     unshuffled slots, so each request here fits in one page (where both layouts agree)."""
     monkeypatch.setenv(BACKEND_ENV, "triton")
-    case = kit.MLAAttentionCase(
-        name=f"fp8mla_verify_graph_p{page_size}",
-        backend="fp8mla",
-        forward_mode=ForwardMode.TARGET_VERIFY,
-        num_heads=16,
-        page_size=page_size,
-        prefix_lens=prefix_lens,
-        extend_lens=(3,) * len(prefix_lens),
-    )
+    case = _verify_case(f"fp8mla_verify_graph_p{page_size}", page_size, prefix_lens)
     kit_verify.run_mla_eagle_verify_cuda_graph_case(
         unittest.TestCase(), case, topk=1, **DIMS, max_context_len=128, dtype=DTYPE,
         device=engine_device,
