@@ -59,23 +59,21 @@ def _producer(
     stride_sa_p, stride_sa_s,
     FIRST: gl.constexpr, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, P_WARPS: gl.constexpr,
+    PF_MODE: gl.constexpr, PROBE: gl.constexpr,
 ):  # fmt: skip
     """Tiles ``FIRST, FIRST + 2, …`` of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared
     buffer ``FIRST`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the launcher's
     NaN row). Two producers alternate, so each has two consumer steps per tile. Per tile: all of its
     bytes are requested before the buffer is waited for, its successor (two tiles on) is
-    prefetched into the L2, and the page entries of the one after that are loaded — no load
-    waits for another issued in the same step."""
+    prefetched into the L2 (``PF_MODE``: see the kernel), and the page entries of the tile two
+    after that are loaded — no load waits for another issued in the same step."""
     # 16 bytes per thread, 8 threads per 128-byte row chunk, 4 rows per warp
     ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])
     pe: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
-    pf: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [P_WARPS, 1], [1, 0])
     rows_l: gl.constexpr = gl.SliceLayout(1, ld)
     pe_rows_l: gl.constexpr = gl.SliceLayout(1, pe)
-    pf_rows_l: gl.constexpr = gl.SliceLayout(1, pf)
     e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe))
     d = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld))
-    seg_end = gl.arange(0, D_CKV // 64, layout=gl.SliceLayout(0, pf)) * 64 + 63
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     my_tiles = gl.maximum(n_tiles - FIRST + 1, 0) // 2
     k_dst = k_bufs.index(FIRST)
@@ -84,6 +82,8 @@ def _producer(
     pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
     pos2 = pos + 2 * BLOCK_N
     pages2, bad2 = _page_entries(page_base, n_entries, num_pages, pos2, pos2 < n_end, PAGE_SIZE)
+    pos4 = pos + 4 * BLOCK_N
+    pages4, bad4 = _page_entries(page_base, n_entries, num_pages, pos4, pos4 < n_end, PAGE_SIZE)
     for i in range(my_tiles):
         pos = n_begin + (FIRST + 2 * i) * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = pos < n_end
@@ -92,6 +92,8 @@ def _producer(
         # as arithmetic, not a select: the offsets stay provably 16-aligned (16-byte loads)
         rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
         rows += bad.to(gl.int64) * (nan_row_ckv - rows)
+        if PROBE & 2:  # measurement only: every tile reads the pool's first rows (cached)
+            rows = (pos % BLOCK_N).to(gl.int64) * stride_ckv_p
         # -- every byte of this tile requested at once --
         x0 = gl.load(ckv_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0)
         x1 = gl.load(ckv_ptr + rows[:, None] + (CHUNK + d)[None, :], mask=ok[:, None], other=0)
@@ -102,32 +104,35 @@ def _producer(
         pe_rows = gl.convert_layout(slot, pe_rows_l) * stride_kpe_p
         pe_rows += (pe_pos % PAGE_SIZE) * stride_kpe_s
         pe_rows += gl.convert_layout(bad, pe_rows_l).to(gl.int64) * (nan_row_kpe - pe_rows)
+        if PROBE & 2:
+            pe_rows = (pe_pos % BLOCK_N).to(gl.int64) * stride_kpe_p
         xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
         if TOKEN_GROUP:
             sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
-        # -- this producer's next tile into the L2; the page entries of the one after --
-        pf_pos = gl.convert_layout(pos, pf_rows_l) + 2 * BLOCK_N
-        pf_rows = gl.convert_layout(pages2, pf_rows_l).to(gl.int64) * stride_ckv_p
-        pf_rows += (pf_pos % PAGE_SIZE) * stride_ckv_s
-        _prefetch_l2(ckv_ptr + pf_rows[:, None] + seg_end[None, :])
-        pos4 = pos + 4 * BLOCK_N
-        pages4, bad4 = _page_entries(page_base, n_entries, num_pages, pos4, pos4 < n_end, PAGE_SIZE)
+        # -- this producer's next tile into the L2; the page entries of its third next --
+        _prefetch_tile(ckv_ptr, kpe_ptr, pages2, pos + 2 * BLOCK_N, stride_ckv_p, stride_ckv_s,
+                       stride_kpe_p, stride_kpe_s, PAGE_SIZE, D_CKV, PF_MODE, P_WARPS)  # fmt: skip
+        pos6 = pos + 6 * BLOCK_N
+        pages6, bad6 = _page_entries(page_base, n_entries, num_pages, pos6, pos6 < n_end, PAGE_SIZE)
         # -- the consumers are done with this buffer (this producer's previous tile) --
         mbarrier.wait(empty.index(FIRST), (i & 1) ^ 1)
-        for c in gl.static_range(D_CKV // CHUNK):
-            if c == 0:
-                x = x0
-            elif c == 1:
-                x = x1
-            elif c == 2:
-                x = x2
-            else:
-                x = x3
-            k = _fp8_to_f16(x, FP8_CVT)
-            if TOKEN_GROUP:
-                sc = gl.load(sa + c, mask=ok, other=0.0)
-                k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
-            k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
+        if PROBE & 4:  # measurement only: one chunk converted and stored instead of four
+            k_dst.slice(0, CHUNK, dim=1).store(_fp8_to_f16(x0 ^ x1 ^ x2 ^ x3, FP8_CVT))
+        else:
+            for c in gl.static_range(D_CKV // CHUNK):
+                if c == 0:
+                    x = x0
+                elif c == 1:
+                    x = x1
+                elif c == 2:
+                    x = x2
+                else:
+                    x = x3
+                k = _fp8_to_f16(x, FP8_CVT)
+                if TOKEN_GROUP:
+                    sc = gl.load(sa + c, mask=ok, other=0.0)
+                    k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
+                k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
         kpe_dst.store(_fp8_to_f16(xp, FP8_CVT))
         # all warps' stores are visible to wgmma before one thread signals
         fence_async_shared()
@@ -135,6 +140,57 @@ def _producer(
         mbarrier.arrive(ready.index(FIRST))
         pages, bad = pages2, bad2
         pages2, bad2 = pages4, bad4
+        pages4, bad4 = pages6, bad6
+
+
+@gluon.jit
+def _prefetch_bulk(ptrs, BYTES: gl.constexpr):
+    """``cp.async.bulk.prefetch.L2`` of ``BYTES`` (512 or 64) bytes from each of ``ptrs``
+    rounded down to 16 bytes (the instruction's alignment; a row of an odd-strided view loses
+    at most its last 15 bytes from the hint, and nothing past the row is named): one
+    instruction per row, every sector of it."""
+    if BYTES == 512:
+        asm: gl.constexpr = (
+            "{ .reg .b64 a; and.b64 a, $1, -16; cp.async.bulk.prefetch.L2.global [a], 512; }"
+            " mov.u32 $0, 0;"
+        )
+    else:
+        asm: gl.constexpr = (
+            "{ .reg .b64 a; and.b64 a, $1, -16; cp.async.bulk.prefetch.L2.global [a], 64; }"
+            " mov.u32 $0, 0;"
+        )
+    return gl.inline_asm_elementwise(asm, "=r,l", [ptrs], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prefetch_tile(
+    ckv_ptr, kpe_ptr, pages, pos, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
+    PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, PF_MODE: gl.constexpr, P_WARPS: gl.constexpr,
+):  # fmt: skip
+    """The tokens at ``pos`` (page ids ``pages``, a bad entry as page 0) into the L2.
+    ``PF_MODE`` 0: one ``prefetch.global.L2`` per 64 bytes of the latent part; 1: one per
+    32-byte sector of both parts; 2: one bulk prefetch per row and part (latent, RoPE)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
+    if PF_MODE == 2:
+        p = gl.convert_layout(pages, one).to(gl.int64)
+        q = gl.convert_layout(pos, one) % PAGE_SIZE
+        _prefetch_bulk(ckv_ptr + p * stride_ckv_p + q * stride_ckv_s, 512)
+        _prefetch_bulk(kpe_ptr + p * stride_kpe_p + q * stride_kpe_s, 64)
+    else:
+        STEP: gl.constexpr = 64 if PF_MODE == 0 else 32
+        sec: gl.constexpr = gl.BlockedLayout([1, 1], [32 // (D_CKV // STEP), D_CKV // STEP],
+                                             [P_WARPS, 1], [1, 0])  # fmt: skip
+        rl: gl.constexpr = gl.SliceLayout(1, sec)
+        p = gl.convert_layout(pages, rl).to(gl.int64)
+        q = gl.convert_layout(pos, rl) % PAGE_SIZE
+        col = gl.arange(0, D_CKV // STEP, layout=gl.SliceLayout(0, sec)) * STEP + (STEP - 1)
+        _prefetch_l2(ckv_ptr + (p * stride_ckv_p + q * stride_ckv_s)[:, None] + col[None, :])
+        if PF_MODE == 1:
+            p1 = gl.convert_layout(pages, one).to(gl.int64)
+            q1 = gl.convert_layout(pos, one) % PAGE_SIZE
+            pe = kpe_ptr + p1 * stride_kpe_p + q1 * stride_kpe_s
+            _prefetch_l2(pe)
+            _prefetch_l2(pe + 32)
 
 
 @gluon.jit
@@ -192,7 +248,7 @@ def _softmax_wg(
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
     stride_lse_split, stride_lse_t,
     BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
-    WRITE_LSE: gl.constexpr,
+    WRITE_LSE: gl.constexpr, PROBE: gl.constexpr,
 ):  # fmt: skip
     """The default partition: ``Sᵀ``, the online softmax over each tile's tokens, ``Pᵀ`` and the
     rescale factor to the value warpgroup, output columns 0–255, the LSE, and the row maxima and
@@ -218,37 +274,42 @@ def _softmax_wg(
         buf = j % NUM_BUF
         phase = (j // NUM_BUF) & 1
         mbarrier.wait(ready.index(buf), phase)
-        k_smem = k_bufs.index(buf)
-        # -- sᵀ = k·qᵀ --
-        s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(kpe_bufs.index(buf), qpe_smem.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(0, deps=[s])
-        # -- online softmax over the tile's tokens (a bad page entry's NaN where visible) --
-        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
-        visible = (pos < n_end)[:, None]
-        if CAUSAL:
-            visible = visible & (pos[:, None] <= causal_limit[None, :])
-        s = gl.where(visible, s * qk_scale, NEG_INF)
-        m_new = gl.maximum(m_i, gl.max(s, axis=0))
-        m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_acc = l_acc * alpha[None, :] + p
-        m_i = m_new
-        # -- pᵀ and alpha to the value warpgroup (slot free once it finished tile j - 2) --
-        mbarrier.wait(p_free.index(buf), phase ^ 1)
-        p_buf = p_smem.index(buf)
-        p_buf.store(p.to(gl.float16))
-        a_smem.index(buf).store(alpha)
-        fence_async_shared()
-        _BARRIER()
-        mbarrier.arrive(p_ready.index(buf))
-        # -- oᵀ[0:256] += vᵀ·pᵀ --
-        o = o * alpha[None, :]
-        v_t = k_smem.slice(0, HALF, dim=1).permute((1, 0))
-        o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_buf, o, is_async=True)])
-        _BARRIER()
-        mbarrier.arrive(empty.index(buf))
+        if PROBE & 1:  # measurement only: the consumers take tiles without any math
+            mbarrier.wait(p_free.index(buf), phase ^ 1)
+            mbarrier.arrive(p_ready.index(buf))
+            mbarrier.arrive(empty.index(buf))
+        else:
+            k_smem = k_bufs.index(buf)
+            # -- sᵀ = k·qᵀ --
+            s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(kpe_bufs.index(buf), qpe_smem.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(0, deps=[s])
+            # -- online softmax over the tile's tokens (a bad page entry's NaN where visible) --
+            pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
+            visible = (pos < n_end)[:, None]
+            if CAUSAL:
+                visible = visible & (pos[:, None] <= causal_limit[None, :])
+            s = gl.where(visible, s * qk_scale, NEG_INF)
+            m_new = gl.maximum(m_i, gl.max(s, axis=0))
+            m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_acc = l_acc * alpha[None, :] + p
+            m_i = m_new
+            # -- pᵀ and alpha to the value warpgroup (slot free once it finished tile j - 2) --
+            mbarrier.wait(p_free.index(buf), phase ^ 1)
+            p_buf = p_smem.index(buf)
+            p_buf.store(p.to(gl.float16))
+            a_smem.index(buf).store(alpha)
+            fence_async_shared()
+            _BARRIER()
+            mbarrier.arrive(p_ready.index(buf))
+            # -- oᵀ[0:256] += vᵀ·pᵀ --
+            o = o * alpha[None, :]
+            v_t = k_smem.slice(0, HALF, dim=1).permute((1, 0))
+            o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_buf, o, is_async=True)])
+            _BARRIER()
+            mbarrier.arrive(empty.index(buf))
 
     # -- epilogue: row sums, statistics for the value warpgroup, outputs 0-255, LSE --
     l_i = gl.sum(l_acc, axis=0)
@@ -276,7 +337,7 @@ def _value_wg(
     k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem, stat_ready,
     o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
     stride_o_split, stride_o_t, stride_o_h,
-    BLOCK_R: gl.constexpr,
+    BLOCK_R: gl.constexpr, PROBE: gl.constexpr,
 ):  # fmt: skip
     """The value warpgroup: output columns 256–511 from the softmax warpgroup's ``Pᵀ``."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
@@ -290,10 +351,13 @@ def _value_wg(
         phase = (j // NUM_BUF) & 1
         mbarrier.wait(ready.index(buf), phase)
         mbarrier.wait(p_ready.index(buf), phase)
-        alpha = a_smem.index(buf).load(row_l)
-        o = o * alpha[None, :]
-        v_t = k_bufs.index(buf).slice(HALF, HALF, dim=1).permute((1, 0))
-        o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_smem.index(buf), o, is_async=True)])
+        if not (PROBE & 1):
+            alpha = a_smem.index(buf).load(row_l)
+            o = o * alpha[None, :]
+            v_t = k_bufs.index(buf).slice(HALF, HALF, dim=1).permute((1, 0))
+            o = warpgroup_mma_wait(
+                0, deps=[warpgroup_mma(v_t, p_smem.index(buf), o, is_async=True)]
+            )
         _BARRIER()
         mbarrier.arrive(p_free.index(buf))
         mbarrier.arrive(empty.index(buf))
@@ -361,6 +425,12 @@ def _mla_attn_fewrows_kernel(
     PRODUCER_WARPS: gl.constexpr = 4,
     PRODUCER_REGS: gl.constexpr = 128,
     VALUE_REGS: gl.constexpr = 104,
+    # L2 prefetch of a producer's next tile: 0 one ``prefetch.global.L2`` per 64 bytes, 1 per
+    # 32-byte sector, 2 one bulk prefetch per row; -1: 2 for 32 rows, 0 for 16 (measured on
+    # the H200: bulk 10-14% faster at 32 rows, 7% slower at 16; benchmarks/NOTES.md round 13)
+    PF_MODE: gl.constexpr = -1,
+    PROBE: gl.constexpr = 0,  # measurement only, bits: 1 no consumer math, 2 cached loads, 4 one
+    # conversion of the four chunks' XOR per tile
 ):
     gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows: wgmma's N")
     gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile: wgmma's M")
@@ -369,6 +439,7 @@ def _mla_attn_fewrows_kernel(
     gl.static_assert(gl.num_warps() == 4, "the softmax warpgroup is the default partition")
     gl.static_assert(ckv_ptr.dtype.element_ty.primitive_bitwidth == 8, "FP8 KV")
 
+    PF: gl.constexpr = PF_MODE if PF_MODE >= 0 else (2 if BLOCK_M == 32 else 0)
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     p_sh: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=BLOCK_M * 2, element_bitwidth=16, rank=2
@@ -426,7 +497,7 @@ def _mla_attn_fewrows_kernel(
                     q_start, qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads,
                     num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
                     stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
-                    stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
+                    stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE, PROBE,
                 ),
             ),
             (
@@ -434,7 +505,7 @@ def _mla_attn_fewrows_kernel(
                 (
                     k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem,
                     stat_ready, o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads,
-                    num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M,
+                    num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M, PROBE,
                 ),
             ),
             (
@@ -444,7 +515,8 @@ def _mla_attn_fewrows_kernel(
                     n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s,
                     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 0, PAGE_SIZE,
-                    D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS,
+                    D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
+                    PROBE,
                 ),
             ),
             (
@@ -454,7 +526,8 @@ def _mla_attn_fewrows_kernel(
                     n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s,
                     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 1, PAGE_SIZE,
-                    D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS,
+                    D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
+                    PROBE,
                 ),
             ),
         ],

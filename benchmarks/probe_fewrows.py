@@ -1,0 +1,135 @@
+"""Variants of the SM90 few-row decode kernel (``kernels/mla_fewrows.py``) on the decode goal
+cases, in one GPU run: each variant's compile-time options, its error against the float64
+reference (4 requests), its CUDA-graph time (as ``fp8mla bench`` times small cases: replays
+over rotated token placements) and the attention kernel's own device time (profiler, eager);
+FlashInfer's bf16-pool path in the same run when ``FP8MLA_FLASHINFER`` names its folder.
+
+    python benchmarks/probe_fewrows.py --json OUT/probe.json [--variants base pf-bulk ...]
+
+Variants named ``probe-*`` are measurements, not answers (their outputs are wrong by design):
+``nomath``: the producers alone (the consumers take each tile without math); ``cached``:
+every tile reads the pool's first 64 rows (the loads hit the caches); ``xor``: the producers
+convert and store one 128-column chunk (the XOR of the four) instead of four.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+from fp8mla.bench import impls as I
+from fp8mla.bench.cases import Case
+from fp8mla.bench.inputs import build_inputs, random_pool
+from fp8mla.bench.measure import Timing, copy_bandwidth_tbps, time_graph
+from fp8mla.bench.runner import placements, reference_subset
+from fp8mla.testing import rel_err
+
+CASES = [Case(32, 32, 4096), Case(64, 16, 4096), Case(8, 32, 16384), Case(1, 32, 4096)]
+VARIANTS: dict[str, dict[str, int]] = {
+    "default": {},  # the kernel's own choice (PF_MODE -1: bulk at 32 rows, lines at 16)
+    "pf-lines": {"PF_MODE": 0},
+    "pf-sector": {"PF_MODE": 1},
+    "pf-bulk": {"PF_MODE": 2},
+    "probe-nomath": {"PROBE": 1},
+    "probe-nomath-pf-bulk": {"PROBE": 1, "PF_MODE": 2},
+    "probe-cached": {"PROBE": 2},
+    "probe-cached-nomath": {"PROBE": 3},
+    "probe-xor": {"PROBE": 4},
+    "probe-nomath-xor": {"PROBE": 5},
+    "probe-cached-nomath-xor": {"PROBE": 7},
+}
+
+
+def variant_runner(inp, options: dict[str, int]):
+    """fp8mla on ``inp`` with the few-row kernel's compile-time ``options`` overridden."""
+    w = I.planned_wrapper(inp, inp.pool.dtype)
+    launch = w._launch
+    if launch.variant.name != "fewrows":
+        raise SystemExit(f"{inp.case.name}: planned {launch.variant.name}, not fewrows")
+    launch.kernel.options.update(options)
+    ckv, kpe = inp.paged()
+    out = torch.empty_like(inp.q_nope)
+    s = inp.scale
+    return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=s, kpe_scale=s)
+
+
+def attention_us(run, calls: int = 20) -> float | None:
+    """Device µs per call of the attention kernel alone (profiler over eager calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    for e in prof.key_averages():
+        if "fewrows" in e.key:
+            return round(getattr(e, "device_time_total", 0.0) / calls, 2)
+    return None
+
+
+def graph_us(runs) -> Timing:
+    t = time_graph(lambda rs=runs: [r() for r in rs], reps=30)
+    n = len(runs)
+    return Timing(t.us_median / n, t.us_p20 / n, t.us_p80 / n)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--cases", nargs="+", help="case names (default: all four)")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    copy = copy_bandwidth_tbps(dev)
+    fi = None
+    if os.environ.get("FP8MLA_FLASHINFER"):
+        fi = I.load_flashinfer(os.environ["FP8MLA_FLASHINFER"])
+    pool = random_pool(max(c.slots_needed() for c in CASES), torch.float8_e4m3fn, dev)
+    bf16 = pool.to(torch.bfloat16) if fi is not None else None
+    rows: list[dict] = []
+    for case in CASES:
+        if args.cases and case.name not in args.cases:
+            continue
+        inputs = [build_inputs(case, dev, seed=i, pool=pool) for i in range(placements(case))]
+        ref, ref_rows = reference_subset(inputs[0], 4)
+        kv_bytes = case.batch * case.context * 576
+        floor_us = kv_bytes / (copy / 2 * 1e12) * 1e6
+        base = dict(case=case.name, floor_us=round(floor_us, 2))
+        if fi is not None:
+            runs = [I.flashinfer_wrapper(x, bf16, fi) for x in inputs]
+            t = graph_us(runs)
+            rows.append(dict(base, variant="flashinfer-bf16kv", us=round(t.us_median, 2)))
+            print(json.dumps(rows[-1]), flush=True)
+            del runs
+        for name in args.variants:
+            runs = [variant_runner(x, VARIANTS[name]) for x in inputs]
+            out = runs[0]()
+            torch.cuda.synchronize()
+            err = None if name.startswith("probe") else rel_err(out[ref_rows].float(), ref)
+            t = graph_us(runs)
+            rec = dict(
+                base, variant=name, options=VARIANTS[name], us=round(t.us_median, 2),
+                p20=round(t.us_p20, 2), p80=round(t.us_p80, 2),
+                tbps=round(kv_bytes / t.us_median / 1e6, 3),
+                kernel_us=attention_us(runs[0]), rel_err=err and float(f"{err:.2e}"),
+            )  # fmt: skip
+            rows.append(rec)
+            print(json.dumps(rec), flush=True)
+            del runs
+        del inputs
+    with open(args.json, "w") as f:
+        json.dump(dict(copy_tbps=copy, rows=rows), f, indent=1)
+    print(f"\ncopy {copy:.2f} TB/s; µs (CUDA graph), kernel µs (profiler), rel err")
+    for r in rows:
+        print(f"{r['case']:<28} {r['variant']:<20} {r['us']:>8} {r.get('kernel_us') or '':>8} "
+              f"{r.get('rel_err') or ''}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
