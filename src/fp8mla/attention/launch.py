@@ -197,7 +197,14 @@ MERGE_CALL_ARGS = ("o_ptr", "lse_ptr", "num_tokens", "stride_o_t", "stride_o_h",
 
 class _Binder:
     """A kernel's positional arguments for a direct launch: the plan's values and defaults in
-    a template, the call's values put into their positions (``call`` names them in order)."""
+    a template, the call's values put into their positions (``call`` names them in order).
+
+    Tensors go in as their device addresses (the plan's when the template is made, the
+    call's per call): Triton's launcher takes an int as the address itself, where for a
+    tensor it calls ``data_ptr()`` and asks the driver about the pointer
+    (``cuPointerGetAttribute``), once per pointer argument of every launch. The plan's
+    tensors stay referenced by the plan; the call's are the caller's, alive through the
+    launch."""
 
     def __init__(self, launcher: KernelLauncher, fixed: dict[str, Any], call: tuple[str, ...]):
         names = launcher.names
@@ -208,14 +215,26 @@ class _Binder:
             raise TypeError(
                 f"expected every kernel argument bound at plan() or run(), got {missing} unbound"
             )
-        self.template = [fixed.get(n, launcher.defaults.get(n)) for n in names]
+        self.template = [_address(fixed.get(n, launcher.defaults.get(n))) for n in names]
         self.slots = tuple(names.index(n) for n in call)
+        # the call's pointer arguments: (index into the call's values, position)
+        self.pointers = tuple((k, names.index(n)) for k, n in enumerate(call) if n.endswith("_ptr"))
+        self.values = tuple(
+            (k, names.index(n)) for k, n in enumerate(call) if not n.endswith("_ptr")
+        )
 
     def __call__(self, vals: list[Any]) -> list[Any]:
         args = self.template.copy()
-        for i, v in zip(self.slots, vals):
-            args[i] = v
+        for k, i in self.pointers:
+            args[i] = vals[k].data_ptr()
+        for k, i in self.values:
+            args[i] = vals[k]
         return args
+
+
+def _address(value: Any) -> Any:
+    """A tensor's device address; any other value as it is."""
+    return value.data_ptr() if isinstance(value, torch.Tensor) else value
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:
