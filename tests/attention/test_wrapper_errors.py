@@ -57,8 +57,9 @@ def planned(batch, **overrides):
     ],
 )
 def test_plan_rejects(batch, overrides, match):
-    # kv_indices is checked on the host only (on the device the kernels bound its ids)
-    dev = "cpu" if "page ids" in match else batch.q_nope.device
+    # kv_indices and kv_len_arr are read by plan() only when they are host (CPU) tensors: on
+    # the device they stay unread (no sync) and the kernels bound each request by its pages
+    dev = "cpu" if "page ids" in match or "pages for request" in match else batch.q_nope.device
     as_tensor = lambda v: torch.tensor(
         v, device=dev, dtype=torch.int64 if "dtype" in match else torch.int32
     )
@@ -69,8 +70,8 @@ def test_plan_rejects(batch, overrides, match):
 
 def test_causal_query_longer_than_kv_rejected(device):
     b = make_batch([3], 4, qo_lens=5, device=device)
-    with pytest.raises(ValueError, match="qo_len 5 > kv_len 3"):
-        planned(b, num_heads=4, page_size=1, causal=True)
+    with pytest.raises(ValueError, match="qo_len 5 > kv_len 3"):  # host lengths are checked
+        planned(b, num_heads=4, page_size=1, causal=True, kv_len_arr=b.kv_len.cpu())
 
 
 def test_run_before_plan(device):
