@@ -9,7 +9,11 @@ FlashInfer's bf16-pool path in the same run when ``FP8MLA_FLASHINFER`` names its
 Variants named ``probe-*`` are measurements, not answers (their outputs are wrong by design):
 ``nomath``: the producers alone (the consumers take each tile without math); ``cached``:
 every tile reads the pool's first 64 rows (the loads hit the caches); ``xor``: the producers
-convert and store one 128-column chunk (the XOR of the four) instead of four.
+convert and store one 128-column chunk (the XOR of the four) instead of four; ``nomax``: the
+online softmax without row maxima (a constant reference: what the cross-warp reduction costs).
+
+``--trace``: instead, one eager call per case with cycle stamps (``PROBE`` bit 8, the
+kernel's ``_stamp``) at each partition's steps, and the median cycles of each step per tile.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ VARIANTS: dict[str, dict[str, int]] = {
     "probe-xor": {"PROBE": 4},
     "probe-nomath-xor": {"PROBE": 5},
     "probe-cached-nomath-xor": {"PROBE": 7},
+    "probe-nomax": {"PROBE": 16},
 }
 
 
@@ -54,6 +59,65 @@ def variant_runner(inp, options: dict[str, int]):
     out = torch.empty_like(inp.q_nope)
     s = inp.scale
     return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=s, kpe_scale=s)
+
+
+def trace_case(inp, options: dict[str, int]) -> dict[str, float]:
+    """Median cycles per tile of each partition's steps (middle tiles of every program)."""
+    from fp8mla.attention import launch as L
+
+    w = I.planned_wrapper(inp, inp.pool.dtype)
+    grid = w._launch.kernel.grid
+    programs = grid[0] * grid[1] * grid[2]
+    trace = torch.zeros(programs, 4, 64, 8, dtype=torch.int64, device=inp.pool.device)
+    opts = dict(options)
+    opts["PROBE"] = opts.get("PROBE", 0) | 8
+    w._launch.kernel.options.update(opts, trace_ptr=trace)
+    direct_ok = L.KernelLauncher._direct_ok
+    L.KernelLauncher._direct_ok = staticmethod(lambda: False)  # the stamps need Triton's path
+    try:
+        ckv, kpe = inp.paged()
+        w.run(inp.q_nope, inp.q_pe, ckv, kpe, ckv_scale=inp.scale, kpe_scale=inp.scale)
+        torch.cuda.synchronize()
+    finally:
+        L.KernelLauncher._direct_ok = direct_ok
+    t = trace.double().cpu()
+    steps: dict[str, list[float]] = {}
+
+    def add(name, values):
+        steps.setdefault(name, []).extend(v for v in values.flatten().tolist() if abs(v) < 1e8)
+
+    sm, va, prod = t[:, 0], t[:, 1], t[:, 2:]
+    tiles = int((sm[:, :, 0] > 0).sum(1).max())
+    p = torch.zeros(programs, 64, 5, dtype=torch.float64)  # the producers' stamps by tile
+    p[:, 0::2], p[:, 1::2] = prod[:, 0, 0::2, :5], prod[:, 1, 1::2, :5]
+    mid = slice(2, max(3, min(tiles, 64) - 2))
+    prev = slice(1, max(2, min(tiles, 64) - 3))
+    nxt = slice(3, max(4, min(tiles, 64) - 1))
+    add("period (softmax ready to ready)", sm[:, nxt, 0] - sm[:, mid, 0])
+    add("softmax: wait for the tile", sm[:, mid, 0] - sm[:, prev, 3])
+    add("softmax: S = K·Qᵀ", sm[:, mid, 1] - sm[:, mid, 0])
+    add("softmax: softmax, P handed over", sm[:, mid, 2] - sm[:, mid, 1])
+    add("  row maxima (across the four warps)", sm[:, mid, 4] - sm[:, mid, 1])
+    add("  exp2, row sums", sm[:, mid, 5] - sm[:, mid, 4])
+    add("  wait for the P slot", sm[:, mid, 6] - sm[:, mid, 5])
+    add("  store P and alpha", sm[:, mid, 7] - sm[:, mid, 6])
+    add("  fence, barrier, arrive", sm[:, mid, 2] - sm[:, mid, 7])
+    add("softmax: O[0:256] += V·P", sm[:, mid, 3] - sm[:, mid, 2])
+    add("value: wait for P", va[:, mid, 0] - va[:, prev, 1])
+    add("value: O[256:512] += V·P", va[:, mid, 1] - va[:, mid, 0])
+    add("producer: issue loads and prefetches", p[:, mid, 3] - p[:, mid, 0])
+    add("producer: wait for the buffer", p[:, mid, 1] - p[:, mid, 3])
+    add("producer: first chunk (its loads' wait)", p[:, mid, 4] - p[:, mid, 1])
+    add("producer: convert and store (incl. load wait)", p[:, mid, 2] - p[:, mid, 1])
+    add("producer: tile ready before the softmax takes it", sm[:, mid, 0] - p[:, mid, 2])
+    add("first tile: producer start to softmax start", sm[:, 0, 0] - p[:, 0, 0])
+    add(
+        "program: producer start to last P·V",
+        va[:, tiles - 1 if tiles <= 64 else 63, 1] - p[:, 0, 0],
+    )
+    med = {k: float(torch.tensor(v).median()) if v else None for k, v in steps.items()}
+    med["tiles per program"] = tiles
+    return med
 
 
 def attention_us(run, calls: int = 20) -> float | None:
@@ -83,6 +147,7 @@ def main() -> int:
     ap.add_argument("--json", required=True)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--cases", nargs="+", help="case names (default: all four)")
+    ap.add_argument("--trace", action="store_true", help="cycle stamps per step instead")
     args = ap.parse_args()
     dev = torch.device("cuda")
     copy = copy_bandwidth_tbps(dev)
@@ -92,6 +157,20 @@ def main() -> int:
     pool = random_pool(max(c.slots_needed() for c in CASES), torch.float8_e4m3fn, dev)
     bf16 = pool.to(torch.bfloat16) if fi is not None else None
     rows: list[dict] = []
+    if args.trace:
+        for case in CASES:
+            if args.cases and case.name not in args.cases:
+                continue
+            inp = build_inputs(case, dev, seed=0, pool=pool)
+            for name in args.variants:
+                med = trace_case(inp, VARIANTS[name])
+                rows.append(dict(case=case.name, variant=name, cycles=med))
+                print(f"\n{case.name} {name} (median cycles per tile)")
+                for k, v in med.items():
+                    print(f"  {k:<50} {v}")
+        with open(args.json, "w") as f:
+            json.dump(dict(rows=rows), f, indent=1)
+        return 0
     for case in CASES:
         if args.cases and case.name not in args.cases:
             continue

@@ -53,13 +53,25 @@ NUM_BUF = gl.constexpr(2)  # fp16 KV tiles in flight
 
 
 @gluon.jit
+def _stamp(trace_ptr, part: gl.constexpr, tile, event: gl.constexpr, PROBE: gl.constexpr):
+    """Measurement only (``PROBE & 8``): the SM's cycle counter into
+    ``trace[program, part, min(tile, 63), event]`` (int64 ``[programs, 4, 64, 8]``)."""
+    if PROBE & 8:
+        pid = gl.program_id(1) * gl.num_programs(2) + gl.program_id(2)
+        t = gl.inline_asm_elementwise(
+            "mov.u64 $0, %clock64;", "=l,r", [tile], dtype=gl.int64, is_pure=False, pack=1
+        )
+        gl.store(trace_ptr + ((pid * 4 + part) * 64 + gl.minimum(tile, 63)) * 8 + event, t)
+
+
+@gluon.jit
 def _producer(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
     num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
     stride_sa_p, stride_sa_s,
     FIRST: gl.constexpr, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, P_WARPS: gl.constexpr,
-    PF_MODE: gl.constexpr, PROBE: gl.constexpr,
+    PF_MODE: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """Tiles ``FIRST, FIRST + 2, …`` of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared
     buffer ``FIRST`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the launcher's
@@ -85,6 +97,7 @@ def _producer(
     pos4 = pos + 4 * BLOCK_N
     pages4, bad4 = _page_entries(page_base, n_entries, num_pages, pos4, pos4 < n_end, PAGE_SIZE)
     for i in range(my_tiles):
+        _stamp(trace_ptr, 2 + FIRST, FIRST + 2 * i, 0, PROBE)
         pos = n_begin + (FIRST + 2 * i) * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = pos < n_end
         slot = pages.to(gl.int64)
@@ -114,8 +127,10 @@ def _producer(
                        stride_kpe_p, stride_kpe_s, PAGE_SIZE, D_CKV, PF_MODE, P_WARPS)  # fmt: skip
         pos6 = pos + 6 * BLOCK_N
         pages6, bad6 = _page_entries(page_base, n_entries, num_pages, pos6, pos6 < n_end, PAGE_SIZE)
+        _stamp(trace_ptr, 2 + FIRST, FIRST + 2 * i, 3, PROBE)
         # -- the consumers are done with this buffer (this producer's previous tile) --
         mbarrier.wait(empty.index(FIRST), (i & 1) ^ 1)
+        _stamp(trace_ptr, 2 + FIRST, FIRST + 2 * i, 1, PROBE)
         if PROBE & 4:  # measurement only: one chunk converted and stored instead of four
             k_dst.slice(0, CHUNK, dim=1).store(_fp8_to_f16(x0 ^ x1 ^ x2 ^ x3, FP8_CVT))
         else:
@@ -133,11 +148,14 @@ def _producer(
                     sc = gl.load(sa + c, mask=ok, other=0.0)
                     k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
                 k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
+                if c == 0:
+                    _stamp(trace_ptr, 2 + FIRST, FIRST + 2 * i, 4, PROBE)
         kpe_dst.store(_fp8_to_f16(xp, FP8_CVT))
         # all warps' stores are visible to wgmma before one thread signals
         fence_async_shared()
         _BARRIER()
         mbarrier.arrive(ready.index(FIRST))
+        _stamp(trace_ptr, 2 + FIRST, FIRST + 2 * i, 2, PROBE)
         pages, bad = pages2, bad2
         pages2, bad2 = pages4, bad4
         pages4, bad4 = pages6, bad6
@@ -248,7 +266,7 @@ def _softmax_wg(
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
     stride_lse_split, stride_lse_t,
     BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
-    WRITE_LSE: gl.constexpr, PROBE: gl.constexpr,
+    WRITE_LSE: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """The default partition: ``Sᵀ``, the online softmax over each tile's tokens, ``Pᵀ`` and the
     rescale factor to the value warpgroup, output columns 0–255, the LSE, and the row maxima and
@@ -274,6 +292,7 @@ def _softmax_wg(
         buf = j % NUM_BUF
         phase = (j // NUM_BUF) & 1
         mbarrier.wait(ready.index(buf), phase)
+        _stamp(trace_ptr, 0, j, 0, PROBE)
         if PROBE & 1:  # measurement only: the consumers take tiles without any math
             mbarrier.wait(p_free.index(buf), phase ^ 1)
             mbarrier.arrive(p_ready.index(buf))
@@ -284,30 +303,40 @@ def _softmax_wg(
             s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma(kpe_bufs.index(buf), qpe_smem.permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(0, deps=[s])
+            _stamp(trace_ptr, 0, j, 1, PROBE)
             # -- online softmax over the tile's tokens (a bad page entry's NaN where visible) --
             pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
             visible = (pos < n_end)[:, None]
             if CAUSAL:
                 visible = visible & (pos[:, None] <= causal_limit[None, :])
             s = gl.where(visible, s * qk_scale, NEG_INF)
-            m_new = gl.maximum(m_i, gl.max(s, axis=0))
+            if PROBE & 16:  # measurement only: no row maxima (a constant reference)
+                m_new = m_i
+            else:
+                m_new = gl.maximum(m_i, gl.max(s, axis=0))
+            _stamp(trace_ptr, 0, j, 4, PROBE)
             m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
             alpha = gl.exp2(m_i - m_use)
             p = gl.exp2(s - m_use[None, :])
             l_acc = l_acc * alpha[None, :] + p
             m_i = m_new
+            _stamp(trace_ptr, 0, j, 5, PROBE)
             # -- pᵀ and alpha to the value warpgroup (slot free once it finished tile j - 2) --
             mbarrier.wait(p_free.index(buf), phase ^ 1)
+            _stamp(trace_ptr, 0, j, 6, PROBE)
             p_buf = p_smem.index(buf)
             p_buf.store(p.to(gl.float16))
             a_smem.index(buf).store(alpha)
+            _stamp(trace_ptr, 0, j, 7, PROBE)
             fence_async_shared()
             _BARRIER()
             mbarrier.arrive(p_ready.index(buf))
+            _stamp(trace_ptr, 0, j, 2, PROBE)
             # -- oᵀ[0:256] += vᵀ·pᵀ --
             o = o * alpha[None, :]
             v_t = k_smem.slice(0, HALF, dim=1).permute((1, 0))
             o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_buf, o, is_async=True)])
+            _stamp(trace_ptr, 0, j, 3, PROBE)
             _BARRIER()
             mbarrier.arrive(empty.index(buf))
 
@@ -337,7 +366,7 @@ def _value_wg(
     k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem, stat_ready,
     o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
     stride_o_split, stride_o_t, stride_o_h,
-    BLOCK_R: gl.constexpr, PROBE: gl.constexpr,
+    BLOCK_R: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """The value warpgroup: output columns 256–511 from the softmax warpgroup's ``Pᵀ``."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
@@ -351,6 +380,7 @@ def _value_wg(
         phase = (j // NUM_BUF) & 1
         mbarrier.wait(ready.index(buf), phase)
         mbarrier.wait(p_ready.index(buf), phase)
+        _stamp(trace_ptr, 1, j, 0, PROBE)
         if not (PROBE & 1):
             alpha = a_smem.index(buf).load(row_l)
             o = o * alpha[None, :]
@@ -359,6 +389,7 @@ def _value_wg(
                 0, deps=[warpgroup_mma(v_t, p_smem.index(buf), o, is_async=True)]
             )
         _BARRIER()
+        _stamp(trace_ptr, 1, j, 1, PROBE)
         mbarrier.arrive(p_free.index(buf))
         mbarrier.arrive(empty.index(buf))
     mbarrier.wait(stat_ready, 0)
@@ -430,7 +461,9 @@ def _mla_attn_fewrows_kernel(
     # the H200: bulk 10-14% faster at 32 rows, 7% slower at 16; benchmarks/NOTES.md round 13)
     PF_MODE: gl.constexpr = -1,
     PROBE: gl.constexpr = 0,  # measurement only, bits: 1 no consumer math, 2 cached loads, 4 one
-    # conversion of the four chunks' XOR per tile
+    # conversion of the four chunks' XOR per tile, 8 cycle stamps into ``trace_ptr`` (_stamp), 16
+    # no row maxima in the online softmax
+    trace_ptr=None,
 ):
     gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows: wgmma's N")
     gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile: wgmma's M")
@@ -498,6 +531,7 @@ def _mla_attn_fewrows_kernel(
                     num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
                     stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
                     stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE, PROBE,
+                    trace_ptr,
                 ),
             ),
             (
@@ -506,6 +540,7 @@ def _mla_attn_fewrows_kernel(
                     k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem,
                     stat_ready, o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads,
                     num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M, PROBE,
+                    trace_ptr,
                 ),
             ),
             (
@@ -516,7 +551,7 @@ def _mla_attn_fewrows_kernel(
                     stride_ckv_p, stride_ckv_s,
                     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 0, PAGE_SIZE,
                     D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
-                    PROBE,
+                    PROBE, trace_ptr,
                 ),
             ),
             (
@@ -527,7 +562,7 @@ def _mla_attn_fewrows_kernel(
                     stride_ckv_p, stride_ckv_s,
                     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 1, PAGE_SIZE,
                     D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
-                    PROBE,
+                    PROBE, trace_ptr,
                 ),
             ),
         ],
