@@ -86,6 +86,25 @@ def test_multi_token_queries(device, qo_len, causal, kernel):
     assert_matches_reference(batch, out, lse, causal=causal)
 
 
+@KERNELS
+def test_scores_growing_along_the_context(device, kernel):
+    """Scores that grow from tile to tile (request 0: by ~12 in log2 units every 64 tokens) or
+    jump once mid-context (request 1: by ~9.5, the earlier tokens still weigh 2^-9.5 each):
+    every online-softmax rescale, lazy or not, is taken and its factor is right."""
+    batch = make_batch([1024, 1024], 16, page_size=1, device=device, generator=gen(13))
+    per_stored = 64 * batch.kpe_scale * SM_SCALE * 1.4426950408889634  # log2 score per unit
+    batch.q_pe.fill_(12.0 / (32 * per_stored))  # 32 stored units: +12 in log2
+    codes = batch.kpe.view(-1, 64)  # page size 1: row = page id
+    for b, tile_step in ((0, True), (1, False)):
+        lo = int(batch.kv_indptr[b])
+        for t in range(int(batch.kv_len[b])):
+            stored = 32.0 * min(t // 64, 14) if tile_step else (24.0 if t >= 512 else 0.0)
+            value = torch.tensor([stored], dtype=torch.float32).to(batch.kpe.dtype)
+            codes[int(batch.kv_indices[lo + t])] = value.to(codes.device)
+    out, lse = run_wrapper(batch, config=orientation(kernel, 16))
+    assert_matches_reference(batch, out, lse)
+
+
 def test_mixed_query_lengths_and_empty_requests(device):
     batch = make_batch(
         [40, 0, 200, 5], 8, qo_lens=[3, 1, 16, 5], page_size=16, device=device, generator=gen(7)
