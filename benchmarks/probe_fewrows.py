@@ -121,20 +121,11 @@ def trace_case(inp, options: dict[str, int]) -> dict[str, float]:
     return med
 
 
-def attention_us(run, calls: int = 20) -> float | None:
+def attention_us(run) -> float | None:
     """Device µs per call of the attention kernel alone (profiler over eager calls)."""
-    from torch.profiler import ProfilerActivity, profile
+    from time_revision import kernel_times  # benchmarks/, beside this script
 
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            run()
-        torch.cuda.synchronize()
-    for e in prof.key_averages():
-        if "fewrows" in e.key:
-            return round(getattr(e, "device_time_total", 0.0) / calls, 2)
-    return None
+    return next((us for name, us in kernel_times(run).items() if "fewrows" in name), None)
 
 
 def graph_us(runs) -> Timing:
