@@ -73,6 +73,17 @@ def test_profiler_hooks_take_tritons_path(monkeypatch):
     assert len(k.triton_launches) == 3 and not k.compiled.calls
 
 
+@pytest.mark.parametrize("gap", [-(2**40) + 48, -4096, -3, 0, 5, 2**33 + 7])
+def test_nan_offset_lands_in_the_nan_row_and_keeps_divisibility(gap):
+    """From an FP8 cache ``gap`` bytes from the NaN-row buffer, the offset reaches a whole
+    576-byte row inside the buffer and is a multiple of 16 (Triton's divisibility)."""
+    nan = 1 << 44
+    off = L._nan_offset(nan + gap, 1, nan)
+    assert off % 16 == 0
+    row = nan + gap + off
+    assert nan <= row and row + 576 <= nan + L.NAN_ROW_ELEMENTS
+
+
 def test_specialization_checks():
     base = torch.empty(64, dtype=torch.uint8)
     assert L._aligned(base[0:16], base[32:48]) == (base.data_ptr() % 16 == 0)

@@ -17,7 +17,8 @@ Triton's path.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import operator
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -120,7 +121,7 @@ class KernelLauncher:
         if key is not None and kernel is not None and hasattr(kernel, "packed_metadata"):
             self._compiled[key] = kernel
 
-    def launch_direct(self, ordered: list[Any], key: Hashable) -> bool:
+    def launch_direct(self, ordered: Sequence[Any], key: Hashable) -> bool:
         """Call the kernel compiled for ``key`` with every argument in parameter order;
         False (nothing launched) when there is none yet or a profiler hooks launches."""
         kernel = self._compiled.get(key)
@@ -161,13 +162,12 @@ def nan_row(device: torch.device) -> torch.Tensor:
     return row
 
 
-def _nan_offset(base: torch.Tensor, nan: torch.Tensor) -> int:
-    """Element offset from ``base``'s data pointer to a NaN row inside ``nan``, a multiple of
-    16 elements: the kernels' row offsets keep Triton's divisibility, so their loads stay
-    16-byte vectors."""
-    es = base.element_size()
-    start = ((base.data_ptr() - nan.data_ptr()) // es) % 16  # 0 … 15 elements into ``nan``
-    return (nan.data_ptr() - base.data_ptr()) // es + start
+def _nan_offset(base: int, element_size: int, nan: int) -> int:
+    """Element offset from the address ``base`` (of elements of ``element_size`` bytes) to a
+    NaN row inside the NaN-row buffer at ``nan``, a multiple of 16 elements: the kernels' row
+    offsets keep Triton's divisibility, so their loads stay 16-byte vectors."""
+    start = ((base - nan) // element_size) % 16  # 0 … 15 elements into the buffer
+    return (nan - base) // element_size + start
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -188,6 +188,7 @@ CALL_ARGS = (
     "ckv_scale_val", "kpe_scale_val", "TOKEN_GROUP", "CKV_SCALE_PTR", "KPE_SCALE_PTR",
     "num_tokens",
 )  # fmt: skip
+CALL_POINTERS = CALL_ARGS[:7]  # the call's tensors, passed as addresses on the direct path
 OUT_ARGS = ("o_ptr", "lse_ptr", "stride_o_t", "stride_o_h", "stride_lse_t", "WRITE_LSE")
 NAN_ARGS = ("nan_row_ckv", "nan_row_kpe")  # the Gluon kernels' NaN-row offsets
 CACHE_POINTERS = ("ckv_ptr", "kpe_ptr", "scale_arr_ptr", "ckv_scale_ptr", "kpe_scale_ptr")
@@ -199,12 +200,11 @@ class _Binder:
     """A kernel's positional arguments for a direct launch: the plan's values and defaults in
     a template, the call's values put into their positions (``call`` names them in order).
 
-    Tensors go in as their device addresses (the plan's when the template is made, the
-    call's per call): Triton's launcher takes an int as the address itself, where for a
-    tensor it calls ``data_ptr()`` and asks the driver about the pointer
-    (``cuPointerGetAttribute``), once per pointer argument of every launch. The plan's
-    tensors stay referenced by the plan; the call's are the caller's, alive through the
-    launch."""
+    Tensors go in as their device addresses (the plan's here, the call's by the caller):
+    Triton's launcher takes an int as the address itself, where for a tensor it calls
+    ``data_ptr()`` and asks the driver about the pointer (``cuPointerGetAttribute``), once
+    per pointer argument of every launch. The plan's tensors stay referenced by the plan; the
+    call's are the caller's, alive through the launch."""
 
     def __init__(self, launcher: KernelLauncher, fixed: dict[str, Any], call: tuple[str, ...]):
         names = launcher.names
@@ -215,21 +215,18 @@ class _Binder:
             raise TypeError(
                 f"expected every kernel argument bound at plan() or run(), got {missing} unbound"
             )
-        self.template = [_address(fixed.get(n, launcher.defaults.get(n))) for n in names]
-        self.slots = tuple(names.index(n) for n in call)
-        # the call's pointer arguments: (index into the call's values, position)
-        self.pointers = tuple((k, names.index(n)) for k, n in enumerate(call) if n.endswith("_ptr"))
-        self.values = tuple(
-            (k, names.index(n)) for k, n in enumerate(call) if not n.endswith("_ptr")
-        )
+        # every parameter as an index into the call's values followed by the plan's
+        self.plan_values = [
+            _address(fixed.get(n, launcher.defaults.get(n))) for n in names if n not in call
+        ]
+        planned = [n for n in names if n not in call]
+        order = [call.index(n) if n in call else len(call) + planned.index(n) for n in names]
+        self._gather = operator.itemgetter(*order)
+        self.arity = len(call)
 
-    def __call__(self, vals: list[Any]) -> list[Any]:
-        args = self.template.copy()
-        for k, i in self.pointers:
-            args[i] = vals[k].data_ptr()
-        for k, i in self.values:
-            args[i] = vals[k]
-        return args
+    def __call__(self, vals: list[Any]) -> tuple[Any, ...]:
+        """Every parameter's value in order, ``vals`` the call's (``len(call)`` of them)."""
+        return self._gather(vals + self.plan_values)
 
 
 def _address(value: Any) -> Any:
@@ -346,6 +343,8 @@ class AttentionLaunch:
         # the Gluon kernels point a bad page entry's token at a NaN row; the Triton kernels
         # check their split's entries after the KV loop instead
         self.nan_row = nan_row(device) if "nan_row_ckv" in self.kernel.names else None
+        self._nan_address = self.nan_row.data_ptr() if self.nan_row is not None else 0
+        self._partial_lse_address = partials[1].data_ptr() if partials is not None else 0
         self.merge = None
         if self.split:
             from fp8mla.kernels.merge import _mla_merge_kernel
@@ -398,37 +397,41 @@ class AttentionLaunch:
         ks_ptr = isinstance(ks, torch.Tensor)
         group = sa is not None
         write_lse = lse is not None
+        # the call's pointer arguments (CALL_ARGS' first seven), each address read once
+        tensors = [q_nope, q_pe, ckv, kpe, sa if group else ckv, cs if cs_ptr else ckv,
+                   ks if ks_ptr else ckv]  # fmt: skip
+        a_qn, a_qp, a_ckv, a_kpe = (q_nope.data_ptr(), q_pe.data_ptr(), ckv.data_ptr(),
+                                    kpe.data_ptr())  # fmt: skip
+        a_sa = sa.data_ptr() if group else a_ckv
+        a_cs = cs.data_ptr() if cs_ptr else a_ckv
+        a_ks = ks.data_ptr() if ks_ptr else a_ckv
+        a_out = out.data_ptr()
+        a_lse = lse.data_ptr() if write_lse else a_out
         qs, ps, cks, kps = q_nope.stride(), q_pe.stride(), ckv.stride(), kpe.stride()
         sas = sa.stride() if group else (0, 0)
         vals = [
-            q_nope, q_pe, ckv, kpe, sa if group else ckv, cs if cs_ptr else ckv,
-            ks if ks_ptr else ckv, qs[0], qs[1], ps[0], ps[1], cks[0], cks[1], kps[0], kps[1],
-            sas[0], sas[1], ckv.shape[0], 1.0 if cs_ptr else cs, 1.0 if ks_ptr else ks, group,
-            cs_ptr, ks_ptr, q_nope.shape[0],
+            a_qn, a_qp, a_ckv, a_kpe, a_sa, a_cs, a_ks, qs[0], qs[1], ps[0], ps[1], cks[0],
+            cks[1], kps[0], kps[1], sas[0], sas[1], ckv.shape[0], 1.0 if cs_ptr else cs,
+            1.0 if ks_ptr else ks, group, cs_ptr, ks_ptr, q_nope.shape[0],
         ]  # fmt: skip
         # the specialization a direct launch needs: 16-byte aligned pointers (fixed arrays were
-        # checked at plan()), strides divisible by 16
-        ptrs = q_nope.data_ptr() | q_pe.data_ptr() | ckv.data_ptr() | kpe.data_ptr()
-        ptrs |= out.data_ptr()  # the attention kernel's output, or the merge's
+        # checked at plan(); the output is the attention kernel's or the merge's), strides
+        # divisible by 16
+        ptrs = a_qn | a_qp | a_ckv | a_kpe | a_sa | a_cs | a_ks | a_out | a_lse
         strides = [qs[0], qs[1], ps[0], ps[1], cks[0], cks[1], kps[0], kps[1]]
-        if cs_ptr:
-            ptrs |= cs.data_ptr()
-        if ks_ptr:
-            ptrs |= ks.data_ptr()
         if group:
-            ptrs |= sa.data_ptr()
             strides += sas
-        if write_lse:
-            ptrs |= lse.data_ptr()
         os = out.stride()
         lse_t = lse.stride(0) if write_lse else 0
         if not self.split:
-            vals += [out, lse if write_lse else out, os[0], os[1], lse_t, write_lse]
+            vals += [a_out, a_lse, os[0], os[1], lse_t, write_lse]
+            tensors += [out, lse if write_lse else out]
             strides += [os[0], os[1]] + ([lse_t] if write_lse else [])
         wide = False
-        nan = self.nan_row
-        if nan is not None:
-            nc, nk = _nan_offset(ckv, nan), _nan_offset(kpe, nan)
+        if self.nan_row is not None:
+            nan = self._nan_address
+            nc = _nan_offset(a_ckv, ckv.element_size(), nan)
+            nk = _nan_offset(a_kpe, kpe.element_size(), nan)
             vals += [nc, nk]
             strides += [nc, nk]
             # Triton types an int argument i32 or i64 by its value: part of the key
@@ -437,19 +440,26 @@ class AttentionLaunch:
         if self.fast and ptrs & 15 == 0 and _strides16(*strides):
             key = (cs_ptr, ks_ptr, group, write_lse, wide)
         if key is None or not self.kernel.launch_direct(self._bind(vals), key):
-            self.kernel.launch(self._args(vals), key)
+            self.kernel.launch(self._args(vals, tensors), key)
         if self.merge is not None:
-            mvals = [out, lse if write_lse else self.partials[1], out.shape[0], os[0], os[1],
-                     lse_t, write_lse]  # fmt: skip
+            mvals = [a_out, a_lse if write_lse else self._partial_lse_address, out.shape[0],
+                     os[0], os[1], lse_t, write_lse]  # fmt: skip
             mkey = None
             if key is not None and _strides16(os[0], os[1], *([lse_t] if write_lse else [])):
                 mkey = (write_lse,)
             if mkey is None or not self.merge.launch_direct(self._merge_bind(mvals), mkey):
+                mvals[:2] = [out, lse if write_lse else self.partials[1]]
                 self.merge.launch(dict(zip(MERGE_CALL_ARGS, mvals), **self.merge_fixed), mkey)
 
-    def _args(self, vals: list[Any]) -> dict[str, Any]:
-        """The call's arguments by name, for Triton's path (which specializes on them)."""
+    def _args(self, vals: list[Any], tensors: list[torch.Tensor]) -> dict[str, Any]:
+        """The call's arguments by name, for Triton's path (which specializes on them): the
+        direct launch's ``vals`` with the ``tensors`` in place of the leading addresses."""
         names = CALL_ARGS + (() if self.split else OUT_ARGS)
+        vals = vals.copy()
+        vals[: len(CALL_POINTERS)] = tensors[: len(CALL_POINTERS)]
+        if not self.split:  # o_ptr, lse_ptr: OUT_ARGS' first two
+            at = len(CALL_ARGS)
+            vals[at : at + 2] = tensors[len(CALL_POINTERS) :]
         args = dict(zip(names + NAN_ARGS, vals), **self.fixed)
         if self.fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointers
             views = {id(t): t.view(torch.uint8) for t in (args["ckv_ptr"], args["kpe_ptr"])}
