@@ -266,7 +266,8 @@ def _softmax_wg(
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
     stride_lse_split, stride_lse_t,
     BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
-    WRITE_LSE: gl.constexpr, LAZY_GAP: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+    WRITE_LSE: gl.constexpr, LAZY_GAP: gl.constexpr, COL_SOFTMAX: gl.constexpr,
+    PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """The default partition: ``Sᵀ``, the online softmax over each tile's tokens, ``Pᵀ`` and the
     rescale factor to the value warpgroup, output columns 0–255, the LSE, and the row maxima and
@@ -274,18 +275,25 @@ def _softmax_wg(
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_R, 16]
     )
-    tok_l: gl.constexpr = gl.SliceLayout(1, mma)  # along the KV tokens (M)
     row_l: gl.constexpr = gl.SliceLayout(0, mma)  # along the query rows (N)
+    if COL_SOFTMAX:  # each thread: BLOCK_N / T0 tokens of one column (query row) of Sᵀ
+        T1: gl.constexpr = BLOCK_R // 4
+        T0: gl.constexpr = 32 // T1
+        sm: gl.constexpr = gl.BlockedLayout([BLOCK_N // T0, 1], [T0, T1], [1, 4], [0, 1])
+    else:
+        sm: gl.constexpr = mma
+    tok_l: gl.constexpr = gl.SliceLayout(1, sm)  # along the KV tokens (M)
+    srow_l: gl.constexpr = gl.SliceLayout(0, sm)  # along the query rows in the softmax
     _stage_query_t(
         q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, q_start, rows_total, num_heads, num_tokens,
         pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_R, D_CKV, D_KPE,
     )  # fmt: skip
     r = gl.arange(0, BLOCK_R, layout=row_l)
-    causal_limit = kv_len - qo_len + r // num_heads
-    m_i = gl.full([BLOCK_R], NEG_INF, gl.float32, layout=row_l)
+    causal_limit = kv_len - qo_len + gl.arange(0, BLOCK_R, layout=srow_l) // num_heads
+    m_i = gl.full([BLOCK_R], NEG_INF, gl.float32, layout=srow_l)
     s_zero = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=mma)
     # row sums kept per thread ([64, R], each thread its own tokens): summed once after the loop
-    l_acc = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=mma)
+    l_acc = gl.zeros([BLOCK_N, BLOCK_R], gl.float32, layout=sm)
     o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     for j in range(n_tiles):
@@ -303,6 +311,8 @@ def _softmax_wg(
             s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma(kpe_bufs.index(buf), qpe_smem.permute((1, 0)), s, is_async=True)
             s = warpgroup_mma_wait(0, deps=[s])
+            if COL_SOFTMAX:
+                s = gl.convert_layout(s, sm)
             _stamp(trace_ptr, 0, j, 1, PROBE)
             # -- online softmax over the tile's tokens (a bad page entry's NaN where visible) --
             pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
@@ -343,6 +353,8 @@ def _softmax_wg(
             mbarrier.arrive(p_ready.index(buf))
             _stamp(trace_ptr, 0, j, 2, PROBE)
             # -- oᵀ[0:256] += vᵀ·pᵀ --
+            if COL_SOFTMAX:  # alpha as the value warpgroup reads it: o's layout
+                alpha = a_smem.index(buf).load(row_l)
             o = o * alpha[None, :]
             v_t = k_smem.slice(0, HALF, dim=1).permute((1, 0))
             o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_buf, o, is_async=True)])
@@ -352,6 +364,9 @@ def _softmax_wg(
 
     # -- epilogue: row sums, statistics for the value warpgroup, outputs 0-255, LSE --
     l_i = gl.sum(l_acc, axis=0)
+    if COL_SOFTMAX:
+        l_i = gl.convert_layout(l_i, row_l)
+        m_i = gl.convert_layout(m_i, row_l)
     stat_smem.index(0).store(m_i)
     stat_smem.index(1).store(l_i)
     _BARRIER()
@@ -475,6 +490,12 @@ def _mla_attn_fewrows_kernel(
     # round 13): 8.0 cuts the maxima from 2,459 to 733 cycles per tile but makes ptxas spill
     # 308 B in the softmax partition (152 registers), and the kernel is 15% slower
     LAZY_GAP: gl.constexpr = 0.0,
+    # True: the online softmax in a layout where each thread holds whole token columns of Sᵀ
+    # (one shared-memory round trip per tile, 7.7 KB), so a row's maximum over the tile's 64
+    # tokens takes 2-3 shuffles and no cross-warp exchange (24 shuffles and two at 32 rows
+    # otherwise: half of each tile's time, NOTES round 13). Compiled for SM90 (no spill, P
+    # stored by stmatrix); not yet run on a GPU, so off
+    COL_SOFTMAX: gl.constexpr = False,
     PROBE: gl.constexpr = 0,  # measurement only, bits: 1 no consumer math, 2 cached loads, 4 one
     # conversion of the four chunks' XOR per tile, 8 cycle stamps into ``trace_ptr`` (_stamp), 16
     # no row maxima in the online softmax
@@ -545,7 +566,8 @@ def _mla_attn_fewrows_kernel(
                     q_start, qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads,
                     num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
                     stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
-                    stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE, LAZY_GAP, PROBE,
+                    stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE, LAZY_GAP,
+                    COL_SOFTMAX, PROBE,
                     trace_ptr,
                 ),
             ),
