@@ -58,8 +58,9 @@ KERNELS = pytest.mark.parametrize("kernel", sorted(REGISTRY))
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=str)
 def test_lengths_page_sizes_dtypes(device, page_size, kv_dtype, kernel):
-    if REGISTRY[kernel].gluon and kv_dtype.itemsize != 1:
-        pytest.skip(f"the {kernel} kernel reads FP8 KV")
+    why = REGISTRY[kernel].supports(TARGETS["sm90"], kv_dtype, 16, 64)
+    if REGISTRY[kernel].gluon and why:
+        pytest.skip(f"the {kernel} kernel {why}")
     batch = make_batch(
         LENGTHS, 16, page_size=page_size, kv_dtype=kv_dtype, device=device, generator=gen(page_size)
     )

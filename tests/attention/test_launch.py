@@ -84,6 +84,15 @@ def test_nan_offset_lands_in_the_nan_row_and_keeps_divisibility(gap):
     assert nan <= row and row + 576 <= nan + L.NAN_ROW_ELEMENTS
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.float16,
+                                   torch.bfloat16])  # fmt: skip
+def test_nan_row_is_nan_in_the_cache_dtype(dtype):
+    """The row a bad page entry's token reads is NaN in the dtype the kernel reads it as."""
+    row = L.nan_row(torch.device("cpu"), dtype.itemsize)
+    assert row.numel() == L.NAN_ROW_ELEMENTS * dtype.itemsize
+    assert torch.isnan(row.view(dtype).float()).all()
+
+
 def test_specialization_checks():
     base = torch.empty(64, dtype=torch.uint8)
     assert L._aligned(base[0:16], base[32:48]) == (base.data_ptr() % 16 == 0)

@@ -147,18 +147,21 @@ class KernelLauncher:
         return True
 
 
-_NAN_ROWS: dict[torch.device, torch.Tensor] = {}
+_NAN_ROWS: dict[tuple[torch.device, int], torch.Tensor] = {}
 NAN_ROW_ELEMENTS = 1024 + 16  # a NaN row wider than any cache row (576), and room to align it
 
 
-def nan_row(device: torch.device) -> torch.Tensor:
-    """FP8 NaN codes (0x7F in both formats) as bytes on ``device``: the row a token whose
-    page-table entry is bad reads instead of the cache in the Gluon kernels (which read FP8
-    bytes), so that nothing outside the cache is read and its rows turn NaN."""
-    row = _NAN_ROWS.get(device)
+def nan_row(device: torch.device, element_size: int = 1) -> torch.Tensor:
+    """NaN codes for caches of ``element_size`` bytes, ``NAN_ROW_ELEMENTS`` of them, as bytes
+    on ``device``: the row a token whose page-table entry is bad reads instead of the cache in
+    the Gluon kernels, so that nothing outside the cache is read and its rows turn NaN. FP8:
+    0x7F (NaN in e4m3 and e5m2); 16-bit: 0xFFFF (NaN in fp16 and bf16, where 0x7F7F is a
+    finite bf16)."""
+    row = _NAN_ROWS.get((device, element_size))
     if row is None:
-        row = torch.full((NAN_ROW_ELEMENTS,), 0x7F, dtype=torch.uint8, device=device)
-        _NAN_ROWS[device] = row
+        fill = 0x7F if element_size == 1 else 0xFF
+        row = torch.full((NAN_ROW_ELEMENTS * element_size,), fill, dtype=torch.uint8, device=device)
+        _NAN_ROWS[device, element_size] = row
     return row
 
 
@@ -342,7 +345,9 @@ class AttentionLaunch:
         self.kernel = KernelLauncher(self.variant.load(), grid, options, index)
         # the Gluon kernels point a bad page entry's token at a NaN row; the Triton kernels
         # check their split's entries after the KV loop instead
-        self.nan_row = nan_row(device) if "nan_row_ckv" in self.kernel.names else None
+        self.nan_row = (
+            nan_row(device, kv_dtype.itemsize) if "nan_row_ckv" in self.kernel.names else None
+        )
         self._nan_address = self.nan_row.data_ptr() if self.nan_row is not None else 0
         self._partial_lse_address = partials[1].data_ptr() if partials is not None else 0
         self.merge = None

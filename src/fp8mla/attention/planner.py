@@ -92,6 +92,8 @@ SM90_TABLE = dataclasses.replace(
     TRITON_TABLE,
     tiny_fp8=FEWROWS_TILE_16,
     few_fp8=FEWROWS_TILE_32,
+    tiny_16bit=FEWROWS_TILE_16,
+    few_16bit=FEWROWS_TILE_32,
     many_fp8=WGMMA_TILE,
     wide_fp8=WGMMA_TILE,
     fallback=TRITON_TABLE,

@@ -99,9 +99,12 @@ def _sm90_fp8_rope(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -
 FEW_ROWS_MAX = 32
 
 
-def _sm90_fp8_rope_few(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+def _sm90_rope_few(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+    """The few-row kernel: FP8 pools converted, 16-bit pools copied as they are."""
     if rows > FEW_ROWS_MAX:
         return f"serves at most {FEW_ROWS_MAX} query rows per request, got {rows}"
+    if kv_dtype.itemsize == 2:
+        return _sm90_fp8_rope(target, torch.float8_e4m3fn, rows, kpe)
     return _sm90_fp8_rope(target, kv_dtype, rows, kpe)
 
 
@@ -163,8 +166,9 @@ FEWROWS = register(
         name="fewrows",
         kernel="fp8mla.kernels.mla_fewrows:_mla_attn_fewrows_kernel",
         summary="Gluon, SM90; KV tokens as wgmma's M and ≤ 32 query rows as N, two producers "
-        "convert FP8 tiles into fp16 shared memory (decode of 16-32 heads)",
-        supports=_sm90_fp8_rope_few,
+        "convert FP8 tiles into fp16 shared memory, or one copies 16-bit tiles by cp.async "
+        "(decode of 16-32 heads)",
+        supports=_sm90_rope_few,
         check_tile=_tile_few,
         gluon=True,
         mark="f",

@@ -17,7 +17,9 @@ partitions:
 * a **producer** (``PRODUCER_WARPS``) gathers each 64-token FP8 tile through the page table,
   converts it to fp16 into one of two shared buffers, and prefetches the next tile's rows into
   the L2; page ids outside the cache are never read: such a token reads a NaN row the launcher
-  keeps instead, so the rows that attend to it are NaN, not a quiet finite answer;
+  keeps instead, so the rows that attend to it are NaN, not a quiet finite answer. For 16-bit
+  pools one producer copies each tile as it is (``cp.async``, two tiles in flight) and the
+  products run in the pool's dtype;
 * the **softmax warpgroup** (the default partition) computes ``Sᵀ``, the online softmax over
   the tile's tokens (the M dimension, across its four warps), hands ``Pᵀ`` and the rescale
   factor to the other warpgroup through shared memory, and accumulates output columns
@@ -33,6 +35,7 @@ no interpreter: this kernel runs on SM90 GPUs only.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -44,6 +47,8 @@ from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.mla_wgmma import _fp8_to_f16, _page_entries, _prefetch_l2
 
 _BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+# global → shared by cp.async (renamed after Triton 3.6)
+_ASYNC_LOAD = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 BLOCK_N = gl.constexpr(64)  # KV tokens per tile: wgmma's M
 CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
@@ -162,6 +167,59 @@ def _producer(
 
 
 @gluon.jit
+def _producer_16(
+    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
+    nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+    stride_kpe_s, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+    P_WARPS: gl.constexpr,
+):  # fmt: skip
+    """16-bit pools: each tile of ``[n_begin, n_end)`` copied as it is into shared buffer
+    ``j % 2`` by ``cp.async`` (no registers, no conversion; tokens past ``n_end`` as 0, a bad
+    page entry's token as the launcher's 16-bit NaN row). Two tiles in flight: tile ``j`` is
+    requested before tile ``j - 1`` is waited for and handed over."""
+    # 16 bytes (8 elements) per thread, 8 threads per 128-byte row chunk, 4 rows per warp
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
+    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+    C16: gl.constexpr = 64  # columns per copy step: one 128-byte row chunk
+    d = gl.arange(0, C16, layout=gl.SliceLayout(0, ld))
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
+    pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
+    for j in range(n_tiles):
+        buf = j % NUM_BUF
+        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
+        ok = (pos < n_end)[:, None]
+        slot = pages.to(gl.int64)
+        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
+        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
+        pe_rows = slot * stride_kpe_p + (pos % PAGE_SIZE) * stride_kpe_s
+        pe_rows += bad.to(gl.int64) * (nan_row_kpe - pe_rows)
+        # the next tile's page entries, before this one's copies
+        nxt = pos + BLOCK_N
+        pages, bad = _page_entries(page_base, n_entries, num_pages, nxt, nxt < n_end, PAGE_SIZE)
+        # the consumers are done with this buffer (tile j - 2); passes at once at first
+        mbarrier.wait(empty.index(buf), ((j // NUM_BUF) & 1) ^ 1)
+        k_dst = k_bufs.index(buf)
+        for c in gl.static_range(D_CKV // C16):
+            _ASYNC_LOAD(
+                k_dst.slice(c * C16, C16, dim=1), ckv_ptr + rows[:, None] + (c * C16 + d)[None, :],
+                mask=ok,
+            )  # fmt: skip
+        _ASYNC_LOAD(kpe_bufs.index(buf), kpe_ptr + pe_rows[:, None] + d[None, :], mask=ok)
+        async_copy.commit_group()
+        if j > 0:  # tile j - 1 in place: visible to wgmma, then handed over
+            async_copy.wait_group(1)
+            fence_async_shared()
+            _BARRIER()
+            mbarrier.arrive(ready.index((j - 1) % NUM_BUF))
+    if n_tiles > 0:
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _BARRIER()
+        mbarrier.arrive(ready.index((n_tiles - 1) % NUM_BUF))
+
+
+@gluon.jit
 def _prefetch_bulk(ptrs, BYTES: gl.constexpr):
     """``cp.async.bulk.prefetch.L2`` of ``BYTES`` (512 or 64) bytes from each of ``ptrs``
     rounded down to 16 bytes (the instruction's alignment; a row of an odd-strided view loses
@@ -228,14 +286,14 @@ def _stage_query_t(
     for c in gl.static_range(D_CKV // CHUNK):
         dc = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld))
         q = gl.load(q_rows[:, None] + dc[None, :], mask=r_ok[:, None], other=0.0)
-        q_smem.slice(c * CHUNK, CHUNK, dim=1).store(q.to(gl.float16))
+        q_smem.slice(c * CHUNK, CHUNK, dim=1).store(q.to(q_smem.dtype))
     rp = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, pe_ld))
     tok_p = q_start + rp // num_heads
     rp_ok = (rp < rows_total) & (tok_p < num_tokens)
     qp_rows = q_pe_ptr + tok_p.to(gl.int64) * stride_qp_t + (rp % num_heads) * stride_qp_h
     e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
     qp = gl.load(qp_rows[:, None] + e[None, :], mask=rp_ok[:, None], other=0.0)
-    qpe_smem.store((qp.to(gl.float32) * pe_factor).to(gl.float16))
+    qpe_smem.store((qp.to(gl.float32) * pe_factor).to(qpe_smem.dtype))
     fence_async_shared()
     _BARRIER()
 
@@ -345,7 +403,7 @@ def _softmax_wg(
             mbarrier.wait(p_free.index(buf), phase ^ 1)
             _stamp(trace_ptr, 0, j, 6, PROBE)
             p_buf = p_smem.index(buf)
-            p_buf.store(p.to(gl.float16))
+            p_buf.store(p.to(p_buf.dtype))
             a_smem.index(buf).store(alpha)
             _stamp(trace_ptr, 0, j, 7, PROBE)
             fence_async_shared()
@@ -481,6 +539,7 @@ def _mla_attn_fewrows_kernel(
     PRODUCER_WARPS: gl.constexpr = 4,
     PRODUCER_REGS: gl.constexpr = 128,
     VALUE_REGS: gl.constexpr = 104,
+    PRODUCER_16_REGS: gl.constexpr = 64,  # the 16-bit pools' copying producer (no data in registers)
     # L2 prefetch of a producer's next tile: 0 one ``prefetch.global.L2`` per 64 bytes, 1 per
     # 32-byte sector, 2 one bulk prefetch per row; -1: 2 for 32 rows, 0 for 16 (measured on
     # the H200: bulk 10-14% faster at 32 rows, 7% slower at 16; benchmarks/NOTES.md round 13)
@@ -506,7 +565,10 @@ def _mla_attn_fewrows_kernel(
     gl.static_assert(D_CKV == 2 * HALF, "the latent dimension is 512")
     gl.static_assert(D_KPE == 64, "the RoPE dimension is 64")
     gl.static_assert(gl.num_warps() == 4, "the softmax warpgroup is the default partition")
-    gl.static_assert(ckv_ptr.dtype.element_ty.primitive_bitwidth == 8, "FP8 KV")
+    IS16: gl.constexpr = ckv_ptr.dtype.element_ty.primitive_bitwidth == 16
+    gl.static_assert(not (IS16 and TOKEN_GROUP), "token-group scales come with FP8 KV")
+    # the tensor cores' operand type: fp16 for FP8 KV (converted), the pool's own for 16-bit
+    KV_T: gl.constexpr = ckv_ptr.dtype.element_ty if IS16 else gl.float16
 
     PF: gl.constexpr = PF_MODE if PF_MODE >= 0 else (2 if BLOCK_M == 32 else 0)
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -514,11 +576,11 @@ def _mla_attn_fewrows_kernel(
         swizzle_byte_width=BLOCK_M * 2, element_bitwidth=16, rank=2
     )
     vec_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # rows of [2, R]
-    q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, D_CKV], sh)
-    qpe_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, D_KPE], sh)
-    k_bufs = gl.allocate_shared_memory(gl.float16, [NUM_BUF, BLOCK_N, D_CKV], sh)
-    kpe_bufs = gl.allocate_shared_memory(gl.float16, [NUM_BUF, BLOCK_N, D_KPE], sh)
-    p_smem = gl.allocate_shared_memory(gl.float16, [NUM_BUF, BLOCK_N, BLOCK_M], p_sh)
+    q_smem = gl.allocate_shared_memory(KV_T, [BLOCK_M, D_CKV], sh)
+    qpe_smem = gl.allocate_shared_memory(KV_T, [BLOCK_M, D_KPE], sh)
+    k_bufs = gl.allocate_shared_memory(KV_T, [NUM_BUF, BLOCK_N, D_CKV], sh)
+    kpe_bufs = gl.allocate_shared_memory(KV_T, [NUM_BUF, BLOCK_N, D_KPE], sh)
+    p_smem = gl.allocate_shared_memory(KV_T, [NUM_BUF, BLOCK_N, BLOCK_M], p_sh)
     a_smem = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_M], vec_sh)
     stat_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_sh)
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
@@ -556,53 +618,92 @@ def _mla_attn_fewrows_kernel(
     n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
     page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
 
-    gl.warp_specialize(
-        [
-            (
-                _softmax_wg,
+    if IS16:
+        gl.warp_specialize(
+            [
                 (
-                    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem, a_smem, p_ready,
-                    p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                    q_start, qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads,
-                    num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
-                    stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
-                    stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE, LAZY_GAP,
-                    COL_SOFTMAX, PROBE,
-                    trace_ptr,
+                    _softmax_wg,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem, a_smem, p_ready,
+                        p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        q_start, qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads,
+                        num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
+                        stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
+                        stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE, LAZY_GAP,
+                        COL_SOFTMAX, PROBE,
+                        trace_ptr,
+                    ),
                 ),
-            ),
-            (
-                _value_wg,
                 (
-                    k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem,
-                    stat_ready, o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads,
-                    num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M, PROBE,
-                    trace_ptr,
+                    _value_wg,
+                    (
+                        k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem,
+                        stat_ready, o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads,
+                        num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M, PROBE,
+                        trace_ptr,
+                    ),
                 ),
-            ),
-            (
-                _producer,
                 (
-                    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-                    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
-                    stride_ckv_p, stride_ckv_s,
-                    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 0, PAGE_SIZE,
-                    D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
-                    PROBE, trace_ptr,
+                    _producer_16,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries,
+                        num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+                        stride_ckv_s, stride_kpe_p, stride_kpe_s, PAGE_SIZE, D_CKV, D_KPE,
+                        PRODUCER_WARPS,
+                    ),
                 ),
-            ),
-            (
-                _producer,
+            ],
+            [4, PRODUCER_WARPS],
+            [VALUE_REGS, PRODUCER_16_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
                 (
-                    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-                    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
-                    stride_ckv_p, stride_ckv_s,
-                    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 1, PAGE_SIZE,
-                    D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
-                    PROBE, trace_ptr,
+                    _softmax_wg,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem, a_smem, p_ready,
+                        p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        q_start, qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads,
+                        num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
+                        stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
+                        stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE, LAZY_GAP,
+                        COL_SOFTMAX, PROBE,
+                        trace_ptr,
+                    ),
                 ),
-            ),
-        ],
-        [4, PRODUCER_WARPS, PRODUCER_WARPS],
-        [VALUE_REGS, PRODUCER_REGS, PRODUCER_REGS],
-    )  # fmt: skip
+                (
+                    _value_wg,
+                    (
+                        k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem,
+                        stat_ready, o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads,
+                        num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M, PROBE,
+                        trace_ptr,
+                    ),
+                ),
+                (
+                    _producer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+                        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
+                        stride_ckv_p, stride_ckv_s,
+                        stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 0, PAGE_SIZE,
+                        D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
+                        PROBE, trace_ptr,
+                    ),
+                ),
+                (
+                    _producer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+                        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
+                        stride_ckv_p, stride_ckv_s,
+                        stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 1, PAGE_SIZE,
+                        D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
+                        PROBE, trace_ptr,
+                    ),
+                ),
+            ],
+            [4, PRODUCER_WARPS, PRODUCER_WARPS],
+            [VALUE_REGS, PRODUCER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
