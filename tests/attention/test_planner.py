@@ -48,15 +48,12 @@ def test_sm90_table():
         assert choose_config(32, dtype, t) == FEWROWS_TILE_32
         for rows in (33, 64, 128, 4096 * 128):  # many rows: the wgmma kernel
             assert choose_config(rows, dtype, t) == WGMMA_TILE
-    # 16-bit KV: the few-row kernel up to 32 rows (copying, not converting), then the Triton
-    # tiles (the wgmma kernel reads FP8)
+    # 16-bit KV: the same Gluon kernels, copying the tiles instead of converting them
     for dtype in (torch.bfloat16, torch.float16):
         assert choose_config(16, dtype, t) == FEWROWS_TILE_16
         assert choose_config(32, dtype, t) == FEWROWS_TILE_32
-        assert choose_config(64, dtype, t) == KernelConfig(64, 64, 8, 1)
-        assert choose_config(128, dtype, t) == KernelConfig(
-            128, 64, 8, 1, variant="vsplit", q_fp16_copy=True
-        )
+        for rows in (33, 64, 128):
+            assert choose_config(rows, dtype, t) == WGMMA_TILE
 
 
 def test_sm100_takes_the_triton_tiles():
@@ -95,14 +92,11 @@ def test_gluon_tiles_give_way_without_a_rope_part():
         (dict(target=INTERPRETER), "needs an SM90 GPU \\(Gluon wgmma\\), got interpreter"),
         (dict(target=TARGETS["sm100"]), "needs an SM90 GPU \\(Gluon wgmma\\), got sm100"),
         (dict(target=TARGETS["sm86"]), "got sm86"),
-        (dict(kv_dtype=torch.bfloat16), "reads FP8 KV, got bfloat16"),
         (dict(head_dim_kpe=0), "needs a 64-dim RoPE part, got head_dim_kpe 0"),
     ],
 )
 @pytest.mark.parametrize("config", [WGMMA_TILE, FEWROWS_TILE_32], ids=["wgmma", "fewrows"])
 def test_gluon_tiles_asked_for_where_they_cannot_run(kw, match, config):
-    if config is FEWROWS_TILE_32 and "kv_dtype" in kw:
-        pytest.skip("the few-row kernel also reads 16-bit KV")
     small = dict(num_heads=16, max_qo_len=2) if config.variant == "fewrows" else {}
     with pytest.raises(ValueError, match=match):
         make_launch_plan(**plan_kw(config=config, **small, **kw))

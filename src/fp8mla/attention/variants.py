@@ -86,11 +86,10 @@ def _any_tile(config: KernelConfig) -> str | None:
     return None
 
 
-def _sm90_fp8_rope(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+def _sm90_rope(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+    """The Gluon kernels: SM90, a 64-dim RoPE part; FP8 pools converted, 16-bit copied."""
     if target.backend != "cuda" or target.arch != 90:
         return f"needs an SM90 GPU (Gluon wgmma), got {target.name}"
-    if kv_dtype.itemsize != 1:
-        return f"reads FP8 KV, got {str(kv_dtype).removeprefix('torch.')}"
     if kpe != 64:
         return f"needs a 64-dim RoPE part, got head_dim_kpe {kpe}"
     return None
@@ -100,12 +99,9 @@ FEW_ROWS_MAX = 32
 
 
 def _sm90_rope_few(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
-    """The few-row kernel: FP8 pools converted, 16-bit pools copied as they are."""
     if rows > FEW_ROWS_MAX:
         return f"serves at most {FEW_ROWS_MAX} query rows per request, got {rows}"
-    if kv_dtype.itemsize == 2:
-        return _sm90_fp8_rope(target, torch.float8_e4m3fn, rows, kpe)
-    return _sm90_fp8_rope(target, kv_dtype, rows, kpe)
+    return _sm90_rope(target, kv_dtype, rows, kpe)
 
 
 def _tile_64x64_8(config: KernelConfig) -> str | None:
@@ -153,9 +149,10 @@ WGMMA = register(
     Variant(
         name="wgmma",
         kernel="fp8mla.kernels.mla_wgmma:_mla_attn_wgmma_kernel",
-        summary="Gluon, SM90; a producer warpgroup converts FP8 tiles into fp16 shared memory, "
-        "two consumer warpgroups split the columns of Q·Kᵀ and of the output (many rows)",
-        supports=_sm90_fp8_rope,
+        summary="Gluon, SM90; a producer warpgroup converts FP8 tiles into fp16 shared memory "
+        "(or copies 16-bit tiles by cp.async), two consumer warpgroups split the columns of "
+        "Q·Kᵀ and of the output (many rows)",
+        supports=_sm90_rope,
         check_tile=_tile_64x64_8,
         gluon=True,
         mark="g",

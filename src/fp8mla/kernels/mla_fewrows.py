@@ -35,7 +35,6 @@ no interpreter: this kernel runs on SM90 GPUs only.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -44,11 +43,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels import mla_tiles as T
-from fp8mla.kernels.mla_wgmma import _fp8_to_f16, _page_entries, _prefetch_l2
+from fp8mla.kernels.mla_wgmma import _fp8_to_f16, _kv_copier, _page_entries, _prefetch_l2
 
 _BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
-# global → shared by cp.async (renamed after Triton 3.6)
-_ASYNC_LOAD = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 BLOCK_N = gl.constexpr(64)  # KV tokens per tile: wgmma's M
 CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
@@ -164,59 +161,6 @@ def _producer(
         pages, bad = pages2, bad2
         pages2, bad2 = pages4, bad4
         pages4, bad4 = pages6, bad6
-
-
-@gluon.jit
-def _producer_16(
-    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
-    nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
-    stride_kpe_s, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
-    P_WARPS: gl.constexpr,
-):  # fmt: skip
-    """16-bit pools: each tile of ``[n_begin, n_end)`` copied as it is into shared buffer
-    ``j % 2`` by ``cp.async`` (no registers, no conversion; tokens past ``n_end`` as 0, a bad
-    page entry's token as the launcher's 16-bit NaN row). Two tiles in flight: tile ``j`` is
-    requested before tile ``j - 1`` is waited for and handed over."""
-    # 16 bytes (8 elements) per thread, 8 threads per 128-byte row chunk, 4 rows per warp
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
-    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
-    C16: gl.constexpr = 64  # columns per copy step: one 128-byte row chunk
-    d = gl.arange(0, C16, layout=gl.SliceLayout(0, ld))
-    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
-    pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
-    pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
-    for j in range(n_tiles):
-        buf = j % NUM_BUF
-        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
-        ok = (pos < n_end)[:, None]
-        slot = pages.to(gl.int64)
-        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
-        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
-        pe_rows = slot * stride_kpe_p + (pos % PAGE_SIZE) * stride_kpe_s
-        pe_rows += bad.to(gl.int64) * (nan_row_kpe - pe_rows)
-        # the next tile's page entries, before this one's copies
-        nxt = pos + BLOCK_N
-        pages, bad = _page_entries(page_base, n_entries, num_pages, nxt, nxt < n_end, PAGE_SIZE)
-        # the consumers are done with this buffer (tile j - 2); passes at once at first
-        mbarrier.wait(empty.index(buf), ((j // NUM_BUF) & 1) ^ 1)
-        k_dst = k_bufs.index(buf)
-        for c in gl.static_range(D_CKV // C16):
-            _ASYNC_LOAD(
-                k_dst.slice(c * C16, C16, dim=1), ckv_ptr + rows[:, None] + (c * C16 + d)[None, :],
-                mask=ok,
-            )  # fmt: skip
-        _ASYNC_LOAD(kpe_bufs.index(buf), kpe_ptr + pe_rows[:, None] + d[None, :], mask=ok)
-        async_copy.commit_group()
-        if j > 0:  # tile j - 1 in place: visible to wgmma, then handed over
-            async_copy.wait_group(1)
-            fence_async_shared()
-            _BARRIER()
-            mbarrier.arrive(ready.index((j - 1) % NUM_BUF))
-    if n_tiles > 0:
-        async_copy.wait_group(0)
-        fence_async_shared()
-        _BARRIER()
-        mbarrier.arrive(ready.index((n_tiles - 1) % NUM_BUF))
 
 
 @gluon.jit
@@ -644,12 +588,12 @@ def _mla_attn_fewrows_kernel(
                     ),
                 ),
                 (
-                    _producer_16,
+                    _kv_copier,
                     (
                         k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries,
                         num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
-                        stride_ckv_s, stride_kpe_p, stride_kpe_s, PAGE_SIZE, D_CKV, D_KPE,
-                        PRODUCER_WARPS,
+                        stride_ckv_s, stride_kpe_p, stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV,
+                        D_KPE, PRODUCER_WARPS,
                     ),
                 ),
             ],

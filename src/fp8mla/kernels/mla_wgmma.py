@@ -32,6 +32,7 @@ it only there.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -43,6 +44,8 @@ from fp8mla.kernels import mla_tiles as T
 
 # a barrier over the calling partition's warps (renamed after Triton 3.6)
 _BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+# global → shared by cp.async (renamed after Triton 3.6)
+_ASYNC_LOAD = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
 NEG_INF = gl.constexpr(float("-inf"))
@@ -170,6 +173,60 @@ def _kv_producer(
         fence_async_shared()
         _BARRIER()
         mbarrier.arrive(ready.index(buf))
+
+
+@gluon.jit
+def _kv_copier(
+    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
+    nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+    stride_kpe_s, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
+    D_KPE: gl.constexpr, P_WARPS: gl.constexpr,
+):  # fmt: skip
+    """The producer for 16-bit pools (both SM90 kernels): each tile of ``[n_begin, n_end)``
+    copied as it is into shared buffer
+    ``j % 2`` by ``cp.async`` (no registers, no conversion; tokens past ``n_end`` as 0, a bad
+    page entry's token as the launcher's 16-bit NaN row). Two tiles in flight: tile ``j`` is
+    requested before tile ``j - 1`` is waited for and handed over."""
+    # 16 bytes (8 elements) per thread, 8 threads per 128-byte row chunk, 4 rows per warp
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
+    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+    C16: gl.constexpr = 64  # columns per copy step: one 128-byte row chunk
+    d = gl.arange(0, C16, layout=gl.SliceLayout(0, ld))
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
+    pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
+    for j in range(n_tiles):
+        buf = j % NUM_BUF
+        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
+        ok = (pos < n_end)[:, None]
+        slot = pages.to(gl.int64)
+        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
+        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
+        pe_rows = slot * stride_kpe_p + (pos % PAGE_SIZE) * stride_kpe_s
+        pe_rows += bad.to(gl.int64) * (nan_row_kpe - pe_rows)
+        # the next tile's page entries, before this one's copies
+        nxt = pos + BLOCK_N
+        pages, bad = _page_entries(page_base, n_entries, num_pages, nxt, nxt < n_end, PAGE_SIZE)
+        # the consumers are done with this buffer (tile j - 2); passes at once at first
+        mbarrier.wait(empty.index(buf), ((j // NUM_BUF) & 1) ^ 1)
+        k_dst = k_bufs.index(buf)
+        for c in gl.static_range(D_CKV // C16):
+            _ASYNC_LOAD(
+                k_dst.slice(c * C16, C16, dim=1), ckv_ptr + rows[:, None] + (c * C16 + d)[None, :],
+                mask=ok,
+            )  # fmt: skip
+        _ASYNC_LOAD(kpe_bufs.index(buf), kpe_ptr + pe_rows[:, None] + d[None, :], mask=ok)
+        async_copy.commit_group()
+        if j > 0:  # tile j - 1 in place: visible to wgmma, then handed over
+            async_copy.wait_group(1)
+            fence_async_shared()
+            _BARRIER()
+            mbarrier.arrive(ready.index((j - 1) % NUM_BUF))
+    if n_tiles > 0:
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _BARRIER()
+        mbarrier.arrive(ready.index((n_tiles - 1) % NUM_BUF))
 
 
 @gluon.jit
@@ -362,7 +419,8 @@ def _mla_attn_wgmma_kernel(
     gl.static_assert(D_CKV == 4 * CHUNK, "the latent dimension is 512")
     gl.static_assert(D_KPE == 64, "the RoPE dimension is 64")
     gl.static_assert(gl.num_warps() == 8, "two consumer warpgroups")
-    gl.static_assert(ckv_ptr.dtype.element_ty.primitive_bitwidth == 8, "FP8 KV")
+    IS16: gl.constexpr = ckv_ptr.dtype.element_ty.primitive_bitwidth == 16
+    gl.static_assert(not (IS16 and TOKEN_GROUP), "token-group scales come with FP8 KV")
 
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_CKV], sh)
@@ -398,30 +456,59 @@ def _mla_attn_wgmma_kernel(
     n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
     page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
 
-    gl.warp_specialize(
-        [
-            (
-                _attn_consumer,
+    if IS16:
+        gl.warp_specialize(
+            [
                 (
-                    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem,
-                    q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
-                    kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor,
-                    v_scale,
-                    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
-                    stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
-                    BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE,
+                    _attn_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem,
+                        q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
+                        kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor,
+                        v_scale,
+                        stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
+                        stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
+                        BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE,
+                    ),
                 ),
-            ),
-            (
-                _kv_producer,
                 (
-                    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-                    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
-                    stride_sa_p, stride_sa_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP,
-                    FP8_CVT,
+                    _kv_copier,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries,
+                        num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+                        stride_ckv_s, stride_kpe_p, stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV,
+                        D_KPE, PRODUCER_WARPS,
+                    ),
                 ),
-            ),
-        ],
-        [PRODUCER_WARPS],
-        [PRODUCER_REGS],
-    )  # fmt: skip
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    _attn_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, p_smem,
+                        q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
+                        kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor,
+                        v_scale,
+                        stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
+                        stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
+                        BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE,
+                    ),
+                ),
+                (
+                    _kv_producer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+                        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
+                        stride_sa_p, stride_sa_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP,
+                        FP8_CVT,
+                    ),
+                ),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )  # fmt: skip
