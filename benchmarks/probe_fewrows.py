@@ -34,7 +34,6 @@ from fp8mla.testing import rel_err
 CASES = [Case(32, 32, 4096), Case(64, 16, 4096), Case(8, 32, 16384), Case(1, 32, 4096)]
 VARIANTS: dict[str, dict[str, int]] = {
     "default": {},  # the kernel's own choice (PF_MODE -1: bulk at 32 rows, lines at 16)
-    "lazy-max": {"LAZY_GAP": 8.0},  # rescale only past the running maximum + 2^8
     "col-softmax": {"COL_SOFTMAX": True},  # the softmax on whole token columns per thread
     "pf-lines": {"PF_MODE": 0},
     "pf-sector": {"PF_MODE": 1},
