@@ -34,7 +34,6 @@ from fp8mla.testing import rel_err
 CASES = [Case(32, 32, 4096), Case(64, 16, 4096), Case(8, 32, 16384), Case(1, 32, 4096)]
 VARIANTS: dict[str, dict[str, int]] = {
     "default": {},  # the kernel's own choice (PF_MODE -1: bulk at 32 rows, lines at 16)
-    "lazy-max": {"LAZY_GAP": 8.0},  # rescale only past the running maximum + 2^8
     "col-softmax": {"COL_SOFTMAX": True},  # the softmax on whole token columns per thread
     "pf-lines": {"PF_MODE": 0},
     "pf-sector": {"PF_MODE": 1},
@@ -63,7 +62,7 @@ def variant_runner(inp, options: dict[str, int]):
     return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=s, kpe_scale=s)
 
 
-def trace_case(inp, options: dict[str, int]) -> dict[str, float]:
+def trace_case(inp, options: dict[str, int]) -> dict[str, float | None]:
     """Median cycles per tile of each partition's steps (middle tiles of every program)."""
     from fp8mla.attention import launch as L
 
@@ -82,11 +81,21 @@ def trace_case(inp, options: dict[str, int]) -> dict[str, float]:
         torch.cuda.synchronize()
     finally:
         L.KernelLauncher._direct_ok = direct_ok
+    return trace_steps(trace)
+
+
+def trace_steps(trace: torch.Tensor) -> dict[str, float | None]:
+    """Median cycles of each step from the kernel's stamps ``trace [programs, 4, 64, 8]``
+    (``_stamp``: part 0 softmax, 1 value, 2-3 the producers; events as the kernel numbers
+    them), over the middle tiles of every program; a step no stamp measured is None."""
     t = trace.double().cpu()
+    programs = t.shape[0]
     steps: dict[str, list[float]] = {}
 
-    def add(name, values):
-        steps.setdefault(name, []).extend(v for v in values.flatten().tolist() if abs(v) < 1e8)
+    def add(name, later, earlier):
+        """``later - earlier`` where both stamps were written (an unwritten stamp is 0)."""
+        both = (later > 0) & (earlier > 0)
+        steps.setdefault(name, []).extend((later - earlier)[both].tolist())
 
     sm, va, prod = t[:, 0], t[:, 1], t[:, 2:]
     tiles = int((sm[:, :, 0] > 0).sum(1).max())
@@ -95,28 +104,25 @@ def trace_case(inp, options: dict[str, int]) -> dict[str, float]:
     mid = slice(2, max(3, min(tiles, 64) - 2))
     prev = slice(1, max(2, min(tiles, 64) - 3))
     nxt = slice(3, max(4, min(tiles, 64) - 1))
-    add("period (softmax ready to ready)", sm[:, nxt, 0] - sm[:, mid, 0])
-    add("softmax: wait for the tile", sm[:, mid, 0] - sm[:, prev, 3])
-    add("softmax: S = K·Qᵀ", sm[:, mid, 1] - sm[:, mid, 0])
-    add("softmax: softmax, P handed over", sm[:, mid, 2] - sm[:, mid, 1])
-    add("  row maxima (across the four warps)", sm[:, mid, 4] - sm[:, mid, 1])
-    add("  exp2, row sums", sm[:, mid, 5] - sm[:, mid, 4])
-    add("  wait for the P slot", sm[:, mid, 6] - sm[:, mid, 5])
-    add("  store P and alpha", sm[:, mid, 7] - sm[:, mid, 6])
-    add("  fence, barrier, arrive", sm[:, mid, 2] - sm[:, mid, 7])
-    add("softmax: O[0:256] += V·P", sm[:, mid, 3] - sm[:, mid, 2])
-    add("value: wait for P", va[:, mid, 0] - va[:, prev, 1])
-    add("value: O[256:512] += V·P", va[:, mid, 1] - va[:, mid, 0])
-    add("producer: issue loads and prefetches", p[:, mid, 3] - p[:, mid, 0])
-    add("producer: wait for the buffer", p[:, mid, 1] - p[:, mid, 3])
-    add("producer: first chunk (its loads' wait)", p[:, mid, 4] - p[:, mid, 1])
-    add("producer: convert and store (incl. load wait)", p[:, mid, 2] - p[:, mid, 1])
-    add("producer: tile ready before the softmax takes it", sm[:, mid, 0] - p[:, mid, 2])
-    add("first tile: producer start to softmax start", sm[:, 0, 0] - p[:, 0, 0])
-    add(
-        "program: producer start to last P·V",
-        va[:, tiles - 1 if tiles <= 64 else 63, 1] - p[:, 0, 0],
-    )
+    add("period (softmax ready to ready)", sm[:, nxt, 0], sm[:, mid, 0])
+    add("softmax: wait for the tile", sm[:, mid, 0], sm[:, prev, 3])
+    add("softmax: S = K·Qᵀ", sm[:, mid, 1], sm[:, mid, 0])
+    add("softmax: softmax, P handed over", sm[:, mid, 2], sm[:, mid, 1])
+    add("  row maxima (across the four warps)", sm[:, mid, 4], sm[:, mid, 1])
+    add("  exp2, row sums", sm[:, mid, 5], sm[:, mid, 4])
+    add("  wait for the P slot", sm[:, mid, 6], sm[:, mid, 5])
+    add("  store P and alpha", sm[:, mid, 7], sm[:, mid, 6])
+    add("  fence, barrier, arrive", sm[:, mid, 2], sm[:, mid, 7])
+    add("softmax: O[0:256] += V·P", sm[:, mid, 3], sm[:, mid, 2])
+    add("value: wait for P", va[:, mid, 0], va[:, prev, 1])
+    add("value: O[256:512] += V·P", va[:, mid, 1], va[:, mid, 0])
+    add("producer: issue loads and prefetches", p[:, mid, 3], p[:, mid, 0])
+    add("producer: wait for the buffer", p[:, mid, 1], p[:, mid, 3])
+    add("producer: first chunk (its loads' wait)", p[:, mid, 4], p[:, mid, 1])
+    add("producer: convert and store (incl. load wait)", p[:, mid, 2], p[:, mid, 1])
+    add("producer: tile ready before the softmax takes it", sm[:, mid, 0], p[:, mid, 2])
+    add("first tile: producer start to softmax start", sm[:, 0, 0], p[:, 0, 0])
+    add("program: producer start to last P·V", va[:, min(tiles, 64) - 1, 1], p[:, 0, 0])
     med = {k: float(torch.tensor(v).median()) if v else None for k, v in steps.items()}
     med["tiles per program"] = tiles
     return med

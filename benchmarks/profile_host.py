@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 from collections.abc import Callable
 
 import torch
@@ -21,6 +20,7 @@ import triton
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import HOST_CASE
 from fp8mla.bench.inputs import build_inputs
+from fp8mla.bench.measure import time_host
 
 
 @triton.jit
@@ -39,17 +39,7 @@ def _empty45(
 
 def per_call(fn: Callable[[], object], calls: int) -> float:
     """Median over 5 rounds of host µs per call of ``calls`` back-to-back calls."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return sorted(samples)[2]
+    return time_host(fn, calls).us_median
 
 
 def _direct(launcher, kernel, ordered: list) -> Callable[[], None]:

@@ -225,7 +225,6 @@ class _Binder:
         planned = [n for n in names if n not in call]
         order = [call.index(n) if n in call else len(call) + planned.index(n) for n in names]
         self._gather = operator.itemgetter(*order)
-        self.arity = len(call)
 
     def __call__(self, vals: list[Any]) -> tuple[Any, ...]:
         """Every parameter's value in order, ``vals`` the call's (``len(call)`` of them)."""
@@ -403,8 +402,6 @@ class AttentionLaunch:
         group = sa is not None
         write_lse = lse is not None
         # the call's pointer arguments (CALL_ARGS' first seven), each address read once
-        tensors = [q_nope, q_pe, ckv, kpe, sa if group else ckv, cs if cs_ptr else ckv,
-                   ks if ks_ptr else ckv]  # fmt: skip
         a_qn, a_qp, a_ckv, a_kpe = (q_nope.data_ptr(), q_pe.data_ptr(), ckv.data_ptr(),
                                     kpe.data_ptr())  # fmt: skip
         a_sa = sa.data_ptr() if group else a_ckv
@@ -430,7 +427,6 @@ class AttentionLaunch:
         lse_t = lse.stride(0) if write_lse else 0
         if not self.split:
             vals += [a_out, a_lse, os[0], os[1], lse_t, write_lse]
-            tensors += [out, lse if write_lse else out]
             strides += [os[0], os[1]] + ([lse_t] if write_lse else [])
         wide = False
         if self.nan_row is not None:
@@ -445,6 +441,9 @@ class AttentionLaunch:
         if self.fast and ptrs & 15 == 0 and _strides16(*strides):
             key = (cs_ptr, ks_ptr, group, write_lse, wide)
         if key is None or not self.kernel.launch_direct(self._bind(vals), key):
+            # Triton's path: the tensors themselves, in the addresses' places
+            tensors = [q_nope, q_pe, ckv, kpe, sa if group else ckv, cs if cs_ptr else ckv,
+                       ks if ks_ptr else ckv, out, lse if write_lse else out]  # fmt: skip
             self.kernel.launch(self._args(vals, tensors), key)
         if self.merge is not None:
             mvals = [a_out, a_lse if write_lse else self._partial_lse_address, out.shape[0],
@@ -458,7 +457,8 @@ class AttentionLaunch:
 
     def _args(self, vals: list[Any], tensors: list[torch.Tensor]) -> dict[str, Any]:
         """The call's arguments by name, for Triton's path (which specializes on them): the
-        direct launch's ``vals`` with the ``tensors`` in place of the leading addresses."""
+        direct launch's ``vals`` with ``tensors`` in place of the addresses (CALL_POINTERS'
+        seven, then the output and LSE, which a split plan's call does not pass)."""
         names = CALL_ARGS + (() if self.split else OUT_ARGS)
         vals = vals.copy()
         vals[: len(CALL_POINTERS)] = tensors[: len(CALL_POINTERS)]

@@ -106,8 +106,8 @@ class PlanState:
 
     def check_indices(self, num_pages: int) -> None:
         """Read the device index arrays back (a host sync: the opt-in debug check of
-        ``run()``, skipped while a CUDA graph is being captured) and raise on the first page entry the kernels would refuse, naming the
-        request and the id."""
+        ``run()``, skipped while a CUDA graph is being captured) and raise on the first page
+        entry the kernels would refuse, naming the request and the id."""
         b = self.num_requests
         kvp = self.kv_indptr[: b + 1].tolist()
         lens = self.kv_len[:b].tolist()

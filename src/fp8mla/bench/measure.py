@@ -29,6 +29,26 @@ def time_cuda(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) 
     return Timing(med * 1e3, p20 * 1e3, p80 * 1e3)
 
 
+def time_host(fn: Callable[[], object], calls: int, warmup: int = 20, rounds: int = 5) -> Timing:
+    """Host µs per call of ``calls`` back-to-back calls, read on the host clock before
+    synchronizing (the launch queue does not fill at a few hundred calls): the median of
+    ``rounds`` rounds, with the second-lowest and second-highest as p20/p80."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    samples.sort()
+    return Timing(samples[rounds // 2], samples[1], samples[-2])
+
+
 def time_graph(fn: Callable[[], object], reps: int = 20) -> Timing:
     """Capture ``fn`` in a CUDA graph and time its replays (median of ``reps`` events)."""
     stream = torch.cuda.Stream()

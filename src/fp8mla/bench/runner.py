@@ -21,6 +21,7 @@ from fp8mla.bench.measure import (
     matmul_tflops,
     time_cuda,
     time_graph,
+    time_host,
 )
 from fp8mla.formats import dtype_name
 from fp8mla.reference import mla_reference
@@ -279,7 +280,6 @@ def bench_host(ctx: BenchContext, notes: list[str]) -> None:
     """Host cost of eager ``run()``: CPU time per call of ``HOST_CALLS`` back-to-back calls,
     read on the host clock before synchronizing (the launch queue does not fill at that
     count). Engines run extend/prefill and many decode batches eagerly."""
-    import time
 
     from fp8mla.bench.cases import HOST_CALLS, HOST_CASE
 
@@ -294,18 +294,7 @@ def bench_host(ctx: BenchContext, notes: list[str]) -> None:
         except I.Unavailable as exc:
             notes.append(f"{name} {impl}: skipped ({exc})")
             continue
-        for _ in range(WARMUP_CALLS):
-            runner()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(HOST_CALLS):
-                runner()
-            samples.append((time.perf_counter() - start) / HOST_CALLS * 1e6)
-            torch.cuda.synchronize()
-        samples.sort()
-        t = Timing(samples[2], samples[1], samples[3])
+        t = time_host(runner, HOST_CALLS, WARMUP_CALLS)
         row = record(ctx, case, impl, t, None, timing=f"host clock, {HOST_CALLS} eager calls")
         row.update(case=name, gbps=None, tflops=None, x_floor=None, floor_us=None)
         del runner

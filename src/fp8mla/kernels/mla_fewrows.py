@@ -268,7 +268,7 @@ def _softmax_wg(
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
     stride_lse_split, stride_lse_t,
     BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
-    WRITE_LSE: gl.constexpr, LAZY_GAP: gl.constexpr, COL_SOFTMAX: gl.constexpr,
+    WRITE_LSE: gl.constexpr, COL_SOFTMAX: gl.constexpr,
     PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """The default partition: ``Sᵀ``, the online softmax over each tile's tokens, ``Pᵀ`` and the
@@ -324,16 +324,6 @@ def _softmax_wg(
             s = gl.where(visible, s * qk_scale, NEG_INF)
             if PROBE & 16:  # measurement only: no row maxima (a constant reference)
                 m_new = m_i
-            elif LAZY_GAP > 0:
-                # the running maxima stay while no score passes them by more than LAZY_GAP
-                # (log2 units: P ≤ 2^LAZY_GAP in fp16; l and O are fp32). Deciding that takes
-                # one flag over the warpgroup (7 shuffles at 32 rows) instead of every row's
-                # maximum across the four warps (24): benchmarks/NOTES.md round 13.
-                over = (s > (m_i + LAZY_GAP)[None, :]).to(gl.int32)
-                if gl.max(gl.max(over, axis=1), axis=0) > 0:
-                    m_new = gl.maximum(m_i, gl.max(s, axis=0))
-                else:
-                    m_new = m_i
             else:
                 m_new = gl.maximum(m_i, gl.max(s, axis=0))
             _stamp(trace_ptr, 0, j, 4, PROBE)
@@ -488,11 +478,6 @@ def _mla_attn_fewrows_kernel(
     # 32-byte sector, 2 one bulk prefetch per row; -1: 2 for 32 rows, 0 for 16 (measured on
     # the H200: bulk 10-14% faster at 32 rows, 7% slower at 16; benchmarks/NOTES.md round 13)
     PF_MODE: gl.constexpr = -1,
-    # > 0: the online softmax rescales only when a score passes the running maximum by more
-    # than this (log2 units); 0: every tile's exact row maxima. Measured on the H200 (NOTES
-    # round 13): 8.0 cuts the maxima from 2,459 to 733 cycles per tile but makes ptxas spill
-    # 308 B in the softmax partition (152 registers), and the kernel is 15% slower
-    LAZY_GAP: gl.constexpr = 0.0,
     # True: the online softmax in a layout where each thread holds whole token columns of Sᵀ
     # (one shared-memory round trip per tile, 7.7 KB), so a row's maximum over the tile's 64
     # tokens takes 2-3 shuffles and no cross-warp exchange (24 shuffles and two at 32 rows
@@ -573,7 +558,7 @@ def _mla_attn_fewrows_kernel(
                         q_start, qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads,
                         num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
                         stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
-                        stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE, LAZY_GAP,
+                        stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
                         COL_SOFTMAX, PROBE,
                         trace_ptr,
                     ),
@@ -611,7 +596,7 @@ def _mla_attn_fewrows_kernel(
                         q_start, qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads,
                         num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
                         stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
-                        stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE, LAZY_GAP,
+                        stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
                         COL_SOFTMAX, PROBE,
                         trace_ptr,
                     ),
