@@ -19,6 +19,7 @@ kernel's ``_stamp``) at each partition's steps, and the median cycles of each st
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -33,8 +34,10 @@ from fp8mla.testing import rel_err
 
 CASES = [Case(32, 32, 4096), Case(64, 16, 4096), Case(8, 32, 16384), Case(1, 32, 4096)]
 VARIANTS: dict[str, dict[str, int]] = {
-    "default": {},  # the kernel's own choice (PF_MODE -1: bulk at 32 rows, lines at 16)
-    "col-softmax": {"COL_SOFTMAX": True},  # the softmax on whole token columns per thread
+    "default": {},  # the kernel's own choice (-1: bulk prefetch and column softmax at 32 rows)
+    "col-softmax": {"COL_SOFTMAX": 1},  # the softmax on whole token columns per thread
+    "row-softmax": {"COL_SOFTMAX": 0},  # in the accumulator layout (cross-warp row maxima)
+    "no-pdl": {"_PDL": 0},  # the merge launched after the attention kernel, not as its dependent
     "pf-lines": {"PF_MODE": 0},
     "pf-sector": {"PF_MODE": 1},
     "pf-bulk": {"PF_MODE": 2},
@@ -50,12 +53,21 @@ VARIANTS: dict[str, dict[str, int]] = {
 
 
 def variant_runner(inp, options: dict[str, int]):
-    """fp8mla on ``inp`` with the few-row kernel's compile-time ``options`` overridden."""
+    """fp8mla on ``inp`` with the few-row kernel's compile-time ``options`` overridden
+    (``_PDL``: 0 launches the split merge without the programmatic dependency)."""
+    from fp8mla.attention.launch import MERGE_CALL_ARGS, _Binder
+
     w = I.planned_wrapper(inp, inp.pool.dtype)
     launch = w._launch
     if launch.variant.name != "fewrows":
         raise SystemExit(f"{inp.case.name}: planned {launch.variant.name}, not fewrows")
+    options = dict(options)
+    pdl = options.pop("_PDL", None)
     launch.kernel.options.update(options)
+    if pdl is not None and launch.merge is not None:
+        launch.merge_fixed["PDL"] = bool(pdl)
+        launch.merge.options["launch_pdl"] = bool(pdl)
+        launch._merge_bind = _Binder(launch.merge, launch.merge_fixed, MERGE_CALL_ARGS)
     ckv, kpe = inp.paged()
     out = torch.empty_like(inp.q_nope)
     s = inp.scale
@@ -128,11 +140,14 @@ def trace_steps(trace: torch.Tensor) -> dict[str, float | None]:
     return med
 
 
-def attention_us(run) -> float | None:
-    """Device µs per call of the attention kernel alone (profiler over eager calls)."""
+def kernel_us(run) -> tuple[float | None, float | None]:
+    """Device µs per call of the attention kernel and of the split merge (profiler, eager)."""
     from time_revision import kernel_times  # benchmarks/, beside this script
 
-    return next((us for name, us in kernel_times(run).items() if "fewrows" in name), None)
+    times = kernel_times(run).items()
+    attention = next((us for name, us in times if "fewrows" in name), None)
+    merge = next((us for name, us in times if "merge" in name), None)
+    return attention, merge
 
 
 def graph_us(runs) -> Timing:
@@ -147,17 +162,24 @@ def main() -> int:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--cases", nargs="+", help="case names (default: all four)")
     ap.add_argument("--trace", action="store_true", help="cycle stamps per step instead")
+    ap.add_argument(
+        "--kv-dtype", default="float8_e4m3fn", choices=["float8_e4m3fn", "bfloat16"],
+        help="the pool's dtype (a bfloat16 pool holds the FP8 pool's values)",
+    )  # fmt: skip
     args = ap.parse_args()
+    kv_dtype = getattr(torch, args.kv_dtype)
+    cases = [dataclasses.replace(c, kv_dtype=kv_dtype) for c in CASES]
     dev = torch.device("cuda")
     copy = copy_bandwidth_tbps(dev)
     fi = None
     if os.environ.get("FP8MLA_FLASHINFER"):
         fi = I.load_flashinfer(os.environ["FP8MLA_FLASHINFER"])
-    pool = random_pool(max(c.slots_needed() for c in CASES), torch.float8_e4m3fn, dev)
-    bf16 = pool.to(torch.bfloat16) if fi is not None else None
+    fp8_pool = random_pool(max(c.slots_needed() for c in cases), torch.float8_e4m3fn, dev)
+    bf16 = fp8_pool.to(torch.bfloat16) if fi is not None or kv_dtype != fp8_pool.dtype else None
+    pool = fp8_pool if kv_dtype == fp8_pool.dtype else bf16
     rows: list[dict] = []
     if args.trace:
-        for case in CASES:
+        for case in cases:
             if args.cases and case.name not in args.cases:
                 continue
             inp = build_inputs(case, dev, seed=0, pool=pool)
@@ -170,12 +192,12 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(dict(rows=rows), f, indent=1)
         return 0
-    for case in CASES:
+    for case in cases:
         if args.cases and case.name not in args.cases:
             continue
         inputs = [build_inputs(case, dev, seed=i, pool=pool) for i in range(placements(case))]
         ref, ref_rows = reference_subset(inputs[0], 4)
-        kv_bytes = case.batch * case.context * 576
+        kv_bytes = case.batch * case.context * 576 * kv_dtype.itemsize
         floor_us = kv_bytes / (copy / 2 * 1e12) * 1e6
         base = dict(case=case.name, floor_us=round(floor_us, 2))
         if fi is not None:
@@ -194,18 +216,20 @@ def main() -> int:
                 base, variant=name, options=VARIANTS[name], us=round(t.us_median, 2),
                 p20=round(t.us_p20, 2), p80=round(t.us_p80, 2),
                 tbps=round(kv_bytes / t.us_median / 1e6, 3),
-                kernel_us=attention_us(runs[0]), rel_err=err and float(f"{err:.2e}"),
+                rel_err=err and float(f"{err:.2e}"),
             )  # fmt: skip
+            rec["kernel_us"], rec["merge_us"] = kernel_us(runs[0])
             rows.append(rec)
             print(json.dumps(rec), flush=True)
             del runs
         del inputs
     with open(args.json, "w") as f:
         json.dump(dict(copy_tbps=copy, rows=rows), f, indent=1)
-    print(f"\ncopy {copy:.2f} TB/s; µs (CUDA graph), kernel µs (profiler), rel err")
+    print(f"\ncopy {copy:.2f} TB/s; µs (CUDA graph), attention and merge kernel µs (profiler), "
+          "rel err")  # fmt: skip
     for r in rows:
         print(f"{r['case']:<28} {r['variant']:<20} {r['us']:>8} {r.get('kernel_us') or '':>8} "
-              f"{r.get('rel_err') or ''}")  # fmt: skip
+              f"{r.get('merge_us') or '':>6} {r.get('rel_err') or ''}")  # fmt: skip
     return 0
 
 

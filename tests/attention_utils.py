@@ -38,7 +38,10 @@ def run_wrapper(
     out=None,
     lse=None,
     config=None,
+    kernel_options=None,
 ):
+    """Plan and run ``batch`` through the wrapper; ``kernel_options``: compile-time options
+    of the planned attention kernel overridden (measurement switches, layouts)."""
     w = BatchMLAPagedAttentionWrapper(workspace(batch.q_nope.device), backend=backend)
     w.plan(
         *batch.plan_args(),
@@ -53,6 +56,8 @@ def run_wrapper(
         num_splits=num_splits,
         kernel_config=config,
     )
+    if kernel_options:
+        w._launch.kernel.options.update(kernel_options)
     return w.run(
         batch.q_nope,
         batch.q_pe,

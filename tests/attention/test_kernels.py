@@ -87,12 +87,9 @@ def test_multi_token_queries(device, qo_len, causal, kernel):
     assert_matches_reference(batch, out, lse, causal=causal)
 
 
-@KERNELS
-def test_scores_growing_along_the_context(device, kernel):
+def _growing_scores(batch) -> None:
     """Scores that grow from tile to tile (request 0: by ~12 in log2 units every 64 tokens) or
-    jump once mid-context (request 1: by ~9.5, the earlier tokens still weigh 2^-9.5 each):
-    every online-softmax rescale, lazy or not, is taken and its factor is right."""
-    batch = make_batch([1024, 1024], 16, page_size=1, device=device, generator=gen(13))
+    jump once mid-context (request 1: by ~9.5, the earlier tokens still weigh 2^-9.5 each)."""
     per_stored = 64 * batch.kpe_scale * SM_SCALE * 1.4426950408889634  # log2 score per unit
     batch.q_pe.fill_(12.0 / (32 * per_stored))  # 32 stored units: +12 in log2
     codes = batch.kpe.view(-1, 64)  # page size 1: row = page id
@@ -102,8 +99,35 @@ def test_scores_growing_along_the_context(device, kernel):
             stored = 32.0 * min(t // 64, 14) if tile_step else (24.0 if t >= 512 else 0.0)
             value = torch.tensor([stored], dtype=torch.float32).to(batch.kpe.dtype)
             codes[int(batch.kv_indices[lo + t])] = value.to(codes.device)
+
+
+@KERNELS
+def test_scores_growing_along_the_context(device, kernel):
+    """Growing and jumping scores (``_growing_scores``): every online-softmax rescale is
+    taken and its factor is right."""
+    batch = make_batch([1024, 1024], 16, page_size=1, device=device, generator=gen(13))
+    _growing_scores(batch)
     out, lse = run_wrapper(batch, config=orientation(kernel, 16))
     assert_matches_reference(batch, out, lse)
+
+
+@pytest.mark.skipif(not IS_SM90, reason="the few-row kernel runs on SM90 GPUs only")
+@pytest.mark.parametrize("col_softmax", [0, 1])
+@pytest.mark.parametrize("qo_len", [1, 2])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.bfloat16], ids=str)
+def test_fewrows_softmax_layouts(device, col_softmax, qo_len, kv_dtype):
+    """Both layouts of the few-row kernel's online softmax (its default picks one by the
+    row count) at 16 and 32 rows, on growing and jumping scores, causal."""
+    batch = make_batch(
+        [1024, 1024], 16, qo_lens=[qo_len] * 2, page_size=1, kv_dtype=kv_dtype, device=device,
+        generator=gen(17),
+    )  # fmt: skip
+    _growing_scores(batch)
+    config = orientation("fewrows", 16 * qo_len)
+    out, lse = run_wrapper(
+        batch, causal=True, config=config, kernel_options={"COL_SOFTMAX": col_softmax}
+    )
+    assert_matches_reference(batch, out, lse, causal=True)
 
 
 def test_mixed_query_lengths_and_empty_requests(device):

@@ -43,7 +43,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels import mla_tiles as T
-from fp8mla.kernels.mla_wgmma import _fp8_to_f16, _kv_copier, _page_entries, _prefetch_l2
+from fp8mla.kernels.mla_wgmma import (
+    _allow_dependents,
+    _fp8_to_f16,
+    _kv_copier,
+    _page_entries,
+    _prefetch_l2,
+)
 
 _BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
@@ -478,12 +484,13 @@ def _mla_attn_fewrows_kernel(
     # 32-byte sector, 2 one bulk prefetch per row; -1: 2 for 32 rows, 0 for 16 (measured on
     # the H200: bulk 10-14% faster at 32 rows, 7% slower at 16; benchmarks/NOTES.md round 13)
     PF_MODE: gl.constexpr = -1,
-    # True: the online softmax in a layout where each thread holds whole token columns of Sᵀ
+    # 1: the online softmax in a layout where each thread holds whole token columns of Sᵀ
     # (one shared-memory round trip per tile, 7.7 KB), so a row's maximum over the tile's 64
-    # tokens takes 2-3 shuffles and no cross-warp exchange (24 shuffles and two at 32 rows
-    # otherwise: half of each tile's time, NOTES round 13). Compiled for SM90 (no spill, P
-    # stored by stmatrix); not yet run on a GPU, so off
-    COL_SOFTMAX: gl.constexpr = False,
+    # tokens takes 2-3 shuffles and no cross-warp exchange; 0: in wgmma's accumulator layout
+    # (24 shuffles and two barriers at 32 rows); -1: 1 for FP8 pools at 32 rows, else 0
+    # (measured on the H200, kernel time: FP8 2-3% faster at 32 rows, 3% slower at 16; 16-bit
+    # pools not faster at 32 rows; benchmarks/NOTES.md round 14)
+    COL_SOFTMAX: gl.constexpr = -1,
     PROBE: gl.constexpr = 0,  # measurement only, bits: 1 no consumer math, 2 cached loads, 4 one
     # conversion of the four chunks' XOR per tile, 8 cycle stamps into ``trace_ptr`` (_stamp), 16
     # no row maxima in the online softmax
@@ -500,6 +507,8 @@ def _mla_attn_fewrows_kernel(
     KV_T: gl.constexpr = ckv_ptr.dtype.element_ty if IS16 else gl.float16
 
     PF: gl.constexpr = PF_MODE if PF_MODE >= 0 else (2 if BLOCK_M == 32 else 0)
+    COLS: gl.constexpr = COL_SOFTMAX > 0 if COL_SOFTMAX >= 0 else (BLOCK_M == 32 and not IS16)
+    _allow_dependents()  # the split merge may be scheduled (it waits for the results)
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     p_sh: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=BLOCK_M * 2, element_bitwidth=16, rank=2
@@ -559,7 +568,7 @@ def _mla_attn_fewrows_kernel(
                         num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
                         stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
                         stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
-                        COL_SOFTMAX, PROBE,
+                        COLS, PROBE,
                         trace_ptr,
                     ),
                 ),
@@ -597,7 +606,7 @@ def _mla_attn_fewrows_kernel(
                         num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
                         stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
                         stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
-                        COL_SOFTMAX, PROBE,
+                        COLS, PROBE,
                         trace_ptr,
                     ),
                 ),
