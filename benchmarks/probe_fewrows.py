@@ -37,7 +37,6 @@ VARIANTS: dict[str, dict[str, int]] = {
     "default": {},  # the kernel's own choice (-1: bulk prefetch and column softmax at 32 rows)
     "col-softmax": {"COL_SOFTMAX": 1},  # the softmax on whole token columns per thread
     "row-softmax": {"COL_SOFTMAX": 0},  # in the accumulator layout (cross-warp row maxima)
-    "no-pdl": {"_PDL": 0},  # the merge launched after the attention kernel, not as its dependent
     "pf-lines": {"PF_MODE": 0},
     "pf-sector": {"PF_MODE": 1},
     "pf-bulk": {"PF_MODE": 2},
@@ -53,21 +52,12 @@ VARIANTS: dict[str, dict[str, int]] = {
 
 
 def variant_runner(inp, options: dict[str, int]):
-    """fp8mla on ``inp`` with the few-row kernel's compile-time ``options`` overridden
-    (``_PDL``: 0 launches the split merge without the programmatic dependency)."""
-    from fp8mla.attention.launch import MERGE_CALL_ARGS, _Binder
-
+    """fp8mla on ``inp`` with the few-row kernel's compile-time ``options`` overridden."""
     w = I.planned_wrapper(inp, inp.pool.dtype)
     launch = w._launch
     if launch.variant.name != "fewrows":
         raise SystemExit(f"{inp.case.name}: planned {launch.variant.name}, not fewrows")
-    options = dict(options)
-    pdl = options.pop("_PDL", None)
     launch.kernel.options.update(options)
-    if pdl is not None and launch.merge is not None:
-        launch.merge_fixed["PDL"] = bool(pdl)
-        launch.merge.options["launch_pdl"] = bool(pdl)
-        launch._merge_bind = _Binder(launch.merge, launch.merge_fixed, MERGE_CALL_ARGS)
     ckv, kpe = inp.paged()
     out = torch.empty_like(inp.q_nope)
     s = inp.scale

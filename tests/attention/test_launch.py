@@ -264,14 +264,3 @@ def test_unaligned_output_takes_tritons_path_for_the_merge_too(monkeypatch):
     shifted = torch.empty(1 * heads * 512 + 1, dtype=torch.bfloat16)[1:].view(1, heads, 512)
     launch(*args, shifted, None, Scales())
     assert launch.merge.direct_launches == 1 and len(launch.merge.fn.by_name) == 2
-
-
-def test_the_merge_is_a_programmatic_dependent_on_hopper_only():
-    from fp8mla.attention.launch import programmatic_launch
-    from fp8mla.attention.targets import TARGETS
-
-    assert programmatic_launch(TARGETS["sm90"], interpreted=False)
-    assert programmatic_launch(TARGETS["sm100"], interpreted=False)
-    assert not programmatic_launch(TARGETS["sm90"], interpreted=True)
-    assert not programmatic_launch(TARGETS["sm80"], interpreted=False)
-    assert not programmatic_launch(TARGETS["gfx942"], interpreted=False)

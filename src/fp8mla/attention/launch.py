@@ -87,17 +87,6 @@ def fp8_conversion(
     return int(T.CVT_INT_E4M3 if e4m3 else T.CVT_INT_E5M2)
 
 
-def programmatic_launch(target: Target, interpreted: bool) -> bool:
-    """Whether the merge is launched as a programmatic dependent of the attention kernel
-    (CUDA, SM90 and later: griddepcontrol)."""
-    return (
-        not interpreted
-        and target.backend == "cuda"
-        and isinstance(target.arch, int)
-        and target.arch >= 90
-    )
-
-
 class KernelLauncher:
     """One kernel with a fixed grid and launch options; arguments by name.
 
@@ -378,12 +367,8 @@ class AttentionLaunch:
                 BLOCK_D=plan.merge_block_d,
                 BLOCK_S=block_s,
             )
-            merge_options: dict[str, Any] = {"num_warps": 4}
-            self.merge_fixed["PDL"] = programmatic_launch(target, interpreted)
-            if self.merge_fixed["PDL"]:
-                merge_options["launch_pdl"] = True
             merge_grid = (512 // plan.merge_block_d, plan.rows_per_request, batch)
-            self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, merge_options, index)
+            self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, {"num_warps": 4}, index)
             self._merge_bind = _Binder(self.merge, self.merge_fixed, MERGE_CALL_ARGS)
         call = (
             CALL_ARGS

@@ -16,15 +16,6 @@ import triton.language as tl
 NEG_INF = tl.constexpr(float("-inf"))
 
 
-@triton.jit
-def _wait_for_primary():
-    """``griddepcontrol.wait``: the kernel this one depends on programmatically has completed
-    and its writes are visible (a no-op when launched without that dependency)."""
-    tl.inline_asm_elementwise(
-        "griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
 @triton.jit(do_not_specialize=["num_tokens"])
 def _mla_merge_kernel(
     mid_o_ptr,  # [splits, rows_cap, D] fp32, normalized partial outputs (row = token * H + head)
@@ -44,10 +35,7 @@ def _mla_merge_kernel(
     BLOCK_D: tl.constexpr,  # output columns per program
     BLOCK_S: tl.constexpr,  # splits read at once
     WRITE_LSE: tl.constexpr,
-    PDL: tl.constexpr = False,  # launched as a programmatic dependent: wait for the attention
 ):
-    if PDL:
-        _wait_for_primary()  # the attention kernel's partials complete and visible
     c = tl.program_id(0)
     r = tl.program_id(1)
     b = tl.program_id(2)

@@ -43,13 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels import mla_tiles as T
-from fp8mla.kernels.mla_wgmma import (
-    _allow_dependents,
-    _fp8_to_f16,
-    _kv_copier,
-    _page_entries,
-    _prefetch_l2,
-)
+from fp8mla.kernels.mla_wgmma import _fp8_to_f16, _kv_copier, _page_entries, _prefetch_l2
 
 _BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
@@ -508,7 +502,6 @@ def _mla_attn_fewrows_kernel(
 
     PF: gl.constexpr = PF_MODE if PF_MODE >= 0 else (2 if BLOCK_M == 32 else 0)
     COLS: gl.constexpr = COL_SOFTMAX > 0 if COL_SOFTMAX >= 0 else (BLOCK_M == 32 and not IS16)
-    _allow_dependents()  # the split merge may be scheduled (it waits for the results)
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     p_sh: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=BLOCK_M * 2, element_bitwidth=16, rank=2

@@ -55,16 +55,6 @@ PRODUCER_REGS = gl.constexpr(88)  # per thread; the consumers get the rest (208)
 
 
 @gluon.jit
-def _allow_dependents():
-    """``griddepcontrol.launch_dependents``: a kernel launched as this one's programmatic
-    dependent (the split merge) may be scheduled once every program has got here; it waits
-    for this kernel's results itself."""
-    gl.inline_asm_elementwise(
-        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-    )
-
-
-@gluon.jit
 def _fp8_to_f16(b, FP8_CVT: gl.constexpr):
     """FP8 codes → fp16: Triton's cast for ``CVT_NATIVE`` (FP8 pointers), else the bit moves
     of ``mla_tiles._fp8_bytes_to_f16`` on the bytes."""
@@ -431,7 +421,6 @@ def _mla_attn_wgmma_kernel(
     gl.static_assert(gl.num_warps() == 8, "two consumer warpgroups")
     IS16: gl.constexpr = ckv_ptr.dtype.element_ty.primitive_bitwidth == 16
     gl.static_assert(not (IS16 and TOKEN_GROUP), "token-group scales come with FP8 KV")
-    _allow_dependents()
 
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_CKV], sh)
