@@ -72,7 +72,7 @@ class ConfigTable:
 # value-split 128-row tiles with fp16 queries. 16-bit KV: the 64-row tile up to 64 rows, then
 # value-split 128-row tiles in one stage (two stages need 295 KB). These tiles spill 150-900 B
 # per thread and still measured fastest. This table serves SM100 and, on SM90, the batches the
-# Gluon kernels cannot (16-bit KV, no RoPE part).
+# Gluon kernels cannot (no 64-dim RoPE part).
 TRITON_TABLE = ConfigTable(
     few_fp8=KernelConfig(16, 64, 8, 1, occupancy=2),
     few_16bit=KernelConfig(16, 64, 4, 2, occupancy=2),
@@ -81,11 +81,12 @@ TRITON_TABLE = ConfigTable(
     wide_fp8=KernelConfig(128, 64, 8, 2, variant="vsplit", q_fp16_copy=True),
     wide_16bit=KernelConfig(128, 64, 8, 1, variant="vsplit", q_fp16_copy=True),
 )
-# SM90, FP8 KV above 32 rows: the warp-specialized Gluon wgmma kernel (448 vs 215 TFLOP/s for
-# the 4096-token chunk with 128 heads). It decodes FP8 with cvt.rn.f16x2.
+# SM90 above 32 rows: the warp-specialized Gluon wgmma kernel (FP8: 448 vs 215 TFLOP/s for the
+# 4096-token chunk with 128 heads; it decodes FP8 with cvt.rn.f16x2; 16-bit pools copied by
+# cp.async: 64 x 128 x 4096 181 vs 435 us for the Triton tile, benchmarks/NOTES.md round 14).
 WGMMA_TILE = KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")
-# SM90, FP8 KV up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N (32 x 32 x
-# 4096: 75 vs 122 us for the 16-row Triton tile, in the same run).
+# SM90 up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N (FP8 32 x 32 x 4096:
+# 75 vs 122 us for the 16-row Triton tile, in the same run; bf16 pool 51.5 vs 82.0 us).
 FEWROWS_TILE_16 = KernelConfig(16, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
 FEWROWS_TILE_32 = KernelConfig(32, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
 SM90_TABLE = dataclasses.replace(
