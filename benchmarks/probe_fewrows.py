@@ -25,6 +25,7 @@ import os
 
 import torch
 
+from fp8mla.attention.planner import FP8QK_TILE_16, FP8QK_TILE_32
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs, random_pool
@@ -48,15 +49,27 @@ VARIANTS: dict[str, dict[str, int]] = {
     "probe-nomath-xor": {"PROBE": 5},
     "probe-cached-nomath-xor": {"PROBE": 7},
     "probe-nomax": {"PROBE": 16},
+    # the FP8 × FP8 kernel (kernels/mla_fp8qk.py) and its options
+    "fp8qk": {"KERNEL": "fp8qk"},
+    "fp8qk-3stages": {"KERNEL": "fp8qk", "STAGES": 3},
+    "fp8qk-parts2": {"KERNEL": "fp8qk", "QK_PARTS": 2},
+    "fp8qk-parts1": {"KERNEL": "fp8qk", "QK_PARTS": 1},
 }
 
 
-def variant_runner(inp, options: dict[str, int]):
-    """fp8mla on ``inp`` with the few-row kernel's compile-time ``options`` overridden."""
-    w = I.planned_wrapper(inp, inp.pool.dtype)
+def variant_runner(inp, options: dict[str, int | str]):
+    """fp8mla on ``inp`` with the kernel named by ``options["KERNEL"]`` (default: the
+    planner's few-row kernel) and its compile-time ``options`` overridden."""
+    options = dict(options)
+    kernel = options.pop("KERNEL", None)
+    plan_kw = {}
+    if kernel == "fp8qk":
+        rows = inp.case.heads * inp.case.qo_len
+        plan_kw["kernel_config"] = FP8QK_TILE_16 if rows <= 16 else FP8QK_TILE_32
+    w = I.planned_wrapper(inp, inp.pool.dtype, **plan_kw)
     launch = w._launch
-    if launch.variant.name != "fewrows":
-        raise SystemExit(f"{inp.case.name}: planned {launch.variant.name}, not fewrows")
+    if launch.variant.name not in ("fewrows", "fp8qk"):
+        raise SystemExit(f"{inp.case.name}: planned {launch.variant.name}, not a few-row kernel")
     launch.kernel.options.update(options)
     ckv, kpe = inp.paged()
     out = torch.empty_like(inp.q_nope)
@@ -135,7 +148,7 @@ def kernel_us(run) -> tuple[float | None, float | None]:
     from time_revision import kernel_times  # benchmarks/, beside this script
 
     times = kernel_times(run).items()
-    attention = next((us for name, us in times if "fewrows" in name), None)
+    attention = next((us for name, us in times if "fewrows" in name or "fp8qk" in name), None)
     merge = next((us for name, us in times if "merge" in name), None)
     return attention, merge
 

@@ -14,6 +14,8 @@ from fp8mla.attention.config import KernelConfig
 from fp8mla.attention.planner import (
     FEWROWS_TILE_16,
     FEWROWS_TILE_32,
+    FP8QK_TILE_16,
+    FP8QK_TILE_32,
     WGMMA_TILE,
     selectable_configs,
 )
@@ -43,12 +45,16 @@ def orientation(kind: str, rows: int) -> KernelConfig:
         if rows > 32:
             pytest.skip("the fewrows kernel serves at most 32 rows per request")
         return FEWROWS_TILE_16 if rows <= 16 else FEWROWS_TILE_32
+    if kind == "fp8qk":
+        if rows > 32:
+            pytest.skip("the fp8qk kernel serves at most 32 rows per request")
+        return FP8QK_TILE_16 if rows <= 16 else FP8QK_TILE_32
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     return KernelConfig(block_m, 32, 4, 2, variant=kind)
 
 
 def test_every_variant_is_tested():
-    assert set(REGISTRY) == {"rows", "vsplit", "wgmma", "fewrows"}
+    assert set(REGISTRY) == {"rows", "vsplit", "wgmma", "fewrows", "fp8qk"}
 
 
 KERNELS = pytest.mark.parametrize("kernel", sorted(REGISTRY))

@@ -12,6 +12,8 @@ from fp8mla.attention.config import KernelConfig
 from fp8mla.attention.planner import (
     FEWROWS_TILE_16,
     FEWROWS_TILE_32,
+    FP8QK_TILE_16,
+    FP8QK_TILE_32,
     SM90_TABLE,
     TABLES,
     TRITON_TABLE,
@@ -40,12 +42,12 @@ ROWS = [1, 16, 17, 32, 33, 64, 128, 16 * 128, 4096 * 128]
 def test_sm90_table():
     t = TARGETS["sm90"]
     assert config_table(t) is SM90_TABLE and config_table(None) is SM90_TABLE
-    # FP8 up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N
+    # FP8 up to 32 rows: the FP8 × FP8 Gluon kernel, 16 or 32 rows
     for dtype in (E4M3, E5M2):
-        assert choose_config(1, dtype, t) == FEWROWS_TILE_16
-        assert choose_config(16, dtype, t) == FEWROWS_TILE_16
-        assert choose_config(17, dtype, t) == FEWROWS_TILE_32
-        assert choose_config(32, dtype, t) == FEWROWS_TILE_32
+        assert choose_config(1, dtype, t) == FP8QK_TILE_16
+        assert choose_config(16, dtype, t) == FP8QK_TILE_16
+        assert choose_config(17, dtype, t) == FP8QK_TILE_32
+        assert choose_config(32, dtype, t) == FP8QK_TILE_32
         for rows in (33, 64, 128, 4096 * 128):  # many rows: the wgmma kernel
             assert choose_config(rows, dtype, t) == WGMMA_TILE
     # 16-bit KV: the same Gluon kernels, copying the tiles instead of converting them
@@ -171,6 +173,33 @@ def test_fewrows_splits_fill_one_wave():
     assert make_launch_plan(batch=1, max_kv_len=640, **kw).num_splits == 10
 
 
+def test_fp8_decode_takes_the_few_row_kernel_for_single_tile_programs():
+    """The FP8 × FP8 kernel serves FP8 decode, but where each program would get one 64-token
+    tile the few-row kernel, which starts sooner, takes the same grid."""
+    kw = dict(num_heads=32, max_qo_len=1, sms=132, max_splits_by_workspace=64,
+              target=TARGETS["sm90"])  # fmt: skip
+    assert make_launch_plan(batch=32, max_kv_len=4096, **kw).config == FP8QK_TILE_32
+    one = make_launch_plan(batch=1, max_kv_len=4096, **kw)
+    assert (one.config, one.num_splits) == (FEWROWS_TILE_32, 64)
+    # lengths unknown at plan() (CUDA graphs): planned for long contexts
+    assert make_launch_plan(batch=1, max_kv_len=None, **kw).config == FP8QK_TILE_32
+    # 16 rows, two tiles per program; named variants are never swapped
+    assert make_launch_plan(batch=64, max_kv_len=4096, **dict(kw, num_heads=16)).config == (
+        FP8QK_TILE_16
+    )
+    forced = make_launch_plan(batch=1, max_kv_len=4096, config="fp8qk", **kw)
+    assert forced.config == FP8QK_TILE_32
+    # fp16 queries (11 significant bits; the FP8 split holds 8): the few-row kernel
+    fp16 = make_launch_plan(batch=32, max_kv_len=4096, q_dtype=torch.float16, **kw)
+    assert fp16.config == FEWROWS_TILE_32
+    with pytest.raises(ValueError, match="expected bf16 queries for the fp8qk kernel"):
+        make_launch_plan(batch=32, max_kv_len=4096, q_dtype=torch.float16, config="fp8qk", **kw)
+    # 16-bit pools stay on the few-row kernel
+    assert make_launch_plan(batch=32, max_kv_len=4096, kv_dtype=torch.bfloat16, **kw).config == (
+        FEWROWS_TILE_32
+    )
+
+
 @pytest.mark.parametrize("name", ["sm86", "sm89", "sm120"])
 def test_99kb_targets_take_tiles_that_fit(name):
     """An FP8 tile stages ``(BLOCK_M + BLOCK_N) × 576`` fp16 values in shared memory
@@ -217,9 +246,25 @@ def test_rdna3_wave32_tiles():
 
 @pytest.mark.parametrize("name", list(TARGETS))
 def test_selectable_configs_cover_every_choice(name):
+    """Every tile make_launch_plan can run: the tables' choices and, for the FP8 × FP8
+    kernel's, the few-row tile that stands in for single-tile programs and fp16 queries."""
     t = TARGETS[name]
     for dtype in KV_DTYPES:
-        picked = {choose_config(rows, dtype, t, kpe) for rows in ROWS for kpe in (64, 0)}
+        picked = set()
+        for rows in ROWS:
+            for kpe in (64, 0):
+                for max_kv, q in (
+                    (None, torch.bfloat16),
+                    (64, torch.bfloat16),
+                    (None, torch.float16),
+                ):
+                    picked.add(
+                        make_launch_plan(
+                            batch=1, num_heads=rows, max_qo_len=1, max_kv_len=max_kv, sms=132,
+                            max_splits_by_workspace=64, target=t, kv_dtype=dtype,
+                            head_dim_kpe=kpe, q_dtype=q,
+                        ).config
+                    )  # fmt: skip
         assert picked == set(selectable_configs(t, dtype))
 
 

@@ -89,10 +89,16 @@ WGMMA_TILE = KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")
 # 75 vs 122 us for the 16-row Triton tile, in the same run; bf16 pool 51.5 vs 82.0 us).
 FEWROWS_TILE_16 = KernelConfig(16, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
 FEWROWS_TILE_32 = KernelConfig(32, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
+# SM90 FP8 pools up to 32 rows: Q·Kᵀ in FP8 × FP8 from cp.async stages (H200, same run, CUDA
+# graph: 32 x 32 x 4096 44.2 vs 56.7 us for the few-row kernel, 64 x 16 64.7 vs 83.1,
+# 8 x 32 x 16384 44.4 vs 57.6), but where every program has one 64-token tile (1 x 32 x 4096:
+# 17.9 vs 15.4 us) its longer start (query staging, four partitions) loses: see make_launch_plan.
+FP8QK_TILE_16 = KernelConfig(16, 64, 4, 1, variant="fp8qk", fp8_cvt="ptx")
+FP8QK_TILE_32 = KernelConfig(32, 64, 4, 1, variant="fp8qk", fp8_cvt="ptx")
 SM90_TABLE = dataclasses.replace(
     TRITON_TABLE,
-    tiny_fp8=FEWROWS_TILE_16,
-    few_fp8=FEWROWS_TILE_32,
+    tiny_fp8=FP8QK_TILE_16,
+    few_fp8=FP8QK_TILE_32,
     tiny_16bit=FEWROWS_TILE_16,
     few_16bit=FEWROWS_TILE_32,
     many_16bit=WGMMA_TILE,
@@ -188,9 +194,16 @@ def choose_config(
 
 
 def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[KernelConfig]:
-    """Every config :func:`choose_config` can pick for ``target`` and ``kv_dtype``, with and
-    without a RoPE part (what the compile matrix builds)."""
-    out = [choose_config(rows, kv_dtype, target, kpe) for kpe in (64, 0) for rows in SELECTION_ROWS]
+    """Every config the planner can pick for ``target`` and ``kv_dtype``, with and without a
+    RoPE part (what the compile matrix builds): :func:`choose_config`'s, and the few-row
+    tiles that stand in for the FP8 × FP8 kernel's (:func:`make_launch_plan`)."""
+    out = []
+    for kpe in (64, 0):
+        for rows in SELECTION_ROWS:
+            config = choose_config(rows, kv_dtype, target, kpe)
+            out.append(config)
+            if config.variant == "fp8qk":
+                out.append(FEWROWS_TILE_16 if config.block_m == 16 else FEWROWS_TILE_32)
     return list(dict.fromkeys(out))
 
 
@@ -260,11 +273,13 @@ def make_launch_plan(
     num_splits: int | None = None,
     config: KernelConfig | str | None = None,
     head_dim_kpe: int = 64,
+    q_dtype: torch.dtype = torch.bfloat16,
 ) -> LaunchPlan:
     """Variant, tile and grid of one launch on ``target`` (None: the H200 the SM90 table was
     measured on). ``config`` overrides the table (a :class:`KernelConfig`, or a variant name
     run in its table tile) and raises when its variant cannot serve the batch there."""
     rows = max_qo_len * num_heads
+    chosen = config is None
     if config is None:
         config = choose_config(rows, kv_dtype, target, head_dim_kpe)
     else:
@@ -286,6 +301,8 @@ def make_launch_plan(
             max_splits_by_workspace,
             config,
         )
+    if config.variant == "fp8qk":
+        config = _fp8qk_or_fewrows(config, chosen, max_kv_len, num_splits, q_dtype)
     rows_per_request = m_tiles * config.block_m
     return LaunchPlan(
         config=config,
@@ -293,6 +310,24 @@ def make_launch_plan(
         num_splits=num_splits,
         merge_block_d=merge_block_d(rows_per_request * batch, sms),
     )
+
+
+def _fp8qk_or_fewrows(
+    config: KernelConfig, chosen: bool, max_kv_len: int | None, num_splits: int, q_dtype
+) -> KernelConfig:
+    """The FP8 × FP8 kernel's tile, or the few-row kernel's (same grid and splits) where it
+    serves better: queries that are not bf16 (its e4m3 hi + lo/16 split holds 8 significant
+    bits, a bf16 value exactly; fp16 has 11), and one 64-token tile per program (its longer
+    start loses there). A named fp8qk variant with other queries is refused."""
+    if q_dtype != torch.bfloat16:
+        if not chosen:
+            raise ValueError(
+                f"expected bf16 queries for the fp8qk kernel (its e4m3 split holds 8 "
+                f"significant bits), got {q_dtype}"
+            )
+    elif not chosen or max_kv_len is None or max_kv_len > num_splits * config.block_n:
+        return config
+    return FEWROWS_TILE_16 if config.block_m == 16 else FEWROWS_TILE_32
 
 
 def merge_block_d(rows: int, sms: int) -> int:

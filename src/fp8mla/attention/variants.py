@@ -104,6 +104,12 @@ def _sm90_rope_few(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -
     return _sm90_rope(target, kv_dtype, rows, kpe)
 
 
+def _sm90_fp8_few(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+    if kv_dtype.itemsize != 1:
+        return f"reads FP8 pools only, got {kv_dtype}"
+    return _sm90_rope_few(target, kv_dtype, rows, kpe)
+
+
 def _tile_64x64_8(config: KernelConfig) -> str | None:
     if (config.block_m, config.block_n, config.num_warps) != (64, 64, 8):
         return (
@@ -169,6 +175,20 @@ FEWROWS = register(
         check_tile=_tile_few,
         gluon=True,
         mark="f",
+        min_split_tokens=64,
+    )
+)
+FP8QK = register(
+    Variant(
+        name="fp8qk",
+        kernel="fp8mla.kernels.mla_fp8qk:_mla_attn_fp8qk_kernel",
+        summary="Gluon, SM90, FP8 pools; a cp.async copier stages FP8 tiles as they are, Q·Kᵀ "
+        "in FP8 × FP8 wgmma with the query split hi/lo, two value warpgroups convert V into "
+        "wgmma's register operand (decode of 16-32 heads)",
+        supports=_sm90_fp8_few,
+        check_tile=_tile_few,
+        gluon=True,
+        mark="q",
         min_split_tokens=64,
     )
 )

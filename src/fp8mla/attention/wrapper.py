@@ -138,7 +138,7 @@ class BatchMLAPagedAttentionWrapper:
 
         ``num_splits`` and ``kernel_config`` (keyword-only, fp8mla extensions) override the
         planner's KV split count per request and its kernel: a :class:`KernelConfig`, or a
-        variant name (``"rows"``, ``"vsplit"``, ``"wgmma"``, ``"fewrows"``: see
+        variant name (``"rows"``, ``"vsplit"``, ``"wgmma"``, ``"fewrows"``, ``"fp8qk"``: see
         ``fp8mla.attention.variants``) run in its table tile; for tuning and tests."""
         del use_profiler  # accepted for compatibility; fp8mla has no in-kernel profiler
         if not 1 <= num_heads <= MAX_HEADS:
@@ -207,6 +207,7 @@ class BatchMLAPagedAttentionWrapper:
                 num_splits=num_splits,
                 config=config,
                 head_dim_kpe=state.head_dim_kpe,
+                q_dtype=state.q_dtype,
             )
             if self._use_cuda_graph:
                 self._graph = _GraphLaunch(plan, _signature(state), state.total_tokens)

@@ -1,0 +1,617 @@
+"""Hopper (SM90) MLA decode of FP8 pools for ≤ 32 query rows per request, in Gluon, with the
+pool's FP8 bytes used as they are: ``Q·Kᵀ`` on FP8 tensor cores, no fp16 copy of the tile.
+
+The few-row kernel (``kernels/mla_fewrows.py``) converts every FP8 tile into an fp16 copy in
+shared memory; the producers that load, convert and store it set its pace, and the FP8 pool
+gains nothing from its smaller bytes there (``benchmarks/NOTES.md``, round 14). Here:
+
+* a **copier** warpgroup moves each 64-token tile's FP8 rows through the page table into one
+  of ``STAGES`` shared stages by ``cp.async`` (16 bytes at a time, to their 128-byte-swizzled
+  places; no registers, no conversion); each thread's copies arrive on the stage's barrier
+  when they land. A bad page entry's token reads the launcher's NaN row;
+* the **score warpgroup** (the default partition) computes ``S [64, 64 tokens] = Q₈ · K₈ᵀ``
+  in FP8 × FP8 wgmma straight from the stage. The query is held in shared memory as two e4m3
+  halves scaled per row by a power of two, ``q·s = hi + lo/16`` (exact for bf16 queries), as
+  wgmma's 64 rows: rows ``16w + g`` hi and ``16w + 8 + g`` lo of query row ``8w + g``, so one
+  thread holds both and adds them. The latent part is summed in four 128-column parts, each
+  by the tensor cores and then in fp32 (Hopper's FP8 wgmma accumulates at reduced precision:
+  one 512-column sum measured LSE errors of 3.9e-3, four parts 0.9e-3), the RoPE part apart
+  (its scale differs). Then the online softmax over the tile's tokens (a row's 64 tokens sit in
+  the four lanes of a quad); ``P`` (fp16) and the rescale factor go to shared memory;
+* two **value warpgroups** first stage the query (half each), then each owns 256 of the 512
+  output columns: ``Oᵀ [256, R] += Vᵀ · Pᵀ`` with ``Vᵀ`` as wgmma's register operand, read
+  from the stage's FP8 bytes (8 adjacent bytes per thread and token, converted to fp16 in
+  registers), in two 32-token steps. The register operand fixes which (row, token) each
+  thread holds; the output columns are permuted instead: accumulator row
+  ``m = g + 8h + 16w + 64a + 128b`` is latent column ``π(m) = 64w + 8g + 4b + 2a + h``, so a
+  thread's 8 rows are 8 adjacent bytes of the FP8 row (and 8 adjacent outputs).
+
+Shared memory for ``STAGES`` = 4: the stages 160 KB (37 KB each with the RoPE part, 1 KB of
+token-group scales where used), the query 36 KB, ``P`` 8 KB (about 190 KB: one program per
+SM). Same arguments and results as ``_mla_attn_fewrows_kernel``; FP8 pools (e4m3 or e5m2, as
+``FP8_CVT`` names them) with per-tensor or token-group scales and a 64-dim RoPE part; launched
+with 4 warps (the other partitions' warps come on top). Gluon has no interpreter: this kernel
+runs on SM90 GPUs only.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fp8mla.kernels import mla_tiles as T
+from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
+from fp8mla.kernels.mla_wgmma import _page_entries
+
+_ASYNC_LOAD = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
+HALF_N = gl.constexpr(32)  # tokens per P·V step of the value warpgroups
+HALF = gl.constexpr(256)  # output columns per value warpgroup
+NEG_INF = gl.constexpr(float("-inf"))
+E4M3_MAX = gl.constexpr(448.0)
+LO_GAIN = gl.constexpr(16.0)  # lo = (q·s − hi) × 16: e4m3's 3 mantissa bits, one step down
+
+# S's accumulator [64, 64] as [32 query rows, 64 tokens] once the hi/lo rows are added: each
+# thread holds 16 tokens of one query row (the quad's four lanes hold the row's 64)
+S_ROWS = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 8], [0, 16], [0, 32]],
+        lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[8, 0], [16, 0]],
+        block_bases=[],
+        shape=[32, 64],
+    )
+)
+# Half a value tile [32 tokens, 256 latent columns] as the value warpgroups read it: 8 adjacent
+# bytes per thread and token (the register operand's rows m8, m64, m128), its tokens as the
+# register operand's K (k1, k8, k16 in registers, k2, k4 across lanes)
+V_LOAD = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0], [16, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [0, 32]],
+        warp_bases=[[0, 64], [0, 128]],
+        block_bases=[],
+        shape=[32, 256],
+    )
+)
+
+# a tile's group scales [64 tokens, 4] (fp32): 8 bytes per thread
+SC_L = gl.constexpr(gl.BlockedLayout([1, 2], [16, 2], [4, 1], [1, 0]))
+SC_HALF = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))  # [32 tokens, 4]
+
+
+@gluon.jit
+def _copier(
+    k_stages, pe_stages, sc_stages, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE: gl.constexpr,
+    D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr,
+    P_WARPS: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+):  # fmt: skip
+    """Each tile of ``[n_begin, n_end)`` into stage ``j % STAGES`` by ``cp.async`` (tokens past
+    ``n_end`` as 0, a bad page entry's token as the NaN row), with its tokens' four group
+    scales where ``TOKEN_GROUP``; every thread's copies arrive on ``ready`` when they land, so
+    up to ``STAGES`` tiles are in flight."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])  # [64, 128] B
+    pe_ld: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [P_WARPS, 1], [1, 0])  # [64, 64] B
+    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+    pe_rows_l: gl.constexpr = gl.SliceLayout(1, pe_ld)
+    C8: gl.constexpr = 128  # bytes per copy step: one 128-byte row chunk
+    d = gl.arange(0, C8, layout=gl.SliceLayout(0, ld))
+    e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
+    pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
+    for j in range(n_tiles):
+        s = j % STAGES
+        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
+        ok = pos < n_end
+        slot = pages.to(gl.int64)
+        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
+        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
+        pe_rows = slot * stride_kpe_p + (pos % PAGE_SIZE) * stride_kpe_s
+        pe_rows += bad.to(gl.int64) * (nan_row_kpe - pe_rows)
+        pe_rows = gl.convert_layout(pe_rows, pe_rows_l)
+        pe_ok = gl.convert_layout(ok, pe_rows_l)
+        # the next tile's page entries, before this one's copies
+        nxt = pos + BLOCK_N
+        pages, bad = _page_entries(page_base, n_entries, num_pages, nxt, nxt < n_end, PAGE_SIZE)
+        # the value warpgroups are done with this stage (tile j - STAGES); passes at once at first
+        _stamp(trace_ptr, 3, j, 0, PROBE)
+        mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
+        _stamp(trace_ptr, 3, j, 1, PROBE)
+        k_dst = k_stages.index(s)
+        for c in gl.static_range(D_CKV // C8):
+            _ASYNC_LOAD(
+                k_dst.slice(c * C8, C8, dim=1), ckv_ptr + rows[:, None] + (c * C8 + d)[None, :],
+                mask=ok[:, None],
+            )  # fmt: skip
+        _ASYNC_LOAD(
+            pe_stages.index(s), kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None]
+        )
+        if TOKEN_GROUP:  # a bad entry's token: page 0's scales (its K and V are NaN anyway)
+            sa_rows = slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
+            sa_rows = gl.convert_layout(sa_rows, gl.SliceLayout(1, SC_L))
+            sa_ok = gl.convert_layout(ok, gl.SliceLayout(1, SC_L))
+            g = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_L))
+            _ASYNC_LOAD(
+                sc_stages.index(s), scale_arr_ptr + sa_rows[:, None] + g[None, :],
+                mask=sa_ok[:, None],
+            )  # fmt: skip
+        async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
+        _stamp(trace_ptr, 3, j, 2, PROBE)
+
+
+@gluon.jit
+def _pow2_scale(amax):
+    """The power of two ``s`` with ``224 < amax · s ≤ 448`` (a row of zeros: 1). A power of
+    two keeps ``q · s`` a bf16 value, which ``hi + lo / 16`` then holds exactly."""
+    amax = gl.where(amax > 0.0, amax, E4M3_MAX)
+    return gl.exp2(gl.floor(gl.log2(E4M3_MAX / amax)))
+
+
+@gluon.jit
+def _slab_rows(q_ptr, w: gl.constexpr, q_start, rows_total, num_heads, num_tokens, stride_t,
+               stride_h, D: gl.constexpr, ld: gl.constexpr):  # fmt: skip
+    """Query rows ``8w … 8w + 7`` (row = token × heads + head; rows past ``rows_total`` as 0),
+    ``[8, D]`` in the query's dtype."""
+    r = w * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, ld))
+    tok = q_start + r // num_heads
+    r_ok = (r < rows_total) & (tok < num_tokens)
+    rows = q_ptr + tok.to(gl.int64) * stride_t + (r % num_heads) * stride_h
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    return gl.load(rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
+
+
+@gluon.jit
+def _stage_slab(q_smem, inv_smem, x, w: gl.constexpr):
+    """One 8-row slab ``x`` of one part of the query into operand rows ``16w … 16w + 7`` (hi)
+    and ``16w + 8 … 16w + 15`` (lo), with a power of two per row (:func:`_pow2_scale`); its
+    ``1 / s`` into ``inv_smem[8w : 8w + 8]``."""
+    x = x.to(gl.float32)
+    s = _pow2_scale(gl.max(gl.abs(x), axis=1))
+    x = x * s[:, None]
+    hi = x.to(gl.float8e4nv)
+    q_smem.slice(16 * w, 8, dim=0).store(hi)
+    q_smem.slice(16 * w + 8, 8, dim=0).store(((x - hi.to(gl.float32)) * LO_GAIN).to(gl.float8e4nv))
+    inv_smem.slice(8 * w, 8).store(1.0 / s)
+
+
+@gluon.jit
+def _stage_query_half(
+    q_smem, qpe_smem, inv_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total, num_heads,
+    num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H: gl.constexpr,
+    D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+):  # fmt: skip
+    """Value warpgroup ``H``'s share of the query staging (slabs ``2H`` and ``2H + 1``, query
+    rows ``16H … 16H + 15``), then an arrival on ``q_ready``. The score warpgroup's operands
+    ``[64, 512]`` and ``[64, 64]`` in e4m3: per query row and part a power of two ``s``
+    (:func:`_pow2_scale`), ``hi = e4m3(q·s)`` in row ``16w + g`` and
+    ``lo = e4m3((q·s − hi) · 16)`` in row ``16w + 8 + g`` for query row ``8w + g`` (exact for
+    bf16 queries but for elements 2^12 below the row's largest); ``1 / s`` of both parts in
+    ``inv_smem [2, 32]``. All rows are requested before any is converted."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    w0: gl.constexpr = 2 * H
+    w1: gl.constexpr = 2 * H + 1
+    x0 = _slab_rows(q_nope_ptr, w0, q_start, rows_total, num_heads, num_tokens, stride_qn_t,
+                    stride_qn_h, D_CKV, ld)  # fmt: skip
+    x1 = _slab_rows(q_nope_ptr, w1, q_start, rows_total, num_heads, num_tokens, stride_qn_t,
+                    stride_qn_h, D_CKV, ld)  # fmt: skip
+    p0 = _slab_rows(q_pe_ptr, w0, q_start, rows_total, num_heads, num_tokens, stride_qp_t,
+                    stride_qp_h, D_KPE, ld)  # fmt: skip
+    p1 = _slab_rows(q_pe_ptr, w1, q_start, rows_total, num_heads, num_tokens, stride_qp_t,
+                    stride_qp_h, D_KPE, ld)  # fmt: skip
+    _stage_slab(q_smem, inv_smem.index(0), x0, w0)
+    _stage_slab(q_smem, inv_smem.index(0), x1, w1)
+    _stage_slab(qpe_smem, inv_smem.index(1), p0, w0)
+    _stage_slab(qpe_smem, inv_smem.index(1), p1, w1)
+    fence_async_shared()
+    _BARRIER()
+    mbarrier.arrive(q_ready)
+
+
+@gluon.jit
+def _add_hi_lo(acc):
+    """wgmma's ``[64, 64]`` accumulator → ``[32 query rows, 64 tokens]`` (``S_ROWS``): each
+    query row's hi row plus its lo row / 16 (one thread holds both)."""
+    acc = gl.permute(gl.reshape(acc, [4, 2, 8, BLOCK_N]), (0, 2, 3, 1))
+    s_hi, s_lo = gl.split(gl.reshape(acc, [RQ, BLOCK_N, 2]))
+    return gl.convert_layout(s_hi + s_lo * (1.0 / LO_GAIN), S_ROWS, assert_trivial=True)
+
+
+@gluon.jit
+def _score_wg(
+    k_stages, pe_stages, sc_stages, ready, q_smem, qpe_smem, q_ready, p_smem, a_smem, p_ready,
+    p_free, stat_smem, stat_ready, lse_ptr, q_start, qo_len, rows_total, kv_len, n_begin, n_end,
+    split, num_heads, num_tokens, qk_scale, pe_factor, stride_lse_split, stride_lse_t,
+    D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
+    PROBE: gl.constexpr, trace_ptr,
+):  # fmt: skip
+    """The default partition: ``S = Q₈·K₈ᵀ`` per tile, the online softmax, ``P`` and the
+    rescale factor to the value warpgroups, the row statistics and the LSE."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
+    )
+    _stamp(trace_ptr, 0, 0, 7, PROBE)
+    PARTS: gl.constexpr = 4 if TOKEN_GROUP else QK_PARTS
+    row_l: gl.constexpr = gl.SliceLayout(1, S_ROWS)  # along the query rows
+    tok_l: gl.constexpr = gl.SliceLayout(0, S_ROWS)  # along the tile's tokens
+    mbarrier.wait(q_ready, 0)  # the query operands, staged by the value warpgroups
+    inv_s = stat_smem.index(0).load(row_l)
+    inv_s_pe = stat_smem.index(1).load(row_l)
+    _BARRIER()  # read before the epilogue reuses stat_smem
+    _stamp(trace_ptr, 0, 0, 6, PROBE)
+    # the two parts' products to S in log2 units, per row
+    nope_scale = (inv_s * qk_scale)[:, None]
+    pe_scale = (inv_s_pe * (qk_scale * pe_factor))[:, None]
+    r = gl.arange(0, RQ, layout=row_l)
+    causal_limit = kv_len - qo_len + r // num_heads
+    m_i = gl.full([RQ], NEG_INF, gl.float32, layout=row_l)
+    l_i = gl.zeros([RQ], gl.float32, layout=row_l)
+    s_zero = gl.zeros([2 * RQ, BLOCK_N], gl.float32, layout=mma)
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    for j in range(n_tiles):
+        st = j % STAGES
+        mbarrier.wait(ready.index(st), (j // STAGES) & 1)
+        _stamp(trace_ptr, 0, j, 0, PROBE)
+        fence_async_shared()  # the copier's cp.async bytes, to wgmma's async proxy
+        kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
+        pt = pe_stages.index(st).permute((1, 0))
+        # -- S: the RoPE part and the latent part (in PARTS column ranges, each accumulated
+        # apart and added in fp32; token-group scales: 4, each times its tokens' scales) --
+        acc_pe = warpgroup_mma(qpe_smem, pt, s_zero, use_acc=False, is_async=True)
+        if PARTS == 1:
+            acc = warpgroup_mma(q_smem, kt, s_zero, use_acc=False, is_async=True)
+            acc, acc_pe = warpgroup_mma_wait(0, deps=[acc, acc_pe])
+            s = _add_hi_lo(acc) * nope_scale + _add_hi_lo(acc_pe) * pe_scale
+        else:  # pairs of parts in flight, each pair added while the next runs
+            W: gl.constexpr = D_CKV // PARTS
+            if TOKEN_GROUP:
+                sc = sc_stages.index(st).load(SC_L)
+                col = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_L))[None, :]
+            acc_pe = warpgroup_mma_wait(0, deps=[acc_pe])
+            s = _add_hi_lo(acc_pe) * pe_scale
+            for g in gl.static_range(0, PARTS, 2):
+                a0 = warpgroup_mma(
+                    q_smem.slice(g * W, W, dim=1), kt.slice(g * W, W, dim=0), s_zero,
+                    use_acc=False, is_async=True,
+                )  # fmt: skip
+                a1 = warpgroup_mma(
+                    q_smem.slice((g + 1) * W, W, dim=1), kt.slice((g + 1) * W, W, dim=0),
+                    s_zero, use_acc=False, is_async=True,
+                )  # fmt: skip
+                a0, a1 = warpgroup_mma_wait(0, deps=[a0, a1])
+                part0 = _add_hi_lo(a0)
+                part1 = _add_hi_lo(a1)
+                if TOKEN_GROUP:
+                    sc0 = gl.sum(gl.where(col == g, sc, 0.0), axis=1)
+                    sc1 = gl.sum(gl.where(col == g + 1, sc, 0.0), axis=1)
+                    part0 = part0 * gl.convert_layout(sc0, tok_l)[None, :]
+                    part1 = part1 * gl.convert_layout(sc1, tok_l)[None, :]
+                s = s + (part0 + part1) * nope_scale
+        _stamp(trace_ptr, 0, j, 1, PROBE)
+        # -- online softmax over the tile's tokens (a bad page entry's NaN where visible) --
+        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
+        visible = (pos < n_end)[None, :]
+        if CAUSAL:
+            visible = visible & (pos[None, :] <= causal_limit[:, None])
+        s = gl.where(visible, s, NEG_INF)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        # -- P and alpha to the value warpgroups (buffer free once they finished tile j - 2) --
+        b = j % 2
+        _stamp(trace_ptr, 0, j, 2, PROBE)
+        mbarrier.wait(p_free.index(b), ((j // 2) & 1) ^ 1)
+        _stamp(trace_ptr, 0, j, 3, PROBE)
+        # P in two 32-token halves (the value warpgroups' two steps)
+        p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float16), [RQ, 2, HALF_N]), (0, 2, 1)))
+        p_smem.index(2 * b).store(p0)
+        p_smem.index(2 * b + 1).store(p1)
+        a_smem.index(b).store(alpha)
+        fence_async_shared()
+        _BARRIER()
+        mbarrier.arrive(p_ready.index(b))
+        _stamp(trace_ptr, 0, j, 4, PROBE)
+
+    # -- the row statistics for the value warpgroups' epilogue, and the LSE --
+    stat_smem.index(0).store(m_i)
+    stat_smem.index(1).store(l_i)
+    _BARRIER()
+    mbarrier.arrive(stat_ready)
+    if WRITE_LSE:
+        has = l_i > 0.0
+        lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
+        lse = gl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
+        tok = q_start + r // num_heads
+        r_ok = (r < rows_total) & (tok < num_tokens)
+        lse_ptrs = lse_ptr + split * stride_lse_split + tok.to(gl.int64) * stride_lse_t
+        gl.store(lse_ptrs + r % num_heads, lse, mask=r_ok)
+
+
+@gluon.jit
+def _value_operand(
+    k_stages, sc_stages, st, kh: gl.constexpr, H: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+    FP8_CVT: gl.constexpr, a_l: gl.constexpr,
+):  # fmt: skip
+    """``Vᵀ`` of tokens ``32kh … 32kh + 31`` of stage ``st``, latent columns ``256H + π(m)``,
+    as wgmma's fp16 register operand ``[256, 32]`` (token-group scales applied)."""
+    v8 = k_stages.index(st).slice(H * HALF, HALF, dim=1).slice(kh * HALF_N, HALF_N, dim=0)
+    v = T._fp8_bytes_to_f16(v8.load(V_LOAD).to(gl.uint8, bitcast=True), FP8_CVT)  # exact
+    if TOKEN_GROUP:  # this warpgroup's two groups: columns 0-127 and 128-255
+        sc = sc_stages.index(st).slice(kh * HALF_N, HALF_N, dim=0).load(SC_HALF)
+        g = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_HALF))[None, :]
+        tok_v: gl.constexpr = gl.SliceLayout(1, V_LOAD)
+        sc0 = gl.convert_layout(gl.sum(gl.where(g == 2 * H, sc, 0.0), axis=1), tok_v)
+        sc1 = gl.convert_layout(gl.sum(gl.where(g == 2 * H + 1, sc, 0.0), axis=1), tok_v)
+        dl = gl.arange(0, HALF, layout=gl.SliceLayout(0, V_LOAD))[None, :]
+        v = (v.to(gl.float32) * gl.where(dl < 128, sc0[:, None], sc1[:, None])).to(gl.float16)
+    # Vᵀ with its rows permuted: a[m, k] = v[k, π(m)]
+    v = gl.reshape(v, [HALF_N, 4, 8, 2, 2, 2])  # [k, w, g, b, a, h]
+    v = gl.permute(v, (3, 4, 1, 5, 2, 0))  # [b, a, w, h, g, k]
+    return gl.convert_layout(gl.reshape(v, [HALF, HALF_N]), a_l)
+
+
+@gluon.jit
+def _value_wg(
+    k_stages, sc_stages, ready, empty, q_smem, qpe_smem, q_ready, p_smem, a_smem, p_ready, p_free,
+    stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start, rows_total, n_begin, n_end,
+    split, num_heads, num_tokens, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_o_split, stride_o_t, stride_o_h,
+    H: gl.constexpr, BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, FP8_CVT: gl.constexpr,
+    PROBE: gl.constexpr, trace_ptr,
+):  # fmt: skip
+    """Value warpgroup ``H``: its half of the query staging, then output columns
+    ``256H + π(m)`` of ``Oᵀ += Vᵀ·Pᵀ`` in two 32-token steps per tile, ``Vᵀ`` read from the
+    stage's FP8 bytes into wgmma's register operand (the second step's bytes are read and
+    converted while the first step's products run)."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_R, 16]
+    )
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    col_l: gl.constexpr = gl.SliceLayout(0, mma)  # along the query rows (N)
+    _stage_query_half(
+        q_smem, qpe_smem, stat_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total,
+        num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H, D_CKV,
+        D_KPE,
+    )  # fmt: skip
+    o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    for j in range(n_tiles):
+        st = j % STAGES
+        b = j % 2
+        mbarrier.wait(ready.index(st), (j // STAGES) & 1)
+        mbarrier.wait(p_ready.index(b), (j // 2) & 1)
+        _stamp(trace_ptr, 1 + H, j, 0, PROBE)
+        alpha = a_smem.index(b).slice(0, BLOCK_R).load(col_l)
+        o = o * alpha[None, :]
+        a0 = _value_operand(k_stages, sc_stages, st, 0, H, TOKEN_GROUP, FP8_CVT, a_l)
+        o = warpgroup_mma(a0, p_smem.index(2 * b).slice(0, BLOCK_R, dim=0).permute((1, 0)), o,
+                          is_async=True)  # fmt: skip
+        # the second half's bytes while the first half's products run
+        a1 = _value_operand(k_stages, sc_stages, st, 1, H, TOKEN_GROUP, FP8_CVT, a_l)
+        _BARRIER()
+        mbarrier.arrive(empty.index(st))  # the stage's bytes are in registers
+        o = warpgroup_mma(a1, p_smem.index(2 * b + 1).slice(0, BLOCK_R, dim=0).permute((1, 0)),
+                          o, is_async=True)  # fmt: skip
+        o, a0, a1 = warpgroup_mma_wait(0, deps=[o, a0, a1])
+        _BARRIER()
+        mbarrier.arrive(p_free.index(b))
+        _stamp(trace_ptr, 1 + H, j, 1, PROBE)
+    mbarrier.wait(stat_ready, 0)
+    _stamp(trace_ptr, 1 + H, 0, 6, PROBE)
+    l_i = stat_smem.index(1).slice(0, BLOCK_R).load(col_l)
+    has = l_i > 0.0
+    inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
+    # accumulator row m = g + 8h + 16w + 64a + 128b is latent column 64w + 8g + 4b + 2a + h:
+    # reordered (registers only), each thread then stores 8 adjacent columns of a row
+    out = gl.reshape(o * inv_l[None, :], [2, 2, 4, 2, 8, BLOCK_R])  # [b, a, w, h, g, n]
+    out = gl.reshape(gl.permute(out, (2, 4, 0, 1, 3, 5)), [HALF, BLOCK_R])
+    if BLOCK_R == 32:
+        o_st: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8], [0, 16]],
+            lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+            warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+        )  # fmt: skip
+    else:
+        o_st: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8]],
+            lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+            warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+        )  # fmt: skip
+    out = gl.convert_layout(out, o_st)
+    r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_st))
+    tok = q_start + r // num_heads
+    r_ok = (r < rows_total) & (tok < num_tokens)
+    base = o_ptr + split * stride_o_split + tok.to(gl.int64) * stride_o_t
+    base += (r % num_heads) * stride_o_h + H * HALF
+    col = gl.arange(0, HALF, layout=gl.SliceLayout(1, o_st))
+    gl.store(base[None, :] + col[:, None], out.to(o_ptr.dtype.element_ty), mask=r_ok[None, :])
+    _stamp(trace_ptr, 1 + H, 0, 7, PROBE)
+
+
+@gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
+def _mla_attn_fp8qk_kernel(
+    q_nope_ptr,
+    q_pe_ptr,
+    ckv_ptr,
+    kpe_ptr,
+    scale_arr_ptr,
+    ckv_scale_ptr,
+    kpe_scale_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    kv_len_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    stride_ckv_p,
+    stride_ckv_s,
+    stride_kpe_p,
+    stride_kpe_s,
+    stride_sa_p,
+    stride_sa_s,
+    stride_o_split,
+    stride_o_t,
+    stride_o_h,
+    stride_lse_split,
+    stride_lse_t,
+    num_heads,
+    num_tokens,  # rows of q / out: query positions past it are never touched
+    num_pages,  # pages of the cache: page ids outside [0, num_pages) are never read
+    num_indices,  # entries of kv_indices
+    nan_row_ckv,  # offset of a NaN row from ckv_ptr (read for a bad page entry)
+    nan_row_kpe,  # offset of a NaN row from kpe_ptr
+    sm_scale_log2,
+    ckv_scale_val,
+    kpe_scale_val,
+    PAGE_SIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,  # query rows per request (16 or 32): the value wgmma's N
+    BLOCK_N: gl.constexpr,
+    D_CKV: gl.constexpr,
+    D_KPE: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr,
+    CKV_SCALE_PTR: gl.constexpr,
+    KPE_SCALE_PTR: gl.constexpr,
+    DOT_DTYPE: gl.constexpr,
+    WRITE_LSE: gl.constexpr,
+    FP8_CVT: gl.constexpr,
+    STAGES: gl.constexpr = 4,  # FP8 tiles in flight (37 KB each)
+    COPIER_WARPS: gl.constexpr = 4,
+    COPIER_REGS: gl.constexpr = 48,
+    VALUE_REGS: gl.constexpr = 168,
+    # the latent part of Q·Kᵀ in QK_PARTS column ranges, each summed by the tensor cores (at
+    # their reduced FP8 accumulation precision) and added to the others in fp32
+    QK_PARTS: gl.constexpr = 4,
+    PROBE: gl.constexpr = 0,  # measurement only: 8 cycle stamps into ``trace_ptr`` (_stamp)
+    trace_ptr=None,
+):
+    gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows per request")
+    gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile")
+    gl.static_assert(D_CKV == 2 * HALF, "the latent dimension is 512")
+    gl.static_assert(D_KPE == 64, "the RoPE dimension is 64")
+    gl.static_assert(gl.num_warps() == 4, "the score warpgroup is the default partition")
+    gl.static_assert(
+        FP8_CVT == T.CVT_PTX_E4M3 or FP8_CVT == T.CVT_PTX_E5M2, "FP8 bytes read as e4m3 or e5m2"
+    )
+    KV8: gl.constexpr = gl.float8e4nv if FP8_CVT == T.CVT_PTX_E4M3 else gl.float8e5
+    ckv8 = ckv_ptr.to(gl.pointer_type(KV8), bitcast=True)
+    kpe8 = kpe_ptr.to(gl.pointer_type(KV8), bitcast=True)
+
+    k_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    pe_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    p_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    vec_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    vec2_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    k_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_CKV], k_sh)
+    pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_KPE], pe_sh)
+    sc_stages = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], vec2_sh)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * RQ, D_CKV], k_sh)
+    qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * RQ, D_KPE], pe_sh)
+    p_smem = gl.allocate_shared_memory(gl.float16, [4, RQ, HALF_N], p_sh)  # 2 tiles × 2 halves
+    a_smem = gl.allocate_shared_memory(gl.float32, [2, RQ], vec_sh)
+    stat_smem = gl.allocate_shared_memory(gl.float32, [2, RQ], vec_sh)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    stat_ready = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=COPIER_WARPS * 32)  # every copier thread's copies
+        mbarrier.init(empty.index(i), count=2)  # both value warpgroups
+    for i in gl.static_range(2):
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=2)
+    mbarrier.init(stat_ready, count=1)
+    mbarrier.init(q_ready, count=2)  # both value warpgroups stage half of the query
+    fence_async_shared()
+    _BARRIER()
+
+    b = gl.program_id(1)
+    split = gl.program_id(2)
+    q_start = gl.load(qo_indptr_ptr + b)
+    qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
+    rows_total = qo_len * num_heads
+    qk_scale, pe_factor, v_scale = T._scales(
+        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    )  # fmt: skip
+    kv_len = gl.load(kv_len_ptr + b)
+    n_begin, n_end = T._split_range(
+        kv_len, qo_len, 0, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    # all partitions run the same number of steps: none for a request without rows or a split
+    # past the (causal) end
+    n_end = gl.where(rows_total > 0, gl.maximum(n_end, n_begin), n_begin)
+    kv_start = gl.load(kv_indptr_ptr + b)
+    kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
+    # a negative start is as bad as a missing entry: every token of the request is then bad
+    n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
+    page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
+
+    gl.warp_specialize(
+        [
+            (
+                _score_wg,
+                (
+                    k_stages, pe_stages, sc_stages, ready, q_smem, qpe_smem, q_ready, p_smem,
+                    a_smem, p_ready, p_free, stat_smem, stat_ready, lse_ptr, q_start, qo_len,
+                    rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
+                    pe_factor, stride_lse_split, stride_lse_t, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
+                    TOKEN_GROUP, STAGES, QK_PARTS, PROBE, trace_ptr,
+                ),
+            ),
+            (
+                _value_wg,
+                (
+                    k_stages, sc_stages, ready, empty, q_smem, qpe_smem, q_ready, p_smem, a_smem,
+                    p_ready, p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start,
+                    rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
+                    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
+                    stride_o_t, stride_o_h, 0, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES,
+                    FP8_CVT, PROBE, trace_ptr,
+                ),
+            ),
+            (
+                _value_wg,
+                (
+                    k_stages, sc_stages, ready, empty, q_smem, qpe_smem, q_ready, p_smem, a_smem,
+                    p_ready, p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start,
+                    rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
+                    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
+                    stride_o_t, stride_o_h, 1, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES,
+                    FP8_CVT, PROBE, trace_ptr,
+                ),
+            ),
+            (
+                _copier,
+                (
+                    k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr,
+                    page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
+                    stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
+                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS, PROBE,
+                    trace_ptr,
+                ),
+            ),
+        ],
+        [4, 4, COPIER_WARPS],
+        [VALUE_REGS, VALUE_REGS, COPIER_REGS],
+    )  # fmt: skip
