@@ -150,10 +150,11 @@ def _copier(
 
 @gluon.jit
 def _pow2_scale(amax):
-    """The power of two ``s`` with ``224 < amax · s ≤ 448`` (a row of zeros: 1). A power of
-    two keeps ``q · s`` a bf16 value, which ``hi + lo / 16`` then holds exactly."""
+    """The power of two ``s`` with ``224 < amax · s ≤ 448`` (a row of zeros: 1; at most 2^126,
+    so a row below 2^-117 keeps a finite scale and rounds to zero). A power of two keeps
+    ``q · s`` a bf16 value, which ``hi + lo / 16`` then holds exactly."""
     amax = gl.where(amax > 0.0, amax, E4M3_MAX)
-    return gl.exp2(gl.floor(gl.log2(E4M3_MAX / amax)))
+    return gl.exp2(gl.minimum(gl.floor(gl.log2(E4M3_MAX / amax)), 126.0))
 
 
 @gluon.jit
