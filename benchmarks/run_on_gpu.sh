@@ -17,7 +17,7 @@ py=python3
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 $py -m fp8mla info | tee -a "$out/env.txt"
 if has tests; then
-  timeout ${TEST_TIMEOUT:-330} $py -m pytest -q --timeout 150 -p no:cacheprovider \
+  timeout ${TEST_TIMEOUT:-420} $py -m pytest -q --timeout 150 -p no:cacheprovider \
     tests/attention tests/kernels tests/cache tests/bench ${EXTRA_TESTS:-} \
     2>&1 | tee "$out/pytest.log" | tail -25
 fi
