@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
-from fp8mla.kernels.mla_wgmma import _page_entries
+from fp8mla.kernels.mla_wgmma import _page_entries, _request_span
 
 _ASYNC_LOAD = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
@@ -548,25 +548,12 @@ def _mla_attn_fp8qk_kernel(
 
     b = gl.program_id(1)
     split = gl.program_id(2)
-    q_start = gl.load(qo_indptr_ptr + b)
-    qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
-    rows_total = qo_len * num_heads
-    qk_scale, pe_factor, v_scale = T._scales(
-        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
+     pe_factor, v_scale) = _request_span(
+        qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
+        ckv_scale_val, kpe_scale_val, sm_scale_log2, b, 0, split, num_heads, num_indices,
+        BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
-    kv_len = gl.load(kv_len_ptr + b)
-    n_begin, n_end = T._split_range(
-        kv_len, qo_len, 0, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
-    )
-    # all partitions run the same number of steps: none for a request without rows or a split
-    # past the (causal) end
-    n_end = gl.where(rows_total > 0, gl.maximum(n_end, n_begin), n_begin)
-    kv_start = gl.load(kv_indptr_ptr + b)
-    kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
-    # a negative start is as bad as a missing entry: every token of the request is then bad
-    n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
-    page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
 
     gl.warp_specialize(
         [

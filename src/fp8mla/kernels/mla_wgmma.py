@@ -64,6 +64,39 @@ def _fp8_to_f16(b, FP8_CVT: gl.constexpr):
 
 
 @gluon.jit
+def _request_span(
+    qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
+    ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+    CKV_SCALE_PTR: gl.constexpr, KPE_SCALE_PTR: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+    FP8_CVT: gl.constexpr,
+):  # fmt: skip
+    """What a Gluon program of request ``b``, row tile ``m_tile`` and KV split ``split``
+    works on: ``(q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries,
+    qk_scale, pe_factor, v_scale)``. Every partition runs the same number of KV steps: none
+    for a tile past the rows or a split past the (causal) end. A negative ``kv_indptr`` start
+    is as bad as a missing entry: every token of the request is then bad."""
+    q_start = gl.load(qo_indptr_ptr + b)
+    qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
+    rows_total = qo_len * num_heads
+    qk_scale, pe_factor, v_scale = T._scales(
+        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    )  # fmt: skip
+    kv_len = gl.load(kv_len_ptr + b)
+    n_begin, n_end = T._split_range(
+        kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)
+    kv_start = gl.load(kv_indptr_ptr + b)
+    kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
+    n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
+    page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
+    return (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
+            pe_factor, v_scale)  # fmt: skip
+
+
+@gluon.jit
 def _page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE: gl.constexpr):
     """Page ids of the tokens at ``pos`` (where ``ok``) and which of them are bad: an entry past
     the request's own ``n_entries`` or a page id outside ``[0, num_pages)``. Bad entries are
@@ -437,24 +470,12 @@ def _mla_attn_wgmma_kernel(
     m_tile = gl.program_id(0)
     b = gl.program_id(1)
     split = gl.program_id(2)
-    q_start = gl.load(qo_indptr_ptr + b)
-    qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
-    rows_total = qo_len * num_heads
-    qk_scale, pe_factor, v_scale = T._scales(
-        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
+     pe_factor, v_scale) = _request_span(
+        qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
+        ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
+        BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
-    kv_len = gl.load(kv_len_ptr + b)
-    n_begin, n_end = T._split_range(
-        kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
-    )
-    # both partitions run the same number of steps: none for a tile past the rows or a split
-    # past the (causal) end
-    n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)
-    kv_start = gl.load(kv_indptr_ptr + b)
-    kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
-    n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
-    page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
 
     if IS16:
         gl.warp_specialize(
