@@ -25,7 +25,6 @@ import os
 
 import torch
 
-from fp8mla.attention.planner import FP8QK_TILE_16, FP8QK_TILE_32
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs, random_pool
@@ -62,11 +61,8 @@ def variant_runner(inp, options: dict[str, int | str]):
     planner's few-row kernel) and its compile-time ``options`` overridden."""
     options = dict(options)
     kernel = options.pop("KERNEL", None)
-    plan_kw = {}
-    if kernel == "fp8qk":
-        rows = inp.case.heads * inp.case.qo_len
-        plan_kw["kernel_config"] = FP8QK_TILE_16 if rows <= 16 else FP8QK_TILE_32
-    w = I.planned_wrapper(inp, inp.pool.dtype, **plan_kw)
+    # a named variant runs in its table tile, never swapped for another kernel
+    w = I.planned_wrapper(inp, inp.pool.dtype, **({"kernel_config": kernel} if kernel else {}))
     launch = w._launch
     if launch.variant.name not in ("fewrows", "fp8qk"):
         raise SystemExit(f"{inp.case.name}: planned {launch.variant.name}, not a few-row kernel")

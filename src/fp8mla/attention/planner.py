@@ -203,7 +203,7 @@ def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[Ker
             config = choose_config(rows, kv_dtype, target, kpe)
             out.append(config)
             if config.variant == "fp8qk":
-                out.append(FEWROWS_TILE_16 if config.block_m == 16 else FEWROWS_TILE_32)
+                out.append(_fewrows_tile(config))
     return list(dict.fromkeys(out))
 
 
@@ -327,6 +327,11 @@ def _fp8qk_or_fewrows(
             )
     elif not chosen or max_kv_len is None or max_kv_len > num_splits * config.block_n:
         return config
+    return _fewrows_tile(config)
+
+
+def _fewrows_tile(config: KernelConfig) -> KernelConfig:
+    """The few-row kernel's tile of ``config``'s rows (16 or 32)."""
     return FEWROWS_TILE_16 if config.block_m == 16 else FEWROWS_TILE_32
 
 
