@@ -368,3 +368,17 @@ def test_merge_columns_per_program_follow_the_rows():
     plan = make_launch_plan(batch=1, num_heads=32, max_qo_len=1, max_kv_len=4096, sms=132,
                             max_splits_by_workspace=64, target=TARGETS["sm90"])  # fmt: skip
     assert plan.merge_block_d == 128 and plan.num_splits > 1
+
+
+def test_merge_reads_as_many_splits_at_once_as_registers_allow():
+    from fp8mla.attention.planner import MERGE_VALUES_PER_PROGRAM, merge_block_s
+
+    # one request of 32 heads: 64 splits in 128-column programs, one pass
+    assert merge_block_s(64, 128) == 64
+    assert merge_block_s(4, 512) == 4 and merge_block_s(3, 512) == 4 and merge_block_s(1, 512) == 1
+    for splits in (1, 2, 5, 16, 64, 100, 512):
+        for block_d in (128, 256, 512):
+            s = merge_block_s(splits, block_d)
+            assert s & (s - 1) == 0  # a power of two (tl.arange)
+            assert s * block_d <= MERGE_VALUES_PER_PROGRAM  # 64 values a thread at most
+            assert s >= min(splits, MERGE_VALUES_PER_PROGRAM // block_d)

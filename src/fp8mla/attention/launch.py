@@ -22,7 +22,6 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
-import triton
 import triton.language as tl
 
 try:  # Triton's runtime settings (profiling hooks live there); a submodule, imported by name
@@ -31,6 +30,7 @@ except ImportError:  # older Triton: no hooks to respect, and no direct path eit
     _knobs = None
 
 from fp8mla.attention.config import LaunchPlan
+from fp8mla.attention.planner import merge_block_s
 from fp8mla.attention.targets import Target, current_target
 from fp8mla.attention.variants import get_variant
 from fp8mla.formats import Scales
@@ -353,7 +353,7 @@ class AttentionLaunch:
         if self.split:
             from fp8mla.kernels.merge import _mla_merge_kernel
 
-            block_s = min(16, triton.next_power_of_2(plan.num_splits))
+            block_s = merge_block_s(plan.num_splits, plan.merge_block_d)
             mid_o, mid_lse = partials
             self.merge_fixed: dict[str, Any] = dict(
                 mid_o_ptr=mid_o,

@@ -335,6 +335,18 @@ def _fewrows_tile(config: KernelConfig) -> KernelConfig:
     return FEWROWS_TILE_16 if config.block_m == 16 else FEWROWS_TILE_32
 
 
+MERGE_VALUES_PER_PROGRAM = 8192  # partial values one merge program loads at once (64 a thread)
+
+
+def merge_block_s(num_splits: int, block_d: int) -> int:
+    """Splits the merge reads at once for ``block_d`` columns: as many as 64 values a thread
+    allow (8192 per program), so that a narrow merge of many splits is one round trip to the
+    L2 instead of one per 16 splits (one request of 32 heads, 64 splits, 128 columns: four
+    dependent passes became one)."""
+    pow2 = 1 << max(0, num_splits - 1).bit_length()
+    return min(pow2, max(1, MERGE_VALUES_PER_PROGRAM // block_d))
+
+
 def merge_block_d(rows: int, sms: int) -> int:
     """Output columns per program of the split merge for ``rows`` query rows: all 512 when
     that gives two programs per SM (many small programs cost more than they spread: 64 × 16

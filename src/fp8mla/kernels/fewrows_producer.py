@@ -8,7 +8,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from fp8mla.kernels.mla_wgmma import _fp8_to_f16, _page_entries, _prefetch_l2
+from fp8mla.kernels.mla_wgmma import (
+    _check_entries,
+    _fp8_to_f16,
+    _load_entries,
+    _page_entries,
+    _prefetch_l2,
+)
 
 _BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
@@ -42,7 +48,8 @@ def _producer(
     NaN row). Two producers alternate, so each has two consumer steps per tile. Per tile: all of its
     bytes are requested before the buffer is waited for, its successor (two tiles on) is
     prefetched into the L2 (``PF_MODE``: see the kernel), and the page entries of the tile two
-    after that are loaded — no load waits for another issued in the same step."""
+    after that are loaded, to be checked a step later — no load waits for another issued in the
+    same step."""
     # 16 bytes per thread, 8 threads per 128-byte row chunk, 4 rows per warp
     ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])
     pe: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
@@ -59,7 +66,7 @@ def _producer(
     pos2 = pos + 2 * BLOCK_N
     pages2, bad2 = _page_entries(page_base, n_entries, num_pages, pos2, pos2 < n_end, PAGE_SIZE)
     pos4 = pos + 4 * BLOCK_N
-    pages4, bad4 = _page_entries(page_base, n_entries, num_pages, pos4, pos4 < n_end, PAGE_SIZE)
+    raw4, in4 = _load_entries(page_base, n_entries, pos4, pos4 < n_end, PAGE_SIZE)
     for i in range(my_tiles):
         _stamp(trace_ptr, 2 + FIRST, FIRST + 2 * i, 0, PROBE)
         pos = n_begin + (FIRST + 2 * i) * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
@@ -90,7 +97,7 @@ def _producer(
         _prefetch_tile(ckv_ptr, kpe_ptr, pages2, pos + 2 * BLOCK_N, stride_ckv_p, stride_ckv_s,
                        stride_kpe_p, stride_kpe_s, PAGE_SIZE, D_CKV, PF_MODE, P_WARPS)  # fmt: skip
         pos6 = pos + 6 * BLOCK_N
-        pages6, bad6 = _page_entries(page_base, n_entries, num_pages, pos6, pos6 < n_end, PAGE_SIZE)
+        raw6, in6 = _load_entries(page_base, n_entries, pos6, pos6 < n_end, PAGE_SIZE)
         _stamp(trace_ptr, 2 + FIRST, FIRST + 2 * i, 3, PROBE)
         # -- the consumers are done with this buffer (this producer's previous tile) --
         mbarrier.wait(empty.index(FIRST), (i & 1) ^ 1)
@@ -120,9 +127,11 @@ def _producer(
         _BARRIER()
         mbarrier.arrive(ready.index(FIRST))
         _stamp(trace_ptr, 2 + FIRST, FIRST + 2 * i, 2, PROBE)
+        # entries are checked a step after their load (its latency has passed by then)
         pages, bad = pages2, bad2
-        pages2, bad2 = pages4, bad4
-        pages4, bad4 = pages6, bad6
+        pos4 = pos + 4 * BLOCK_N
+        pages2, bad2 = _check_entries(raw4, in4, pos4 < n_end, num_pages)
+        raw4, in4 = raw6, in6
 
 
 @gluon.jit

@@ -263,13 +263,16 @@ def _value_wg(
         a0 = _value_operand(k_stages, sc_stages, st, 0, H, TOKEN_GROUP, FP8_CVT, a_l)
         o = warpgroup_mma(a0, p_smem.index(2 * b).slice(0, BLOCK_R, dim=0).permute((1, 0)), o,
                           is_async=True)  # fmt: skip
-        # the second half's bytes while the first half's products run
+        # the first half's products done before the second half's operand is built: its
+        # registers are free again, so 136 per value warpgroup suffice and ptxas does not
+        # serialize the kernel's wgmma (C7512) with the score warpgroup's four sums
+        o = warpgroup_mma_wait(0, deps=[o, a0])[0]
         a1 = _value_operand(k_stages, sc_stages, st, 1, H, TOKEN_GROUP, FP8_CVT, a_l)
         _BARRIER()
         mbarrier.arrive(empty.index(st))  # the stage's bytes are in registers
         o = warpgroup_mma(a1, p_smem.index(2 * b + 1).slice(0, BLOCK_R, dim=0).permute((1, 0)),
                           o, is_async=True)  # fmt: skip
-        o, a0, a1 = warpgroup_mma_wait(0, deps=[o, a0, a1])
+        o = warpgroup_mma_wait(0, deps=[o, a1])[0]
         _BARRIER()
         mbarrier.arrive(p_free.index(b))
         _stamp(trace_ptr, 1 + H, j, 1, PROBE)
@@ -359,7 +362,8 @@ def _mla_attn_fp8qk_kernel(
     STAGES: gl.constexpr = 4,  # FP8 tiles in flight (37 KB each)
     COPIER_WARPS: gl.constexpr = 4,
     COPIER_REGS: gl.constexpr = 48,
-    VALUE_REGS: gl.constexpr = 168,
+    PT_AHEAD: gl.constexpr = 1,  # tiles between a page-table load and its use (1 or 2)
+    VALUE_REGS: gl.constexpr = 136,
     # the latent part of Q·Kᵀ in QK_PARTS column ranges, each summed by the tensor cores (at
     # their reduced FP8 accumulation precision) and added to the others in fp32
     QK_PARTS: gl.constexpr = 4,
@@ -458,8 +462,8 @@ def _mla_attn_fp8qk_kernel(
                     k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr,
                     page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
-                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS, PROBE,
-                    trace_ptr,
+                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS,
+                    PT_AHEAD, PROBE, trace_ptr,
                 ),
             ),
         ],

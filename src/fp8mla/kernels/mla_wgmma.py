@@ -51,7 +51,7 @@ CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
 NEG_INF = gl.constexpr(float("-inf"))
 NUM_BUF = gl.constexpr(2)  # fp16 KV tiles in flight
 PRODUCER_WARPS = gl.constexpr(4)
-PRODUCER_REGS = gl.constexpr(88)  # per thread; the consumers get the rest (208)
+PRODUCER_REGS = gl.constexpr(96)  # per thread; the consumers get the rest (208)
 
 
 @gluon.jit
@@ -97,15 +97,30 @@ def _request_span(
 
 
 @gluon.jit
-def _page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE: gl.constexpr):
-    """Page ids of the tokens at ``pos`` (where ``ok``) and which of them are bad: an entry past
-    the request's own ``n_entries`` or a page id outside ``[0, num_pages)``. Bad entries are
-    never dereferenced; their page reads as 0."""
+def _load_entries(page_base, n_entries, pos, ok, PAGE_SIZE: gl.constexpr):
+    """The raw page-table entries of the tokens at ``pos`` (0 where not ``ok`` or past the
+    request's own ``n_entries``) and whether each was in the list: the load alone, so that its
+    latency can pass before :func:`_check_entries` uses the result."""
     entry = pos // PAGE_SIZE
     in_list = ok & (entry < n_entries)
-    page = gl.load(page_base + entry, mask=in_list, other=0)
+    return gl.load(page_base + entry, mask=in_list, other=0), in_list
+
+
+@gluon.jit
+def _check_entries(page, in_list, ok, num_pages):
+    """Page ids from :func:`_load_entries`' raw entries and which of them are bad: an entry past
+    the request's own list or a page id outside ``[0, num_pages)``. Bad entries are never
+    dereferenced; their page reads as 0."""
     bad = ok & ((~in_list) | (page.to(gl.uint32) >= num_pages))
     return gl.where(bad, 0, page), bad
+
+
+@gluon.jit
+def _page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE: gl.constexpr):
+    """Page ids of the tokens at ``pos`` (where ``ok``) and which of them are bad (see
+    :func:`_check_entries`); waits for the load."""
+    page, in_list = _load_entries(page_base, n_entries, pos, ok, PAGE_SIZE)
+    return _check_entries(page, in_list, ok, num_pages)
 
 
 @gluon.jit
@@ -160,6 +175,8 @@ def _kv_producer(
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
     pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
+    nxt = pos + BLOCK_N
+    raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
     for j in range(n_tiles):
         n0 = n_begin + j * BLOCK_N
         buf = j % NUM_BUF
@@ -177,11 +194,12 @@ def _kv_producer(
         pe_rows += gl.convert_layout(bad, pe_rows_l).to(gl.int64) * (nan_row_kpe - pe_rows)
         pe_ok = gl.convert_layout(ok, pe_rows_l)
         xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
-        # the next tile: its page-table entries, and its latent rows into the L2
+        # the next tile: its page-table entries (loaded a tile ago: their latency has passed)
+        # and its latent rows into the L2; the entries of the tile after it requested
         next_pos = pos + BLOCK_N
-        pages, bad = _page_entries(
-            page_base, n_entries, num_pages, next_pos, next_pos < n_end, PAGE_SIZE
-        )
+        pages, bad = _check_entries(raw, in_list, next_pos < n_end, num_pages)
+        nxt = pos + 2 * BLOCK_N
+        raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
         next_pos = gl.convert_layout(pos, pf_rows_l) + BLOCK_N
         next_rows = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_ckv_p
         next_rows += (next_pos % PAGE_SIZE) * stride_ckv_s
@@ -227,19 +245,21 @@ def _kv_copier(
     d = gl.arange(0, C16, layout=gl.SliceLayout(0, ld))
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
-    pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
+    raw, in_list = _load_entries(page_base, n_entries, pos, pos < n_end, PAGE_SIZE)
     for j in range(n_tiles):
         buf = j % NUM_BUF
         pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
+        pages, bad = _check_entries(raw, in_list, pos < n_end, num_pages)
         ok = (pos < n_end)[:, None]
         slot = pages.to(gl.int64)
         rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
         rows += bad.to(gl.int64) * (nan_row_ckv - rows)
         pe_rows = slot * stride_kpe_p + (pos % PAGE_SIZE) * stride_kpe_s
         pe_rows += bad.to(gl.int64) * (nan_row_kpe - pe_rows)
-        # the next tile's page entries, before this one's copies
+        # the next tile's page entries, before this one's copies; checked only when used, so
+        # their latency passes behind this tile's copies instead of before them
         nxt = pos + BLOCK_N
-        pages, bad = _page_entries(page_base, n_entries, num_pages, nxt, nxt < n_end, PAGE_SIZE)
+        raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
         # the consumers are done with this buffer (tile j - 2); passes at once at first
         mbarrier.wait(empty.index(buf), ((j // NUM_BUF) & 1) ^ 1)
         k_dst = k_bufs.index(buf)
