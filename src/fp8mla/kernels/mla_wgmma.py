@@ -6,7 +6,7 @@ warpgroups the same 64 rows, so each computes the whole score tile and holds hal
 (or one warpgroup holds all 512 output columns and spills). Here the layouts and the roles are
 explicit. One program owns 64 query rows and runs three warpgroups:
 
-* a **producer** (4 warps, 88 registers per thread) reads each 64-token FP8 tile from the pool
+* a **producer** (4 warps, 96 registers per thread) reads each 64-token FP8 tile from the pool
   through the page table, converts it to fp16 and stores it into one of two shared KV buffers;
   meanwhile it loads the next tile's page-table entries and prefetches its rows into the L2.
   ``mbarrier`` pairs (ready / empty) hand the buffers over, so the next tile is converted while
@@ -51,7 +51,7 @@ CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
 NEG_INF = gl.constexpr(float("-inf"))
 NUM_BUF = gl.constexpr(2)  # fp16 KV tiles in flight
 PRODUCER_WARPS = gl.constexpr(4)
-PRODUCER_REGS = gl.constexpr(96)  # per thread; the consumers get the rest (208)
+PRODUCER_REGS = gl.constexpr(96)  # per thread (two page-table sets in flight); consumers 208
 
 
 @gluon.jit
@@ -157,7 +157,7 @@ def _kv_producer(
     with ``TOKEN_GROUP`` each 128 columns times their tokens' group scale; ``ready`` is signalled when a tile is in place, ``empty`` is
     waited for before a buffer is overwritten.
 
-    Its loads are latency-bound (one warpgroup, 88 registers), so: the RoPE bytes are loaded
+    Its loads are latency-bound (one warpgroup, 96 registers), so: the RoPE bytes are loaded
     with the first latent chunk, each chunk's bytes while the previous chunk is converted, and
     the next tile's latent rows are prefetched into the L2 meanwhile (measured on the H200:
     without the prefetch and early RoPE load, the consumers waited for this warpgroup)."""
