@@ -392,6 +392,13 @@ class AttentionLaunch:
     ) -> None:
         """Attention of ``q [T, H, 512|64]`` over the paged cache into ``out [T, H, 512]``
         and ``lse [T, H]`` (checked by the caller)."""
+        if self.interpreted and out.dtype == torch.bfloat16:
+            # Triton's interpreter rounds fp32 → bf16 toward zero (twice the error of rounding
+            # to nearest): under it the kernels write fp32 and PyTorch rounds, as a GPU would
+            wide = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+            self(q_nope, q_pe, ckv, kpe, wide, lse, scales)
+            out.copy_(wide)
+            return
         if self.q_fp16 and q_nope.dtype == torch.bfloat16:
             q_nope = q_nope.to(torch.float16)  # contiguous [T, H, D]
         if not self.d_kpe:
