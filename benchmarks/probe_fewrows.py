@@ -12,8 +12,9 @@ every tile reads the pool's first 64 rows (the loads hit the caches); ``xor``: t
 convert and store one 128-column chunk (the XOR of the four) instead of four; ``nomax``: the
 online softmax without row maxima (a constant reference: what the cross-warp reduction costs).
 
-``--trace``: instead, one eager call per case with cycle stamps (``PROBE`` bit 8, the
-kernel's ``_stamp``) at each partition's steps, and the median cycles of each step per tile.
+``--trace``: instead, eager calls per case with cycle stamps (``PROBE`` bit 8, the kernels'
+``_stamp``) at each partition's steps, and the median cycles of each step per tile (the few-row
+kernel's steps, or the FP8 × FP8 kernel's where the variant runs it).
 """
 
 from __future__ import annotations
@@ -74,26 +75,79 @@ def variant_runner(inp, options: dict[str, int | str]):
     return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=s, kpe_scale=s)
 
 
-def trace_case(inp, options: dict[str, int]) -> dict[str, float | None]:
-    """Median cycles per tile of each partition's steps (middle tiles of every program)."""
+def trace_case(inp, options: dict[str, int | str]) -> dict[str, float | None]:
+    """Median cycles per tile of each partition's steps (middle tiles of every program), for
+    the kernel ``options["KERNEL"]`` names (default: the planner's)."""
     from fp8mla.attention import launch as L
 
-    w = I.planned_wrapper(inp, inp.pool.dtype)
+    opts = dict(options)
+    kernel = opts.pop("KERNEL", None)
+    w = I.planned_wrapper(inp, inp.pool.dtype, **({"kernel_config": kernel} if kernel else {}))
+    variant = w._launch.variant.name
+    if variant not in ("fewrows", "fp8qk"):
+        raise SystemExit(f"{inp.case.name}: planned {variant}, not a few-row kernel")
     grid = w._launch.kernel.grid
     programs = grid[0] * grid[1] * grid[2]
     trace = torch.zeros(programs, 4, 64, 8, dtype=torch.int64, device=inp.pool.device)
-    opts = dict(options)
     opts["PROBE"] = opts.get("PROBE", 0) | 8
     w._launch.kernel.options.update(opts, trace_ptr=trace)
     direct_ok = L.KernelLauncher._direct_ok
     L.KernelLauncher._direct_ok = staticmethod(lambda: False)  # the stamps need Triton's path
     try:
         ckv, kpe = inp.paged()
-        w.run(inp.q_nope, inp.q_pe, ckv, kpe, ckv_scale=inp.scale, kpe_scale=inp.scale)
+        for _ in range(3):  # the last call's stamps, after compilation and a warm-up
+            w.run(inp.q_nope, inp.q_pe, ckv, kpe, ckv_scale=inp.scale, kpe_scale=inp.scale)
         torch.cuda.synchronize()
     finally:
         L.KernelLauncher._direct_ok = direct_ok
-    return trace_steps(trace)
+    steps = trace_steps_fp8qk(trace) if variant == "fp8qk" else trace_steps(trace)
+    return dict(kernel=variant, **steps)
+
+
+def _median(values: torch.Tensor) -> float | None:
+    return float(values.median()) if values.numel() else None
+
+
+def trace_steps_fp8qk(trace: torch.Tensor) -> dict[str, float | None]:
+    """Median cycles of the FP8 × FP8 kernel's steps from its stamps ``trace [programs, 4, 64,
+    8]`` (part 0 the score warpgroup, 1-2 the value warpgroups, 3 the copier; events as
+    ``kernels/mla_fp8qk.py`` and ``fp8qk_stage.py`` number them): per tile over the middle
+    tiles of every program, and once per program; a step no stamp measured is None."""
+    t = trace.double().cpu()
+    sc, v0, v1, cp = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
+    tiles = int((sc[:, :, 0] > 0).sum(1).max())
+    last = min(tiles, 64)
+    mid, nxt = slice(1, max(2, last - 1)), slice(2, max(3, last))
+
+    def d(later, earlier):
+        """``later - earlier`` where both stamps were written (an unwritten stamp is 0)."""
+        both = (later > 0) & (earlier > 0)
+        return _median((later - earlier)[both])
+
+    end = (sc[:, :, 0] > 0).sum(1).clamp(min=1, max=64) - 1  # each program's last tile
+    v0_last = v0[torch.arange(t.shape[0]), end, 1]
+    return {
+        "score: start -> query staged": d(sc[:, 0, 6], sc[:, 0, 7]),
+        "score: query staged -> tile 0 ready": d(sc[:, 0, 0], sc[:, 0, 6]),
+        "copier: tile 0 issued -> score has it": d(sc[:, 0, 0], cp[:, 0, 2]),
+        "copier: score start -> tile 0's empty wait": d(cp[:, 0, 0], sc[:, 0, 7]),
+        "score: S per tile": d(sc[:, mid, 1], sc[:, mid, 0]),
+        "score: softmax": d(sc[:, mid, 2], sc[:, mid, 1]),
+        "score: wait for the P slot": d(sc[:, mid, 3], sc[:, mid, 2]),
+        "score: store P, arrive": d(sc[:, mid, 4], sc[:, mid, 3]),
+        "score: wait for the next tile": d(sc[:, nxt, 0], sc[:, mid, 4]),
+        "score: period": d(sc[:, nxt, 0], sc[:, mid, 0]),
+        "value 0: P ready -> P·V done": d(v0[:, mid, 1], v0[:, mid, 0]),
+        "value 0: P·V done -> next P ready": d(v0[:, nxt, 0], v0[:, mid, 1]),
+        "value 1: P ready -> P·V done": d(v1[:, mid, 1], v1[:, mid, 0]),
+        "copier: wait for an empty stage": d(cp[:, mid, 1], cp[:, mid, 0]),
+        "copier: issue a tile": d(cp[:, mid, 2], cp[:, mid, 1]),
+        "copier: issued -> score has it": d(sc[:, mid, 0], cp[:, mid, 2]),
+        "value 0: last P·V -> statistics": d(v0[:, 0, 6], v0_last),
+        "value 0: statistics -> output stored": d(v0[:, 0, 7], v0[:, 0, 6]),
+        "program: score start -> value 0 stored": d(v0[:, 0, 7], sc[:, 0, 7]),
+        "tiles per program": tiles,
+    }
 
 
 def trace_steps(trace: torch.Tensor) -> dict[str, float | None]:
@@ -198,7 +252,7 @@ def main() -> int:
         inputs = [build_inputs(case, dev, seed=i, pool=pool) for i in range(placements(case))]
         ref, ref_rows = reference_subset(inputs[0], 4)
         kv_bytes = case.batch * case.context * 576 * kv_dtype.itemsize
-        floor_us = kv_bytes / (copy / 2 * 1e12) * 1e6
+        floor_us = kv_bytes / (copy * 1e12) * 1e6  # as fp8mla bench: bytes / copy rate
         base = dict(case=case.name, floor_us=round(floor_us, 2))
         if fi is not None:
             runs = [I.flashinfer_wrapper(x, bf16, fi) for x in inputs]

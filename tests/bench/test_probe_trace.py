@@ -1,4 +1,4 @@
-"""benchmarks/probe_fewrows.py's reading of the few-row kernel's cycle stamps."""
+"""benchmarks/probe_fewrows.py's reading of the few-row and FP8 × FP8 kernels' cycle stamps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from probe_fewrows import trace_steps  # noqa: E402
+from probe_fewrows import trace_steps, trace_steps_fp8qk  # noqa: E402
 
 
 def _stamps(programs: int = 3, tiles: int = 16, period: int = 3000) -> torch.Tensor:
@@ -54,3 +54,43 @@ def test_steps_without_both_stamps_are_none():
         assert steps[name] is None, name
     assert steps["softmax: S = K·Qᵀ"] == 500
     assert steps["period (softmax ready to ready)"] == 3000
+
+
+def _fp8qk_stamps(programs: int = 2, tiles: int = 16, period: int = 2800) -> torch.Tensor:
+    """Stamps of the FP8 × FP8 kernel in a steady pipeline (events as the kernel numbers them:
+    score 0 tile ready, 1 S done, 2 softmax done, 3 P slot free, 4 P stored, 6 query staged,
+    7 start; value 0 P ready, 1 P·V done, 6 statistics, 7 stored; copier 0 before its empty
+    wait, 1 after, 2 issued)."""
+    t = torch.zeros(programs, 4, 64, 8, dtype=torch.int64)
+    for pid in range(programs):
+        start = 100_000 * (pid + 1)
+        t[pid, 0, 0, 7] = start
+        t[pid, 0, 0, 6] = start + 5000
+        for j in range(tiles):
+            base = start + 6000 + j * period
+            t[pid, 0, j, :5] = torch.tensor([0, 1300, 1800, 1850, 2000]) + base
+            t[pid, 1, j, :2] = torch.tensor([2000, 3800]) + base
+            t[pid, 2, j, :2] = torch.tensor([2000, 3700]) + base
+            t[pid, 3, j, :3] = torch.tensor([-2900, -2800, -2100]) + base
+        t[pid, 1, 0, 6] = start + 6000 + (tiles - 1) * period + 3900
+        t[pid, 1, 0, 7] = t[pid, 1, 0, 6] + 6000
+    return t
+
+
+def test_fp8qk_steps_are_the_stamp_differences():
+    steps = trace_steps_fp8qk(_fp8qk_stamps())
+    assert steps["tiles per program"] == 16
+    assert steps["score: start -> query staged"] == 5000
+    assert steps["score: query staged -> tile 0 ready"] == 1000
+    assert steps["copier: tile 0 issued -> score has it"] == 2100
+    assert steps["score: S per tile"] == 1300
+    assert steps["score: softmax"] == 500
+    assert steps["score: period"] == 2800
+    assert steps["score: wait for the next tile"] == 800
+    assert steps["value 0: P ready -> P·V done"] == 1800
+    assert steps["value 1: P ready -> P·V done"] == 1700
+    assert steps["copier: wait for an empty stage"] == 100
+    assert steps["copier: issue a tile"] == 700
+    assert steps["value 0: last P·V -> statistics"] == 100
+    assert steps["value 0: statistics -> output stored"] == 6000
+    assert steps["program: score start -> value 0 stored"] == 6000 + 15 * 2800 + 3900 + 6000
