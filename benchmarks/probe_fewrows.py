@@ -54,7 +54,6 @@ VARIANTS: dict[str, dict[str, int]] = {
     "fp8qk-3stages": {"KERNEL": "fp8qk", "STAGES": 3},
     "fp8qk-parts2": {"KERNEL": "fp8qk", "QK_PARTS": 2},
     "fp8qk-parts1": {"KERNEL": "fp8qk", "QK_PARTS": 1},
-    "fp8qk-pt2": {"KERNEL": "fp8qk", "PT_AHEAD": 2},  # page entries two tiles ahead
 }
 
 

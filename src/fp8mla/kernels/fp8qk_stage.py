@@ -24,14 +24,14 @@ def _copier(
     n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE: gl.constexpr,
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr,
-    P_WARPS: gl.constexpr, PT_AHEAD: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+    P_WARPS: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """Each tile of ``[n_begin, n_end)`` into stage ``j % STAGES`` by ``cp.async`` (tokens past
     ``n_end`` as 0, a bad page entry's token as the NaN row), with its tokens' four group
     scales where ``TOKEN_GROUP``; every thread's copies arrive on ``ready`` when they land, so
-    up to ``STAGES`` tiles are in flight. The page-table entries are loaded ``PT_AHEAD`` (1 or
-    2) tiles ahead and checked only when their tile is copied, so the copier never waits for
-    a page-table load behind its own copies (their latency under load is ~2,000 cycles)."""
+    up to ``STAGES`` tiles are in flight. The page-table entries are loaded a tile ahead and
+    checked only when their tile is copied, so the copier never waits for a page-table load
+    before its own copies (their latency under load is ~2,000 cycles)."""
     ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])  # [64, 128] B
     pe_ld: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [P_WARPS, 1], [1, 0])  # [64, 64] B
     rows_l: gl.constexpr = gl.SliceLayout(1, ld)
@@ -42,9 +42,6 @@ def _copier(
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     base = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
     raw, in_list = _load_entries(page_base, n_entries, base, base < n_end, PAGE_SIZE)
-    if PT_AHEAD == 2:
-        nxt = base + BLOCK_N
-        raw1, in_list1 = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
     for j in range(n_tiles):
         s = j % STAGES
         pos = base + j * BLOCK_N
@@ -57,13 +54,9 @@ def _copier(
         pe_rows += bad.to(gl.int64) * (nan_row_kpe - pe_rows)
         pe_rows = gl.convert_layout(pe_rows, pe_rows_l)
         pe_ok = gl.convert_layout(ok, pe_rows_l)
-        # the page entries PT_AHEAD tiles on, requested before this tile's copies
-        nxt = pos + PT_AHEAD * BLOCK_N
-        if PT_AHEAD == 2:
-            raw, in_list = raw1, in_list1
-            raw1, in_list1 = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
-        else:
-            raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+        # the next tile's page entries, requested before this tile's copies
+        nxt = pos + BLOCK_N
+        raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
         # the value warpgroups are done with this stage (tile j - STAGES); passes at once at first
         _stamp(trace_ptr, 3, j, 0, PROBE)
         mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)

@@ -362,7 +362,6 @@ def _mla_attn_fp8qk_kernel(
     STAGES: gl.constexpr = 4,  # FP8 tiles in flight (37 KB each)
     COPIER_WARPS: gl.constexpr = 4,
     COPIER_REGS: gl.constexpr = 48,
-    PT_AHEAD: gl.constexpr = 1,  # tiles between a page-table load and its use (1 or 2)
     VALUE_REGS: gl.constexpr = 136,
     # the latent part of Q·Kᵀ in QK_PARTS column ranges, each summed by the tensor cores (at
     # their reduced FP8 accumulation precision) and added to the others in fp32
@@ -462,8 +461,8 @@ def _mla_attn_fp8qk_kernel(
                     k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr,
                     page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
-                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS,
-                    PT_AHEAD, PROBE, trace_ptr,
+                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS, PROBE,
+                    trace_ptr,
                 ),
             ),
         ],
