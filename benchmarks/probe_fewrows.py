@@ -103,8 +103,11 @@ def trace_case(inp, options: dict[str, int | str]) -> dict[str, float | None]:
     return dict(kernel=variant, **steps)
 
 
-def _median(values: torch.Tensor) -> float | None:
-    return float(values.median()) if values.numel() else None
+def _step(later: torch.Tensor, earlier: torch.Tensor) -> float | None:
+    """Median of ``later - earlier`` where both stamps were written (an unwritten stamp is 0);
+    None where none was."""
+    both = (later > 0) & (earlier > 0)
+    return float((later - earlier)[both].median()) if both.any() else None
 
 
 def trace_steps_fp8qk(trace: torch.Tensor) -> dict[str, float | None]:
@@ -118,33 +121,28 @@ def trace_steps_fp8qk(trace: torch.Tensor) -> dict[str, float | None]:
     last = min(tiles, 64)
     mid, nxt = slice(1, max(2, last - 1)), slice(2, max(3, last))
 
-    def d(later, earlier):
-        """``later - earlier`` where both stamps were written (an unwritten stamp is 0)."""
-        both = (later > 0) & (earlier > 0)
-        return _median((later - earlier)[both])
-
     end = (sc[:, :, 0] > 0).sum(1).clamp(min=1, max=64) - 1  # each program's last tile
     v0_last = v0[torch.arange(t.shape[0]), end, 1]
     return {
-        "score: start -> query staged": d(sc[:, 0, 6], sc[:, 0, 7]),
-        "score: query staged -> tile 0 ready": d(sc[:, 0, 0], sc[:, 0, 6]),
-        "copier: tile 0 issued -> score has it": d(sc[:, 0, 0], cp[:, 0, 2]),
-        "copier: score start -> tile 0's empty wait": d(cp[:, 0, 0], sc[:, 0, 7]),
-        "score: S per tile": d(sc[:, mid, 1], sc[:, mid, 0]),
-        "score: softmax": d(sc[:, mid, 2], sc[:, mid, 1]),
-        "score: wait for the P slot": d(sc[:, mid, 3], sc[:, mid, 2]),
-        "score: store P, arrive": d(sc[:, mid, 4], sc[:, mid, 3]),
-        "score: wait for the next tile": d(sc[:, nxt, 0], sc[:, mid, 4]),
-        "score: period": d(sc[:, nxt, 0], sc[:, mid, 0]),
-        "value 0: P ready -> P·V done": d(v0[:, mid, 1], v0[:, mid, 0]),
-        "value 0: P·V done -> next P ready": d(v0[:, nxt, 0], v0[:, mid, 1]),
-        "value 1: P ready -> P·V done": d(v1[:, mid, 1], v1[:, mid, 0]),
-        "copier: wait for an empty stage": d(cp[:, mid, 1], cp[:, mid, 0]),
-        "copier: issue a tile": d(cp[:, mid, 2], cp[:, mid, 1]),
-        "copier: issued -> score has it": d(sc[:, mid, 0], cp[:, mid, 2]),
-        "value 0: last P·V -> statistics": d(v0[:, 0, 6], v0_last),
-        "value 0: statistics -> output stored": d(v0[:, 0, 7], v0[:, 0, 6]),
-        "program: score start -> value 0 stored": d(v0[:, 0, 7], sc[:, 0, 7]),
+        "score: start -> query staged": _step(sc[:, 0, 6], sc[:, 0, 7]),
+        "score: query staged -> tile 0 ready": _step(sc[:, 0, 0], sc[:, 0, 6]),
+        "copier: tile 0 issued -> score has it": _step(sc[:, 0, 0], cp[:, 0, 2]),
+        "copier: score start -> tile 0's empty wait": _step(cp[:, 0, 0], sc[:, 0, 7]),
+        "score: S per tile": _step(sc[:, mid, 1], sc[:, mid, 0]),
+        "score: softmax": _step(sc[:, mid, 2], sc[:, mid, 1]),
+        "score: wait for the P slot": _step(sc[:, mid, 3], sc[:, mid, 2]),
+        "score: store P, arrive": _step(sc[:, mid, 4], sc[:, mid, 3]),
+        "score: wait for the next tile": _step(sc[:, nxt, 0], sc[:, mid, 4]),
+        "score: period": _step(sc[:, nxt, 0], sc[:, mid, 0]),
+        "value 0: P ready -> P·V done": _step(v0[:, mid, 1], v0[:, mid, 0]),
+        "value 0: P·V done -> next P ready": _step(v0[:, nxt, 0], v0[:, mid, 1]),
+        "value 1: P ready -> P·V done": _step(v1[:, mid, 1], v1[:, mid, 0]),
+        "copier: wait for an empty stage": _step(cp[:, mid, 1], cp[:, mid, 0]),
+        "copier: issue a tile": _step(cp[:, mid, 2], cp[:, mid, 1]),
+        "copier: issued -> score has it": _step(sc[:, mid, 0], cp[:, mid, 2]),
+        "value 0: last P·V -> statistics": _step(v0[:, 0, 6], v0_last),
+        "value 0: statistics -> output stored": _step(v0[:, 0, 7], v0[:, 0, 6]),
+        "program: score start -> value 0 stored": _step(v0[:, 0, 7], sc[:, 0, 7]),
         "tiles per program": tiles,
     }
 
@@ -155,13 +153,6 @@ def trace_steps(trace: torch.Tensor) -> dict[str, float | None]:
     them), over the middle tiles of every program; a step no stamp measured is None."""
     t = trace.double().cpu()
     programs = t.shape[0]
-    steps: dict[str, list[float]] = {}
-
-    def add(name, later, earlier):
-        """``later - earlier`` where both stamps were written (an unwritten stamp is 0)."""
-        both = (later > 0) & (earlier > 0)
-        steps.setdefault(name, []).extend((later - earlier)[both].tolist())
-
     sm, va, prod = t[:, 0], t[:, 1], t[:, 2:]
     tiles = int((sm[:, :, 0] > 0).sum(1).max())
     p = torch.zeros(programs, 64, 5, dtype=torch.float64)  # the producers' stamps by tile
@@ -169,28 +160,28 @@ def trace_steps(trace: torch.Tensor) -> dict[str, float | None]:
     mid = slice(2, max(3, min(tiles, 64) - 2))
     prev = slice(1, max(2, min(tiles, 64) - 3))
     nxt = slice(3, max(4, min(tiles, 64) - 1))
-    add("period (softmax ready to ready)", sm[:, nxt, 0], sm[:, mid, 0])
-    add("softmax: wait for the tile", sm[:, mid, 0], sm[:, prev, 3])
-    add("softmax: S = K·Qᵀ", sm[:, mid, 1], sm[:, mid, 0])
-    add("softmax: softmax, P handed over", sm[:, mid, 2], sm[:, mid, 1])
-    add("  row maxima (across the four warps)", sm[:, mid, 4], sm[:, mid, 1])
-    add("  exp2, row sums", sm[:, mid, 5], sm[:, mid, 4])
-    add("  wait for the P slot", sm[:, mid, 6], sm[:, mid, 5])
-    add("  store P and alpha", sm[:, mid, 7], sm[:, mid, 6])
-    add("  fence, barrier, arrive", sm[:, mid, 2], sm[:, mid, 7])
-    add("softmax: O[0:256] += V·P", sm[:, mid, 3], sm[:, mid, 2])
-    add("value: wait for P", va[:, mid, 0], va[:, prev, 1])
-    add("value: O[256:512] += V·P", va[:, mid, 1], va[:, mid, 0])
-    add("producer: issue loads and prefetches", p[:, mid, 3], p[:, mid, 0])
-    add("producer: wait for the buffer", p[:, mid, 1], p[:, mid, 3])
-    add("producer: first chunk (its loads' wait)", p[:, mid, 4], p[:, mid, 1])
-    add("producer: convert and store (incl. load wait)", p[:, mid, 2], p[:, mid, 1])
-    add("producer: tile ready before the softmax takes it", sm[:, mid, 0], p[:, mid, 2])
-    add("first tile: producer start to softmax start", sm[:, 0, 0], p[:, 0, 0])
-    add("program: producer start to last P·V", va[:, min(tiles, 64) - 1, 1], p[:, 0, 0])
-    med = {k: float(torch.tensor(v).median()) if v else None for k, v in steps.items()}
-    med["tiles per program"] = tiles
-    return med
+    return {
+        "period (softmax ready to ready)": _step(sm[:, nxt, 0], sm[:, mid, 0]),
+        "softmax: wait for the tile": _step(sm[:, mid, 0], sm[:, prev, 3]),
+        "softmax: S = K·Qᵀ": _step(sm[:, mid, 1], sm[:, mid, 0]),
+        "softmax: softmax, P handed over": _step(sm[:, mid, 2], sm[:, mid, 1]),
+        "  row maxima (across the four warps)": _step(sm[:, mid, 4], sm[:, mid, 1]),
+        "  exp2, row sums": _step(sm[:, mid, 5], sm[:, mid, 4]),
+        "  wait for the P slot": _step(sm[:, mid, 6], sm[:, mid, 5]),
+        "  store P and alpha": _step(sm[:, mid, 7], sm[:, mid, 6]),
+        "  fence, barrier, arrive": _step(sm[:, mid, 2], sm[:, mid, 7]),
+        "softmax: O[0:256] += V·P": _step(sm[:, mid, 3], sm[:, mid, 2]),
+        "value: wait for P": _step(va[:, mid, 0], va[:, prev, 1]),
+        "value: O[256:512] += V·P": _step(va[:, mid, 1], va[:, mid, 0]),
+        "producer: issue loads and prefetches": _step(p[:, mid, 3], p[:, mid, 0]),
+        "producer: wait for the buffer": _step(p[:, mid, 1], p[:, mid, 3]),
+        "producer: first chunk (its loads' wait)": _step(p[:, mid, 4], p[:, mid, 1]),
+        "producer: convert and store (incl. load wait)": _step(p[:, mid, 2], p[:, mid, 1]),
+        "producer: tile ready before the softmax takes it": _step(sm[:, mid, 0], p[:, mid, 2]),
+        "first tile: producer start to softmax start": _step(sm[:, 0, 0], p[:, 0, 0]),
+        "program: producer start to last P·V": _step(va[:, min(tiles, 64) - 1, 1], p[:, 0, 0]),
+        "tiles per program": tiles,
+    }
 
 
 def kernel_us(run) -> tuple[float | None, float | None]:
