@@ -313,7 +313,8 @@ def _mla_attn_fewrows_kernel(
     PRODUCER_16_REGS: gl.constexpr = 64,  # the 16-bit pools' copying producer (no data in registers)
     # L2 prefetch of a producer's next tile: 0 one ``prefetch.global.L2`` per 64 bytes, 1 per
     # 32-byte sector, 2 one bulk prefetch per row; -1: 2 for 32 rows, 0 for 16 (measured on
-    # the H200: bulk 10-14% faster at 32 rows, 7% slower at 16; benchmarks/NOTES.md round 13)
+    # the H200: bulk 10-14% faster at 32 rows, 7% slower at 16; round 13 in
+    # benchmarks/NOTES-2026-11-30.md)
     PF_MODE: gl.constexpr = -1,
     # 1: the online softmax in a layout where each thread holds whole token columns of Sᵀ
     # (one shared-memory round trip per tile, 7.7 KB), so a row's maximum over the tile's 64
