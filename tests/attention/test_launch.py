@@ -232,6 +232,29 @@ def _expected_call_args(x, split: bool, q_copied: bool) -> dict:
     return want
 
 
+@pytest.mark.parametrize("waits", [False, True])
+def test_merge_launch_follows_the_plans_dependency(waits):
+    """A plan whose merge waits on the attention grid compiles the merge with the wait and
+    launches it with Triton's programmatic-dependency attribute; otherwise neither."""
+    from fp8mla.attention.config import LaunchPlan
+    from fp8mla.attention.planner import tile_for_variant
+    from fp8mla.attention.targets import TARGETS
+
+    heads, fp8 = 16, torch.float8_e4m3fn
+    cfg = tile_for_variant("rows", heads, fp8, TARGETS["sm90"])
+    plan = LaunchPlan(cfg, 1, 4, merge_waits=waits)
+    i32 = dict(dtype=torch.int32)
+    idx = (torch.tensor([0, 1], **i32), torch.tensor([0, 5], **i32), torch.arange(5, **i32),
+           torch.tensor([5], **i32))  # fmt: skip
+    launch = L.AttentionLaunch(
+        plan, batch=1, heads=heads, head_dim_kpe=64, page_size=1, causal=False,
+        sm_scale=0.1, indices=idx, partials=(torch.zeros(4, heads, 512), torch.zeros(4, heads)),
+        kv_dtype=fp8, device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
+    )  # fmt: skip
+    assert launch.merge.options.get("launch_pdl", False) == waits
+    assert launch.merge_fixed["WAIT_PRIOR"] == waits
+
+
 def test_unaligned_output_takes_tritons_path_for_the_merge_too(monkeypatch):
     """A compiled kernel assumes 16-byte aligned pointers: an output view that is not aligned
     must not reach the merge kernel compiled for aligned ones."""

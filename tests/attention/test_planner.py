@@ -370,6 +370,26 @@ def test_merge_columns_per_program_follow_the_rows():
     assert plan.merge_block_d == 128 and plan.num_splits > 1
 
 
+@pytest.mark.parametrize(
+    "target, config, waits",
+    [("sm90", None, True), ("sm90", "fp8qk", True), ("sm90", "rows", False),
+     ("sm90", "wgmma", False), ("sm100", None, False), ("sm80", None, False)],
+)  # fmt: skip
+def test_merge_waits_where_the_attention_kernel_lets_it_launch_early(target, config, waits):
+    """SM90 kernels that issue griddepcontrol.launch_dependents (few-row, FP8 × FP8) get the
+    split merge as their programmatic dependent (no launch gap after them); a kernel that does
+    not (Triton tiles, the many-row kernel: measured slower with it), other GPUs, the
+    interpreter and unsplit plans get an ordinary launch."""
+    kw = dict(batch=1, num_heads=32, max_qo_len=1, max_kv_len=4096, sms=132,
+              max_splits_by_workspace=64)  # fmt: skip
+    plan = make_launch_plan(target=TARGETS[target], config=config, **kw)
+    assert plan.num_splits > 1 and plan.merge_waits == waits
+    assert not make_launch_plan(
+        target=TARGETS[target], config=config, num_splits=1, **kw
+    ).merge_waits
+    assert not make_launch_plan(target=INTERPRETER, **kw).merge_waits
+
+
 def test_merge_reads_as_many_splits_at_once_as_registers_allow():
     from fp8mla.attention.planner import MERGE_VALUES_PER_PROGRAM, merge_block_s
 

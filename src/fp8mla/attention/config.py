@@ -53,6 +53,9 @@ class LaunchPlan:
     m_tiles: int  # row tiles of the longest request (shorter ones exit early)
     num_splits: int
     merge_block_d: int = 128  # output columns per program of the split merge (128/256/512)
+    # the split merge launched as the attention kernel's programmatic dependent (SM90+): its
+    # programs are scheduled while the attention runs and wait for its partials on the GPU
+    merge_waits: bool = False
 
     @property
     def rows_per_request(self) -> int:

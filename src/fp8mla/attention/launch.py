@@ -366,9 +366,13 @@ class AttentionLaunch:
                 D=512,
                 BLOCK_D=plan.merge_block_d,
                 BLOCK_S=block_s,
+                WAIT_PRIOR=plan.merge_waits,
             )
             merge_grid = (512 // plan.merge_block_d, plan.rows_per_request, batch)
-            self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, {"num_warps": 4}, index)
+            merge_options = {"num_warps": 4}
+            if plan.merge_waits:  # Triton launches it with the programmatic-dependency attribute
+                merge_options["launch_pdl"] = True
+            self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, merge_options, index)
             self._merge_bind = _Binder(self.merge, self.merge_fixed, MERGE_CALL_ARGS)
         call = (
             CALL_ARGS

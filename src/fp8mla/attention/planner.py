@@ -309,6 +309,9 @@ def make_launch_plan(
         m_tiles=m_tiles,
         num_splits=num_splits,
         merge_block_d=merge_block_d(rows_per_request * batch, sms),
+        merge_waits=num_splits > 1
+        and get_variant(config.variant).launches_dependents
+        and (target or MEASURED).dependent_launch,
     )
 
 

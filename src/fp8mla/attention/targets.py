@@ -38,6 +38,11 @@ class Target:
     def is_gpu(self) -> bool:
         return self.backend in ("cuda", "hip")
 
+    @property
+    def dependent_launch(self) -> bool:
+        """Programmatic dependent launch (``griddepcontrol``, CUDA SM90 and later)."""
+        return self.backend == "cuda" and isinstance(self.arch, int) and self.arch >= 90
+
 
 def _cuda(cc: int, block_kb: int, sm_kb: int, gpus: str) -> Target:
     return Target(f"sm{cc}", "cuda", cc, 32, block_kb * KB, sm_kb * KB, cc >= 89, gpus)

@@ -41,6 +41,9 @@ class Variant:
     gluon: bool = False  # pipeline written out in the kernel (no num_stages); no interpreter
     mark: str = ""  # suffix of tile names in tables ("v", "g")
     min_split_tokens: int = 128  # fewest KV tokens worth a split of their own
+    # the kernel lets its split merge be scheduled before it ends (griddepcontrol, SM90):
+    # the planner launches the merge as its programmatic dependent only then
+    launches_dependents: bool = False
 
     def load(self):
         """The ``@triton.jit`` / ``@gluon.jit`` function (imported on first use)."""
@@ -176,6 +179,7 @@ FEWROWS = register(
         gluon=True,
         mark="f",
         min_split_tokens=64,
+        launches_dependents=True,
     )
 )
 FP8QK = register(
@@ -190,5 +194,6 @@ FP8QK = register(
         gluon=True,
         mark="q",
         min_split_tokens=64,
+        launches_dependents=True,
     )
 )

@@ -8,10 +8,17 @@ partial outputs loaded beside their LSEs (no load waits on another but the reque
 range). The grid is sized by the batch capacity and the rows per request the attention launch
 covers, and rows are found through ``qo_indptr``, so a CUDA graph captured once serves later
 plans whose rows fit it. A NaN partial (a bad page entry) makes the row NaN.
+
+With ``WAIT_PRIOR`` the merge is launched as a programmatic dependent of the attention kernel
+(``kernels/grid_dependency.py``): its programs may be resident before the attention ends; each
+reads the plan's ``qo_indptr`` (written before the attention kernel, which is launched without
+the attribute and so starts after all earlier work) and waits for the partials only then.
 """
 
 import triton
 import triton.language as tl
+
+from fp8mla.kernels.grid_dependency import wait_prior_grid
 
 NEG_INF = tl.constexpr(float("-inf"))
 
@@ -35,6 +42,7 @@ def _mla_merge_kernel(
     BLOCK_D: tl.constexpr,  # output columns per program
     BLOCK_S: tl.constexpr,  # splits read at once
     WRITE_LSE: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr = False,  # launched as the attention kernel's dependent (SM90+)
 ):
     c = tl.program_id(0)
     r = tl.program_id(1)
@@ -44,6 +52,8 @@ def _mla_merge_kernel(
     tok = q_start + r // num_heads
     if (r >= rows_total) | (tok >= num_tokens):
         return
+    if WAIT_PRIOR:  # the partials are the attention kernel's
+        wait_prior_grid()
     h = r % num_heads
     row = tok.to(tl.int64) * num_heads + h
     s_idx = tl.arange(0, BLOCK_S)

@@ -43,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, CHUNK, _producer, _stamp
+from fp8mla.kernels.grid_dependency import launch_dependents
 from fp8mla.kernels.mla_wgmma import _kv_copier, _request_span
 
 HALF = gl.constexpr(256)  # output columns per consumer warpgroup
@@ -323,6 +324,10 @@ def _mla_attn_fewrows_kernel(
     # (measured on the H200, kernel time: FP8 2-3% faster at 32 rows, 3% slower at 16; 16-bit
     # pools not faster at 32 rows; benchmarks/NOTES.md round 14)
     COL_SOFTMAX: gl.constexpr = -1,
+    # when the split merge (this grid's programmatic dependent) may be scheduled: 0 at the
+    # grid's end, 1 at the start (its grids leave SMs idle at one request; measured on the
+    # H200, benchmarks/NOTES.md round 17)
+    LAUNCH_DEPENDENTS: gl.constexpr = 1,
     PROBE: gl.constexpr = 0,  # measurement only, bits: 1 no consumer math, 2 cached loads, 4 one
     # conversion of the four chunks' XOR per tile, 8 cycle stamps into ``trace_ptr`` (_stamp), 16
     # no row maxima in the online softmax
@@ -337,6 +342,8 @@ def _mla_attn_fewrows_kernel(
     gl.static_assert(not (IS16 and TOKEN_GROUP), "token-group scales come with FP8 KV")
     # the tensor cores' operand type: fp16 for FP8 KV (converted), the pool's own for 16-bit
     KV_T: gl.constexpr = ckv_ptr.dtype.element_ty if IS16 else gl.float16
+    if LAUNCH_DEPENDENTS == 1:  # the split merge, this grid's dependent, may be scheduled now
+        launch_dependents()
 
     PF: gl.constexpr = PF_MODE if PF_MODE >= 0 else (2 if BLOCK_M == 32 else 0)
     COLS: gl.constexpr = COL_SOFTMAX > 0 if COL_SOFTMAX >= 0 else (BLOCK_M == 32 and not IS16)

@@ -46,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_stage import LO_GAIN, SC_L, _copier, _stage_query_half
+from fp8mla.kernels.grid_dependency import launch_dependents
 from fp8mla.kernels.mla_wgmma import _request_span
 
 RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
@@ -96,7 +97,7 @@ def _score_wg(
     split, num_heads, num_tokens, qk_scale, pe_factor, stride_lse_split, stride_lse_t,
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
-    PROBE: gl.constexpr, trace_ptr,
+    LAUNCH_DEPENDENTS: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """The default partition: ``S = Q₈·K₈ᵀ`` per tile, the online softmax, ``P`` and the
     rescale factor to the value warpgroups, the row statistics and the LSE."""
@@ -188,6 +189,8 @@ def _score_wg(
         mbarrier.arrive(p_ready.index(b))
         _stamp(trace_ptr, 0, j, 4, PROBE)
 
+    if LAUNCH_DEPENDENTS == 2:  # every tile scored: the split merge may be scheduled
+        launch_dependents()
     # -- the row statistics for the value warpgroups' epilogue, and the LSE --
     stat_smem.index(0).store(m_i)
     stat_smem.index(1).store(l_i)
@@ -366,6 +369,11 @@ def _mla_attn_fp8qk_kernel(
     # the latent part of Q·Kᵀ in QK_PARTS column ranges, each summed by the tensor cores (at
     # their reduced FP8 accumulation precision) and added to the others in fp32
     QK_PARTS: gl.constexpr = 4,
+    # when the split merge (this grid's programmatic dependent) may be scheduled: 0 at the
+    # grid's end, 1 at the start, 2 after the program's last tile is scored (its programs then
+    # land on SMs this grid has left, not piled on the few it never took; measured on the
+    # H200, benchmarks/NOTES.md round 17)
+    LAUNCH_DEPENDENTS: gl.constexpr = 2,
     PROBE: gl.constexpr = 0,  # measurement only: 8 cycle stamps into ``trace_ptr`` (_stamp)
     trace_ptr=None,
 ):
@@ -377,6 +385,10 @@ def _mla_attn_fp8qk_kernel(
     gl.static_assert(
         FP8_CVT == T.CVT_PTX_E4M3 or FP8_CVT == T.CVT_PTX_E5M2, "FP8 bytes read as e4m3 or e5m2"
     )
+    if LAUNCH_DEPENDENTS == 1:
+        # the split merge (launched as this grid's dependent) may be scheduled from now on:
+        # its programs wait on SMs this grid leaves idle, not behind a launch after its end
+        launch_dependents()
     KV8: gl.constexpr = gl.float8e4nv if FP8_CVT == T.CVT_PTX_E4M3 else gl.float8e5
     ckv8 = ckv_ptr.to(gl.pointer_type(KV8), bitcast=True)
     kpe8 = kpe_ptr.to(gl.pointer_type(KV8), bitcast=True)
@@ -430,7 +442,7 @@ def _mla_attn_fp8qk_kernel(
                     a_smem, p_ready, p_free, stat_smem, stat_ready, lse_ptr, q_start, qo_len,
                     rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
                     pe_factor, stride_lse_split, stride_lse_t, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
-                    TOKEN_GROUP, STAGES, QK_PARTS, PROBE, trace_ptr,
+                    TOKEN_GROUP, STAGES, QK_PARTS, LAUNCH_DEPENDENTS, PROBE, trace_ptr,
                 ),
             ),
             (

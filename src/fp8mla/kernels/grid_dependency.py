@@ -1,0 +1,35 @@
+"""Programmatic dependent launch (SM90+): a kernel launched with it may start before the
+kernel ahead of it in the stream has finished, and waits for it only where it reads that
+kernel's results.
+
+``griddepcontrol.wait`` blocks until every grid this one depends on has completed and its
+memory operations are visible; ``griddepcontrol.launch_dependents`` lets the dependent grid be
+scheduled once every program of this grid has issued it (or exited), so its programs can be
+resident and waiting when this grid's last program ends. Both are no-ops for a grid launched
+without the attribute (or without a dependent). The split merge (``kernels/merge.py``) waits;
+the FP8 × FP8 attention kernel lets it launch early.
+"""
+
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@triton.jit
+def wait_prior_grid():
+    """``griddepcontrol.wait`` by every thread of the program."""
+    tl.inline_asm_elementwise(
+        "griddepcontrol.wait; mov.u32 $0, 0;", "=r,r", [tl.program_id(0)], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
+def launch_dependents():
+    """``griddepcontrol.launch_dependents`` by the calling threads (one program's call
+    counts once)."""
+    gl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r,r", [gl.program_id(0)],
+        dtype=gl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
