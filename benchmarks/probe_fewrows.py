@@ -26,6 +26,7 @@ import os
 
 import torch
 
+from fp8mla.attention.targets import Target
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs, random_pool
@@ -54,6 +55,12 @@ VARIANTS: dict[str, dict[str, int]] = {
     "fp8qk-3stages": {"KERNEL": "fp8qk", "STAGES": 3},
     "fp8qk-parts2": {"KERNEL": "fp8qk", "QK_PARTS": 2},
     "fp8qk-parts1": {"KERNEL": "fp8qk", "QK_PARTS": 1},
+    # the split merge launched after the attention kernel ends, not as its programmatic dependent
+    "merge-after": {"MERGE_AFTER": 1},
+    # the merge a programmatic dependent, launched when the attention grid ends (no early trigger)
+    "merge-at-end": {"LAUNCH_DEPENDENTS": 0},
+    # the FP8 x FP8 kernel's merge scheduled from its start (default: after its last tile is scored)
+    "merge-early": {"KERNEL": "fp8qk", "LAUNCH_DEPENDENTS": 1},
 }
 
 
@@ -62,8 +69,14 @@ def variant_runner(inp, options: dict[str, int | str]):
     planner's few-row kernel) and its compile-time ``options`` overridden."""
     options = dict(options)
     kernel = options.pop("KERNEL", None)
-    # a named variant runs in its table tile, never swapped for another kernel
-    w = I.planned_wrapper(inp, inp.pool.dtype, **({"kernel_config": kernel} if kernel else {}))
+    plain = options.pop("MERGE_AFTER", 0)
+    dependent = Target.dependent_launch
+    if plain:  # every target plans an ordinary merge launch
+        Target.dependent_launch = property(lambda self: False)
+    try:  # a named variant runs in its table tile, never swapped for another kernel
+        w = I.planned_wrapper(inp, inp.pool.dtype, **({"kernel_config": kernel} if kernel else {}))
+    finally:
+        Target.dependent_launch = dependent
     launch = w._launch
     if launch.variant.name not in ("fewrows", "fp8qk"):
         raise SystemExit(f"{inp.case.name}: planned {launch.variant.name}, not a few-row kernel")
