@@ -7,7 +7,8 @@ memory operations are visible; ``griddepcontrol.launch_dependents`` lets the dep
 scheduled once every program of this grid has issued it (or exited), so its programs can be
 resident and waiting when this grid's last program ends. Both are no-ops for a grid launched
 without the attribute (or without a dependent). The split merge (``kernels/merge.py``) waits;
-the FP8 × FP8 attention kernel lets it launch early.
+the few-row and FP8 × FP8 attention kernels let it launch early (the registry's
+``launches_dependents``).
 """
 
 import triton
