@@ -162,17 +162,26 @@ def attention_jobs(target: Target) -> list[Job]:
 
 def merge_jobs(target: Target) -> list[Job]:
     """The split merge as the launcher runs it: fp32 partials into a bf16 output, in each
-    column block the planner picks (``planner.merge_block_d``)."""
+    column block the planner picks (``planner.merge_block_d``); where a kernel of the target
+    launches it as a programmatic dependent, also the build that waits for that kernel."""
+    from fp8mla.attention.variants import REGISTRY
+
+    waits = target.dependent_launch and any(
+        v.launches_dependents and v.supports(target, torch.float8_e4m3fn, 32, 64) is None
+        for v in REGISTRY.values()
+    )
+    ptrs = dict(
+        mid_o_ptr="fp32", mid_lse_ptr="fp32", o_ptr="bf16", lse_ptr="fp32", qo_indptr_ptr="i32"
+    )  # fmt: skip
     jobs = []
     for block_d in (128, 256, 512):
-        for write_lse in (True, False):
-            ptrs = dict(
-                mid_o_ptr="fp32", mid_lse_ptr="fp32", o_ptr="bf16", lse_ptr="fp32",
-                qo_indptr_ptr="i32",
-            )  # fmt: skip
+        for write_lse, wait in ((True, False), (False, False), (True, True)):
+            if wait and not waits:
+                continue
             consts = (("D", 512), ("BLOCK_D", block_d), ("BLOCK_S", 16), ("WRITE_LSE", write_lse))
-            build = Build(MERGE, tuple(ptrs.items()), consts, 4, None)
+            build = Build(MERGE, tuple(ptrs.items()), consts + (("WAIT_PRIOR", wait),), 4, None)
             variant = f"{block_d} cols, bf16 out" + (" + LSE" if write_lse else "")
+            variant += ", waits for the attention" if wait else ""
             jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
     return jobs
 
