@@ -153,6 +153,19 @@ def test_registry_entries_describe_themselves():
     assert tile_name(TRITON_TABLE.wide_fp8) == "128x64v"
 
 
+def test_kernels_said_to_launch_the_merge_early_do_so():
+    """``launches_dependents`` is a promise the planner acts on: the kernel's module issues
+    ``launch_dependents()`` (and only Gluon SM90 kernels make it)."""
+    import importlib
+    import inspect
+
+    for v in REGISTRY.values():
+        module = importlib.import_module(v.kernel.split(":")[0])
+        issues = "launch_dependents()" in inspect.getsource(module)
+        assert issues == v.launches_dependents, v.name
+        assert not v.launches_dependents or v.gluon
+
+
 def test_default_target_is_the_measured_h200():
     kw = dict(batch=4, num_heads=128, max_qo_len=1, max_kv_len=4096, sms=132,
               max_splits_by_workspace=64)  # fmt: skip
