@@ -153,6 +153,31 @@ def test_registry_entries_describe_themselves():
     assert tile_name(TRITON_TABLE.wide_fp8) == "128x64v"
 
 
+@pytest.fixture
+def old_triton(monkeypatch):
+    """Triton 3.2 as far as the registry can tell (no Gluon kernels)."""
+    import triton
+
+    from fp8mla.attention import variants
+
+    monkeypatch.setattr(triton, "__version__", "3.2.0")
+    variants.gluon_missing.cache_clear()
+    yield
+    variants.gluon_missing.cache_clear()
+
+
+def test_sm90_without_gluon_takes_the_triton_tiles(old_triton):
+    """A Triton too old for the Gluon kernels: SM90 plans fall back to the Triton tiles (no
+    import error at plan()), and asking for a Gluon variant names the version."""
+    kw = dict(batch=1, num_heads=32, max_qo_len=1, max_kv_len=4096, sms=132,
+              max_splits_by_workspace=64, target=TARGETS["sm90"])  # fmt: skip
+    for heads in (16, 32, 128):
+        plan = make_launch_plan(**{**kw, "num_heads": heads})
+        assert not get_variant(plan.config.variant).gluon and not plan.merge_waits
+    with pytest.raises(ValueError, match=r"needs Triton 3\.6 or later \(Gluon\), got 3\.2\.0"):
+        make_launch_plan(**kw, config="fewrows")
+
+
 def test_kernels_said_to_launch_the_merge_early_do_so():
     """``launches_dependents`` is a promise the planner acts on: the kernel's module issues
     ``launch_dependents()`` (and only Gluon SM90 kernels make it)."""

@@ -14,7 +14,9 @@ Adding a variant: one kernel module and one :func:`register` call here
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,10 +91,35 @@ def _any_tile(config: KernelConfig) -> str | None:
     return None
 
 
+GLUON_MIN = (3, 6)  # the Triton release the Gluon kernels are built and tested with
+
+
+@functools.cache
+def gluon_missing() -> str | None:
+    """Why this Triton cannot build the Gluon kernels (older than :data:`GLUON_MIN`, or
+    without ``triton.experimental.gluon``), or None."""
+    import triton
+
+    version = triton.__version__
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return f"needs Triton {GLUON_MIN[0]}.{GLUON_MIN[1]} or later, got version {version!r}"
+    if (major, minor) < GLUON_MIN:
+        return f"needs Triton {GLUON_MIN[0]}.{GLUON_MIN[1]} or later (Gluon), got {version}"
+    if importlib.util.find_spec("triton.experimental.gluon") is None:
+        return f"needs Triton's Gluon (triton.experimental.gluon), missing from {version}"
+    return None
+
+
 def _sm90_rope(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
-    """The Gluon kernels: SM90, a 64-dim RoPE part; FP8 pools converted, 16-bit copied."""
+    """The Gluon kernels: SM90, a 64-dim RoPE part, a Triton with Gluon; FP8 pools converted,
+    16-bit copied."""
     if target.backend != "cuda" or target.arch != 90:
         return f"needs an SM90 GPU (Gluon wgmma), got {target.name}"
+    missing = gluon_missing()
+    if missing is not None:
+        return missing
     if kpe != 64:
         return f"needs a 64-dim RoPE part, got head_dim_kpe {kpe}"
     return None
