@@ -49,3 +49,28 @@ def test_merge_matches_float64(splits, block_d, device):
     err = (out[0, ok].double() - want[ok]).norm() / want[ok].norm()
     assert err < 4e-3  # bf16 output rounding only
     assert torch.allclose(lse[0, ok].double(), want_lse[ok], rtol=0, atol=1e-4)
+
+
+def test_merge_imports_without_gluon():
+    """A Triton without Gluon (older than the Gluon kernels) still has the split merge: its
+    wait for the attention grid does not pull in the Gluon trigger's imports."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import importlib.abc, sys
+        class Hide(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.startswith("triton.experimental.gluon"):
+                    raise ImportError(name)
+        sys.meta_path.insert(0, Hide())
+        import fp8mla.kernels.grid_dependency as g
+        from fp8mla.kernels.merge import _mla_merge_kernel
+        assert not hasattr(g, "launch_dependents")
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
