@@ -9,6 +9,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from fp8mla.kernels.mla_wgmma import (
+    _cache_rows,
     _check_entries,
     _fp8_to_f16,
     _load_entries,
@@ -72,10 +73,7 @@ def _producer(
         pos = n_begin + (FIRST + 2 * i) * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = pos < n_end
         slot = pages.to(gl.int64)
-        # a bad page entry reads the launcher's NaN row: never outside the cache, never finite
-        # as arithmetic, not a select: the offsets stay provably 16-aligned (16-byte loads)
-        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
-        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
+        rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
         if PROBE & 2:  # measurement only: every tile reads the pool's first rows (cached)
             rows = (pos % BLOCK_N).to(gl.int64) * stride_ckv_p
         # -- every byte of this tile requested at once --
@@ -85,9 +83,10 @@ def _producer(
         x3 = gl.load(ckv_ptr + rows[:, None] + (3 * CHUNK + d)[None, :], mask=ok[:, None], other=0)
         pe_pos = gl.convert_layout(pos, pe_rows_l)
         pe_ok = gl.convert_layout(ok, pe_rows_l)
-        pe_rows = gl.convert_layout(slot, pe_rows_l) * stride_kpe_p
-        pe_rows += (pe_pos % PAGE_SIZE) * stride_kpe_s
-        pe_rows += gl.convert_layout(bad, pe_rows_l).to(gl.int64) * (nan_row_kpe - pe_rows)
+        pe_rows = _cache_rows(
+            gl.convert_layout(slot, pe_rows_l), pe_pos, gl.convert_layout(bad, pe_rows_l),
+            stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE,
+        )  # fmt: skip
         if PROBE & 2:
             pe_rows = (pe_pos % BLOCK_N).to(gl.int64) * stride_kpe_p
         xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)

@@ -10,7 +10,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
-from fp8mla.kernels.mla_wgmma import _ASYNC_LOAD, _check_entries, _load_entries
+from fp8mla.kernels.mla_wgmma import _ASYNC_LOAD, _cache_rows, _check_entries, _load_entries
 
 E4M3_MAX = gl.constexpr(448.0)
 LO_GAIN = gl.constexpr(16.0)  # lo = (q·s − hi) × 16: e4m3's 3 mantissa bits, one step down
@@ -48,10 +48,8 @@ def _copier(
         ok = pos < n_end
         pages, bad = _check_entries(raw, in_list, ok, num_pages)
         slot = pages.to(gl.int64)
-        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
-        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
-        pe_rows = slot * stride_kpe_p + (pos % PAGE_SIZE) * stride_kpe_s
-        pe_rows += bad.to(gl.int64) * (nan_row_kpe - pe_rows)
+        rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
+        pe_rows = _cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
         pe_rows = gl.convert_layout(pe_rows, pe_rows_l)
         pe_ok = gl.convert_layout(ok, pe_rows_l)
         # the next tile's page entries, requested before this tile's copies

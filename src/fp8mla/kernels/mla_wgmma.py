@@ -116,6 +116,16 @@ def _check_entries(page, in_list, ok, num_pages):
 
 
 @gluon.jit
+def _cache_rows(slot, pos, bad, stride_p, stride_s, nan_row, PAGE_SIZE: gl.constexpr):
+    """Element offsets of the tokens' cache rows (``slot`` the page, ``pos`` the token's
+    position): a bad page entry's token reads the launcher's NaN row instead (``nan_row``, its
+    offset from the cache): never outside the cache, never finite. Arithmetic, not a select,
+    so the offsets stay provably 16-aligned (16-byte loads)."""
+    rows = slot * stride_p + (pos % PAGE_SIZE) * stride_s
+    return rows + bad.to(gl.int64) * (nan_row - rows)
+
+
+@gluon.jit
 def _page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE: gl.constexpr):
     """Page ids of the tokens at ``pos`` (where ``ok``) and which of them are bad (see
     :func:`_check_entries`); waits for the load."""
@@ -183,15 +193,13 @@ def _kv_producer(
         pos = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = pos < n_end
         slot = pages.to(gl.int64)
-        # a bad page entry reads the launcher's NaN row: never outside the cache, never finite
-        # as arithmetic, not a select: the offsets stay provably 16-aligned (16-byte loads)
-        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
-        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
+        rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
         x = _load_chunk(ckv_ptr, rows, ok, 0, ld)
         pe_pos = gl.convert_layout(pos, pe_rows_l)
-        pe_rows = gl.convert_layout(slot, pe_rows_l) * stride_kpe_p
-        pe_rows += (pe_pos % PAGE_SIZE) * stride_kpe_s
-        pe_rows += gl.convert_layout(bad, pe_rows_l).to(gl.int64) * (nan_row_kpe - pe_rows)
+        pe_rows = _cache_rows(
+            gl.convert_layout(slot, pe_rows_l), pe_pos, gl.convert_layout(bad, pe_rows_l),
+            stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE,
+        )  # fmt: skip
         pe_ok = gl.convert_layout(ok, pe_rows_l)
         xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
         # the next tile: its page-table entries (loaded a tile ago: their latency has passed)
@@ -252,10 +260,8 @@ def _kv_copier(
         pages, bad = _check_entries(raw, in_list, pos < n_end, num_pages)
         ok = (pos < n_end)[:, None]
         slot = pages.to(gl.int64)
-        rows = slot * stride_ckv_p + (pos % PAGE_SIZE) * stride_ckv_s
-        rows += bad.to(gl.int64) * (nan_row_ckv - rows)
-        pe_rows = slot * stride_kpe_p + (pos % PAGE_SIZE) * stride_kpe_s
-        pe_rows += bad.to(gl.int64) * (nan_row_kpe - pe_rows)
+        rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
+        pe_rows = _cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
         # the next tile's page entries, before this one's copies; checked only when used, so
         # their latency passes behind this tile's copies instead of before them
         nxt = pos + BLOCK_N
