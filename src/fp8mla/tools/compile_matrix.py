@@ -162,8 +162,10 @@ def attention_jobs(target: Target) -> list[Job]:
 
 def merge_jobs(target: Target) -> list[Job]:
     """The split merge as the launcher runs it: fp32 partials into a bf16 output, in each
-    column block the planner picks (``planner.merge_block_d``); where a kernel of the target
+    column block the planner picks (``planner.merge_block_d``) reading the most splits per
+    pass it allows (``planner.merge_block_s``); where a kernel of the target
     launches it as a programmatic dependent, also the build that waits for that kernel."""
+    from fp8mla.attention.planner import MAX_SPLITS, merge_block_s
     from fp8mla.attention.variants import REGISTRY
 
     waits = target.dependent_launch and any(
@@ -178,7 +180,9 @@ def merge_jobs(target: Target) -> list[Job]:
         for write_lse, wait in ((True, False), (False, False), (True, True)):
             if wait and not waits:
                 continue
-            consts = (("D", 512), ("BLOCK_D", block_d), ("BLOCK_S", 16), ("WRITE_LSE", write_lse))
+            block_s = merge_block_s(MAX_SPLITS, block_d)  # the most splits a pass reads
+            consts = (("D", 512), ("BLOCK_D", block_d), ("BLOCK_S", block_s),
+                      ("WRITE_LSE", write_lse))  # fmt: skip
             build = Build(MERGE, tuple(ptrs.items()), consts + (("WAIT_PRIOR", wait),), 4, None)
             variant = f"{block_d} cols, bf16 out" + (" + LSE" if write_lse else "")
             variant += ", waits for the attention" if wait else ""
