@@ -55,6 +55,9 @@ VARIANTS: dict[str, dict[str, int]] = {
     "fp8qk-3stages": {"KERNEL": "fp8qk", "STAGES": 3},
     "fp8qk-parts2": {"KERNEL": "fp8qk", "QK_PARTS": 2},
     "fp8qk-parts1": {"KERNEL": "fp8qk", "QK_PARTS": 1},
+    "probe-fp8qk-nomath": {"KERNEL": "fp8qk", "PROBE": 1},
+    "probe-fp8qk-cached": {"KERNEL": "fp8qk", "PROBE": 2},
+    "probe-fp8qk-cached-nomath": {"KERNEL": "fp8qk", "PROBE": 3},
     # the split merge launched after the attention kernel ends, not as its programmatic dependent
     "merge-after": {"MERGE_AFTER": 1},
     # the merge a programmatic dependent, launched when the attention grid ends (no early trigger)

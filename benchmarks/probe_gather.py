@@ -4,6 +4,7 @@ into the swizzled tile wgmma reads), with nothing consuming them: the copier's o
 warps issuing the copies and tiles in flight.
 
     python benchmarks/probe_gather.py --json OUT/gather.json [--stages 2 3 4 5] [--warps 4 8]
+        [--tiles 64] [--programs N]
 
 Each variant reads the same random slots of a pool of 495,552 rows (tiles of 64 tokens, the
 whole pool's index range); a tile is checked byte for byte against ``pool[slots]`` after the
@@ -86,9 +87,9 @@ def _gather_cpasync(pool_ptr, idx_ptr, keep_ptr, tiles, STAGES: gl.constexpr):
     _keep_last(k.index(last), pe.index(last), keep_ptr, pid, W)
 
 
-def run(stages_list: list[int], warps_list: list[int], tiles: int) -> list[dict]:
+def run(stages_list: list[int], warps_list: list[int], tiles: int, programs: int) -> list[dict]:
     dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = programs or torch.cuda.get_device_properties(dev).multi_processor_count
     g = torch.Generator(device=dev).manual_seed(0)
     pool = torch.randint(0, 256, (SLOTS, ROW), dtype=torch.uint8, device=dev, generator=g)
     idx = torch.randint(0, SLOTS, (sms * tiles * TILE,), dtype=torch.int32, device=dev, generator=g)
@@ -124,8 +125,9 @@ def main() -> int:
     ap.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4, 5])
     ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--tiles", type=int, default=64, help="tiles per program")
+    ap.add_argument("--programs", type=int, default=0, help="default: one per SM")
     args = ap.parse_args()
-    rows = run(args.stages, args.warps, args.tiles)
+    rows = run(args.stages, args.warps, args.tiles, args.programs)
     with open(args.json, "w") as f:
         json.dump(dict(rows=rows), f, indent=1)
     print(f"\n{'variant':<34} {'stages':>6} {'warps':>5} {'µs':>8} {'TB/s':>6}  same bytes")

@@ -1,10 +1,16 @@
-"""Run one decode case a few times through the wrapper, for a profiler to attach to (GPU):
-``ncu --kernel-name regex:mla_attn --launch-skip 2 --launch-count 1 python
-benchmarks/profile_case.py 32 32 4096``."""
+"""One decode shape's fp8mla ``run()`` called a few times eagerly, for an external profiler
+(Nsight Compute, compute-sanitizer) to pick its kernels from:
+
+    ncu --clock-control none -k regex:fp8qk --launch-skip 2 -c 1 --set full \\
+        python benchmarks/profile_case.py --batch 32 --heads 32 --context 4096
+
+The pool is the bench's (495,552 random FP8 slots, page size 1, random token placement);
+``--kernel`` names a registry variant instead of the planner's choice.
+"""
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -13,16 +19,29 @@ from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs
 
 
-def main(argv: list[str]) -> int:
-    batch, heads, context = (int(a) for a in argv[:3])
-    case = Case(batch, heads, context)
-    inp = build_inputs(case, torch.device("cuda"))
-    run = I.fp8mla_direct(inp)
-    for _ in range(4):
-        run()
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--kv-dtype", default="float8_e4m3fn", choices=["float8_e4m3fn", "bfloat16"])
+    ap.add_argument("--kernel", help="a registry variant (default: the planner's choice)")
+    ap.add_argument("--calls", type=int, default=4)
+    args = ap.parse_args()
+    case = Case(args.batch, args.heads, args.context, kv_dtype=getattr(torch, args.kv_dtype))
+    dev = torch.device("cuda")
+    inp = build_inputs(case, dev, seed=0)
+    kw = {"kernel_config": args.kernel} if args.kernel else {}
+    w = I.planned_wrapper(inp, inp.pool.dtype, **kw)
+    ckv, kpe = inp.paged()
+    out = torch.empty_like(inp.q_nope)
+    for _ in range(args.calls):
+        w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=inp.scale, kpe_scale=inp.scale)
     torch.cuda.synchronize()
+    print(f"{case.name}: {w._launch.variant.name}, grid {w._launch.kernel.grid}, "
+          f"{args.calls} calls")  # fmt: skip
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())

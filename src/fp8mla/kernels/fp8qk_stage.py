@@ -48,6 +48,8 @@ def _copier(
         ok = pos < n_end
         pages, bad = _check_entries(raw, in_list, ok, num_pages)
         slot = pages.to(gl.int64)
+        if PROBE & 2:  # measurement only: the same 64 tokens for every tile (L2 hits)
+            slot = (pos % BLOCK_N).to(gl.int64) // PAGE_SIZE
         rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
         pe_rows = _cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
         pe_rows = gl.convert_layout(pe_rows, pe_rows_l)

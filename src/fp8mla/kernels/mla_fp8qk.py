@@ -132,7 +132,10 @@ def _score_wg(
         # -- S: the RoPE part and the latent part (in PARTS column ranges, each accumulated
         # apart and added in fp32; token-group scales: 4, each times its tokens' scales) --
         acc_pe = warpgroup_mma(qpe_smem, pt, s_zero, use_acc=False, is_async=True)
-        if PARTS == 1:
+        if PROBE & 1:  # measurement only: the tile taken without its products
+            acc_pe = warpgroup_mma_wait(0, deps=[acc_pe])
+            s = gl.zeros([RQ, BLOCK_N], gl.float32, layout=S_ROWS)
+        elif PARTS == 1:
             acc = warpgroup_mma(q_smem, kt, s_zero, use_acc=False, is_async=True)
             acc, acc_pe = warpgroup_mma_wait(0, deps=[acc, acc_pe])
             s = _add_hi_lo(acc) * nope_scale + _add_hi_lo(acc_pe) * pe_scale
@@ -261,23 +264,29 @@ def _value_wg(
         mbarrier.wait(ready.index(st), (j // STAGES) & 1)
         mbarrier.wait(p_ready.index(b), (j // 2) & 1)
         _stamp(trace_ptr, 1 + H, j, 0, PROBE)
-        alpha = a_smem.index(b).slice(0, BLOCK_R).load(col_l)
-        o = o * alpha[None, :]
-        a0 = _value_operand(k_stages, sc_stages, st, 0, H, TOKEN_GROUP, FP8_CVT, a_l)
-        o = warpgroup_mma(a0, p_smem.index(2 * b).slice(0, BLOCK_R, dim=0).permute((1, 0)), o,
-                          is_async=True)  # fmt: skip
-        # the first half's products done before the second half's operand is built: its
-        # registers are free again, so 136 per value warpgroup suffice and ptxas does not
-        # serialize the kernel's wgmma (C7512) with the score warpgroup's four sums
-        o = warpgroup_mma_wait(0, deps=[o, a0])[0]
-        a1 = _value_operand(k_stages, sc_stages, st, 1, H, TOKEN_GROUP, FP8_CVT, a_l)
-        _BARRIER()
-        mbarrier.arrive(empty.index(st))  # the stage's bytes are in registers
-        o = warpgroup_mma(a1, p_smem.index(2 * b + 1).slice(0, BLOCK_R, dim=0).permute((1, 0)),
-                          o, is_async=True)  # fmt: skip
-        o = warpgroup_mma_wait(0, deps=[o, a1])[0]
-        _BARRIER()
-        mbarrier.arrive(p_free.index(b))
+        if PROBE & 1:  # measurement only: the tile taken without its products
+            _BARRIER()
+            mbarrier.arrive(empty.index(st))
+            _BARRIER()
+            mbarrier.arrive(p_free.index(b))
+        else:
+            alpha = a_smem.index(b).slice(0, BLOCK_R).load(col_l)
+            o = o * alpha[None, :]
+            a0 = _value_operand(k_stages, sc_stages, st, 0, H, TOKEN_GROUP, FP8_CVT, a_l)
+            o = warpgroup_mma(a0, p_smem.index(2 * b).slice(0, BLOCK_R, dim=0).permute((1, 0)), o,
+                              is_async=True)  # fmt: skip
+            # the first half's products done before the second half's operand is built: its
+            # registers are free again, so 136 per value warpgroup suffice and ptxas does not
+            # serialize the kernel's wgmma (C7512) with the score warpgroup's four sums
+            o = warpgroup_mma_wait(0, deps=[o, a0])[0]
+            a1 = _value_operand(k_stages, sc_stages, st, 1, H, TOKEN_GROUP, FP8_CVT, a_l)
+            _BARRIER()
+            mbarrier.arrive(empty.index(st))  # the stage's bytes are in registers
+            o = warpgroup_mma(a1, p_smem.index(2 * b + 1).slice(0, BLOCK_R, dim=0).permute((1, 0)),
+                              o, is_async=True)  # fmt: skip
+            o = warpgroup_mma_wait(0, deps=[o, a1])[0]
+            _BARRIER()
+            mbarrier.arrive(p_free.index(b))
         _stamp(trace_ptr, 1 + H, j, 1, PROBE)
     mbarrier.wait(stat_ready, 0)
     _stamp(trace_ptr, 1 + H, 0, 6, PROBE)
@@ -374,7 +383,10 @@ def _mla_attn_fp8qk_kernel(
     # land on SMs this grid has left, not piled on the few it never took; measured on the
     # H200, benchmarks/NOTES.md round 17)
     LAUNCH_DEPENDENTS: gl.constexpr = 2,
-    PROBE: gl.constexpr = 0,  # measurement only: 8 cycle stamps into ``trace_ptr`` (_stamp)
+    # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
+    # 2 every tile from the cache's first rows (loads that hit the L2), 8 cycle stamps into
+    # ``trace_ptr`` (_stamp)
+    PROBE: gl.constexpr = 0,
     trace_ptr=None,
 ):
     gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows per request")
