@@ -1,0 +1,282 @@
+"""The score warpgroup of the FP8 × FP8 decode kernel (``kernels/mla_fp8qk.py``): per tile
+``S = Q₈·K₈ᵀ`` on FP8 tensor cores from the stage's bytes (the RoPE part and four 128-column
+latent parts, each summed by the tensor cores and added in fp32), the online softmax, and
+``P`` with the rescale factor handed to the value warpgroups through shared memory. Software
+pipelined: the next tile's first products run during this tile's softmax.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
+from fp8mla.kernels.fp8qk_stage import LO_GAIN, SC_L
+from fp8mla.kernels.grid_dependency import launch_dependents
+
+RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
+HALF_N = gl.constexpr(32)  # tokens per P·V step of the value warpgroups
+NEG_INF = gl.constexpr(float("-inf"))
+
+# S's accumulator [64, 64] as [32 query rows, 64 tokens] once the hi/lo rows are added: each
+# thread holds 16 tokens of one query row (the quad's four lanes hold the row's 64)
+S_ROWS = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 8], [0, 16], [0, 32]],
+        lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[8, 0], [16, 0]],
+        block_bases=[],
+        shape=[32, 64],
+    )
+)
+
+
+@gluon.jit
+def _add_hi_lo(acc):
+    """wgmma's ``[64, 64]`` accumulator → ``[32 query rows, 64 tokens]`` (``S_ROWS``): each
+    query row's hi row plus its lo row / 16 (one thread holds both)."""
+    acc = gl.permute(gl.reshape(acc, [4, 2, 8, BLOCK_N]), (0, 2, 3, 1))
+    s_hi, s_lo = gl.split(gl.reshape(acc, [RQ, BLOCK_N, 2]))
+    return gl.convert_layout(s_hi + s_lo * (1.0 / LO_GAIN), S_ROWS, assert_trivial=True)
+
+
+@gluon.jit
+def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.constexpr,
+             D_CKV: gl.constexpr, FIRST_PAIR: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
+    """Start the products of stage ``st`` that need no result of another: the RoPE part and,
+    where ``FIRST_PAIR``, the first pair of latent parts (all of the latent part where
+    ``PARTS == 1``), in flight on the tensor cores when this returns."""
+    kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
+    pt = pe_stages.index(st).permute((1, 0))
+    acc_pe = warpgroup_mma(qpe_smem, pt, s_zero, use_acc=False, is_async=True)
+    if (PROBE & 1) or not FIRST_PAIR:  # no latent products yet
+        a0 = s_zero
+        a1 = s_zero
+    elif PARTS == 1:
+        a0 = warpgroup_mma(q_smem, kt, s_zero, use_acc=False, is_async=True)
+        a1 = s_zero
+    else:
+        W: gl.constexpr = D_CKV // PARTS
+        a0 = warpgroup_mma(q_smem.slice(0, W, dim=1), kt.slice(0, W, dim=0), s_zero,
+                           use_acc=False, is_async=True)  # fmt: skip
+        a1 = warpgroup_mma(q_smem.slice(W, W, dim=1), kt.slice(W, W, dim=0), s_zero,
+                           use_acc=False, is_async=True)  # fmt: skip
+    return acc_pe, a0, a1
+
+
+@gluon.jit
+def _s_pair(a0, a1, s, sc_stages, st, g: gl.constexpr, nope_scale, TOKEN_GROUP: gl.constexpr):
+    """``s`` plus latent parts ``g`` and ``g + 1`` once their products are done (each part
+    added in fp32; token-group scales per part)."""
+    tok_l: gl.constexpr = gl.SliceLayout(0, S_ROWS)
+    a0, a1 = warpgroup_mma_wait(0, deps=[a0, a1])
+    part0 = _add_hi_lo(a0)
+    part1 = _add_hi_lo(a1)
+    if TOKEN_GROUP:
+        sc = sc_stages.index(st).load(SC_L)
+        col = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_L))[None, :]
+        sc0 = gl.sum(gl.where(col == g, sc, 0.0), axis=1)
+        sc1 = gl.sum(gl.where(col == g + 1, sc, 0.0), axis=1)
+        part0 = part0 * gl.convert_layout(sc0, tok_l)[None, :]
+        part1 = part1 * gl.convert_layout(sc1, tok_l)[None, :]
+    return s + (part0 + part1) * nope_scale
+
+
+@gluon.jit
+def _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale, pe_scale,
+           PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+           FIRST_PAIR: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
+    """The scores of stage ``st`` so far, in log2 units, from the products :func:`_s_issue`
+    started (the RoPE part, and the first latent pair where ``FIRST_PAIR``; else that pair
+    is started here once the RoPE part is done), and the remaining latent pair's products
+    started (``PARTS == 4``; else none: returned as ``s_zero``)."""
+    if PROBE & 1:  # measurement only: the tile taken without its products
+        acc_pe = warpgroup_mma_wait(0, deps=[acc_pe])
+        s = gl.zeros([RQ, BLOCK_N], gl.float32, layout=S_ROWS)
+    elif PARTS == 1:
+        if not FIRST_PAIR:
+            kt = k_stages.index(st).permute((1, 0))
+            a0 = warpgroup_mma(q_smem, kt, s_zero, use_acc=False, is_async=True)
+        a0, acc_pe = warpgroup_mma_wait(0, deps=[a0, acc_pe])
+        s = _add_hi_lo(a0) * nope_scale + _add_hi_lo(acc_pe) * pe_scale
+    else:
+        if FIRST_PAIR:
+            acc_pe = warpgroup_mma_wait(2, deps=[acc_pe])  # the RoPE part first (issued first)
+        else:
+            acc_pe = warpgroup_mma_wait(0, deps=[acc_pe])
+            W0: gl.constexpr = D_CKV // PARTS
+            kt = k_stages.index(st).permute((1, 0))
+            a0 = warpgroup_mma(q_smem.slice(0, W0, dim=1), kt.slice(0, W0, dim=0), s_zero,
+                               use_acc=False, is_async=True)  # fmt: skip
+            a1 = warpgroup_mma(q_smem.slice(W0, W0, dim=1), kt.slice(W0, W0, dim=0), s_zero,
+                               use_acc=False, is_async=True)  # fmt: skip
+        s = _s_pair(a0, a1, _add_hi_lo(acc_pe) * pe_scale, sc_stages, st, 0, nope_scale,
+                    TOKEN_GROUP)  # fmt: skip
+    a2 = s_zero
+    a3 = s_zero
+    if PARTS == 4 and not (PROBE & 1):  # the second pair, once the first pair's are read
+        W: gl.constexpr = D_CKV // PARTS
+        kt = k_stages.index(st).permute((1, 0))
+        a2 = warpgroup_mma(q_smem.slice(2 * W, W, dim=1), kt.slice(2 * W, W, dim=0), s_zero,
+                           use_acc=False, is_async=True)  # fmt: skip
+        a3 = warpgroup_mma(q_smem.slice(3 * W, W, dim=1), kt.slice(3 * W, W, dim=0), s_zero,
+                           use_acc=False, is_async=True)  # fmt: skip
+    return s, a2, a3
+
+
+@gluon.jit
+def _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS: gl.constexpr,
+           TOKEN_GROUP: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
+    """``S [32 query rows, 64 tokens]`` of stage ``st``: ``s`` from :func:`_s_mid` plus the
+    second latent pair where ``PARTS == 4``."""
+    if PARTS == 4 and not (PROBE & 1):
+        s = _s_pair(a2, a3, s, sc_stages, st, 2, nope_scale, TOKEN_GROUP)
+    return s
+
+
+@gluon.jit
+def _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero, nope_scale, pe_scale,
+            PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+            FIRST_PAIR: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
+    """``S [32 query rows, 64 tokens]`` of stage ``st``, its products started and awaited
+    here (:func:`_s_issue`, :func:`_s_mid`, :func:`_s_end`)."""
+    acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS, D_CKV,
+                              FIRST_PAIR, PROBE)  # fmt: skip
+    s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale,
+                       pe_scale, PARTS, D_CKV, TOKEN_GROUP, FIRST_PAIR, PROBE)  # fmt: skip
+    return _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP, PROBE)
+
+
+@gluon.jit
+def _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL: gl.constexpr):
+    """The online softmax over tile ``j``'s scores ``s`` (a bad page entry's NaN where
+    visible): ``P`` (fp32), the rescale factor, the new row maxima and sums."""
+    tok_l: gl.constexpr = gl.SliceLayout(0, S_ROWS)
+    pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
+    visible = (pos < n_end)[None, :]
+    if CAUSAL:
+        visible = visible & (pos[None, :] <= causal_limit[:, None])
+    s = gl.where(visible, s, NEG_INF)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE: gl.constexpr, trace_ptr):
+    """``P`` (fp16, in two 32-token halves) and the rescale factor of tile ``j`` into P
+    buffer ``j % 2`` once the value warpgroups are done with it (tile ``j - 2``)."""
+    b = j % 2
+    _stamp(trace_ptr, 0, j, 2, PROBE)
+    mbarrier.wait(p_free.index(b), ((j // 2) & 1) ^ 1)
+    _stamp(trace_ptr, 0, j, 3, PROBE)
+    p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float16), [RQ, 2, HALF_N]), (0, 2, 1)))
+    p_smem.index(2 * b).store(p0)
+    p_smem.index(2 * b + 1).store(p1)
+    a_smem.index(b).store(alpha)
+    fence_async_shared()
+    _BARRIER()
+    mbarrier.arrive(p_ready.index(b))
+    _stamp(trace_ptr, 0, j, 4, PROBE)
+
+
+@gluon.jit
+def _score_wg(
+    k_stages, pe_stages, sc_stages, ready, q_smem, qpe_smem, q_ready, p_smem, a_smem, p_ready,
+    p_free, stat_smem, stat_ready, lse_ptr, q_start, qo_len, rows_total, kv_len, n_begin, n_end,
+    split, num_heads, num_tokens, qk_scale, pe_factor, stride_lse_split, stride_lse_t,
+    D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
+    LAUNCH_DEPENDENTS: gl.constexpr, SCORE_ORDER: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+):  # fmt: skip
+    """The default partition: ``S = Q₈·K₈ᵀ`` per tile, the online softmax, ``P`` and the
+    rescale factor to the value warpgroups, the row statistics and the LSE. Software
+    pipelined: tile ``j + 1``'s first products run on the tensor cores while tile ``j``'s
+    softmax runs on the warpgroup."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
+    )
+    _stamp(trace_ptr, 0, 0, 7, PROBE)
+    PARTS: gl.constexpr = 4 if TOKEN_GROUP else QK_PARTS
+    row_l: gl.constexpr = gl.SliceLayout(1, S_ROWS)  # along the query rows
+    mbarrier.wait(q_ready, 0)  # the query operands, staged by the value warpgroups
+    inv_s = stat_smem.index(0).load(row_l)
+    inv_s_pe = stat_smem.index(1).load(row_l)
+    _BARRIER()  # read before the epilogue reuses stat_smem
+    _stamp(trace_ptr, 0, 0, 6, PROBE)
+    # the two parts' products to S in log2 units, per row
+    nope_scale = (inv_s * qk_scale)[:, None]
+    pe_scale = (inv_s_pe * (qk_scale * pe_factor))[:, None]
+    r = gl.arange(0, RQ, layout=row_l)
+    causal_limit = kv_len - qo_len + r // num_heads
+    m_i = gl.full([RQ], NEG_INF, gl.float32, layout=row_l)
+    l_i = gl.zeros([RQ], gl.float32, layout=row_l)
+    s_zero = gl.zeros([2 * RQ, BLOCK_N], gl.float32, layout=mma)
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    # token-group scales: no products in flight across the softmax (their registers spill)
+    EARLY: gl.constexpr = not TOKEN_GROUP
+    if EARLY:
+        s = gl.zeros([RQ, BLOCK_N], gl.float32, layout=S_ROWS)
+        if n_tiles > 0:  # tile 0's scores
+            mbarrier.wait(ready.index(0), 0)
+            _stamp(trace_ptr, 0, 0, 0, PROBE)
+            fence_async_shared()  # the copier's cp.async bytes, to wgmma's async proxy
+            s = _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, 0, s_zero,
+                        nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY, PROBE)  # fmt: skip
+            _stamp(trace_ptr, 0, 0, 1, PROBE)
+        for j in range(n_tiles - 1):
+            # tile j + 1's products on the tensor cores during tile j's softmax and handoff
+            st = (j + 1) % STAGES
+            mbarrier.wait(ready.index(st), ((j + 1) // STAGES) & 1)
+            _stamp(trace_ptr, 0, j + 1, 0, PROBE)
+            fence_async_shared()
+            acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS,
+                                      D_CKV, EARLY, PROBE)  # fmt: skip
+            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL)
+            if SCORE_ORDER == 1:
+                _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
+            s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero,
+                               nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY,
+                               PROBE)  # fmt: skip
+            if SCORE_ORDER == 2:  # the second pair in flight during the handoff
+                _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
+            s = _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP, PROBE)
+            _stamp(trace_ptr, 0, j + 1, 1, PROBE)
+        if n_tiles > 0:  # the last tile's softmax
+            p, alpha, m_i, l_i = _softmax(s, n_tiles - 1, m_i, l_i, n_begin, n_end,
+                                          causal_limit, CAUSAL)  # fmt: skip
+            _p_handoff(p, alpha, n_tiles - 1, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
+    else:  # each tile's scores, then its softmax
+        for j in range(n_tiles):
+            st = j % STAGES
+            mbarrier.wait(ready.index(st), (j // STAGES) & 1)
+            _stamp(trace_ptr, 0, j, 0, PROBE)
+            fence_async_shared()
+            s = _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero,
+                        nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY, PROBE)  # fmt: skip
+            _stamp(trace_ptr, 0, j, 1, PROBE)
+            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL)
+            _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
+
+    if LAUNCH_DEPENDENTS == 2:  # every tile scored: the split merge may be scheduled
+        launch_dependents()
+    # -- the row statistics for the value warpgroups' epilogue, and the LSE --
+    stat_smem.index(0).store(m_i)
+    stat_smem.index(1).store(l_i)
+    _BARRIER()
+    mbarrier.arrive(stat_ready)
+    if WRITE_LSE:
+        has = l_i > 0.0
+        lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
+        lse = gl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
+        tok = q_start + r // num_heads
+        r_ok = (r < rows_total) & (tok < num_tokens)
+        lse_ptrs = lse_ptr + split * stride_lse_split + tok.to(gl.int64) * stride_lse_t
+        gl.store(lse_ptrs + r % num_heads, lse, mask=r_ok)
