@@ -130,8 +130,11 @@ def _step(later: torch.Tensor, earlier: torch.Tensor) -> float | None:
 def trace_steps_fp8qk(trace: torch.Tensor) -> dict[str, float | None]:
     """Median cycles of the FP8 × FP8 kernel's steps from its stamps ``trace [programs, 4, 64,
     8]`` (part 0 the score warpgroup, 1-2 the value warpgroups, 3 the copier; events as
-    ``kernels/mla_fp8qk.py`` and ``fp8qk_stage.py`` number them): per tile over the middle
-    tiles of every program, and once per program; a step no stamp measured is None."""
+    ``kernels/fp8qk_score.py``, ``mla_fp8qk.py`` and ``fp8qk_stage.py`` number them): per
+    tile over the middle tiles of every program, and once per program; a step no stamp
+    measured is None. The score warpgroup's order is the pipelined one (the default; not
+    token-group scales): tile ``j + 1``'s bytes awaited and its first products issued, tile
+    ``j``'s softmax and P handoff, then the rest of tile ``j + 1``'s products."""
     t = trace.double().cpu()
     sc, v0, v1, cp = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
     tiles = int((sc[:, :, 0] > 0).sum(1).max())
@@ -145,14 +148,17 @@ def trace_steps_fp8qk(trace: torch.Tensor) -> dict[str, float | None]:
         "score: query staged -> tile 0 ready": _step(sc[:, 0, 0], sc[:, 0, 6]),
         "copier: tile 0 issued -> score has it": _step(sc[:, 0, 0], cp[:, 0, 2]),
         "copier: score start -> tile 0's empty wait": _step(cp[:, 0, 0], sc[:, 0, 7]),
-        "score: S per tile": _step(sc[:, mid, 1], sc[:, mid, 0]),
-        "score: softmax": _step(sc[:, mid, 2], sc[:, mid, 1]),
+        "score: tile j's S done -> tile j+1's bytes (wait)": _step(sc[:, nxt, 0], sc[:, mid, 1]),
+        "score: tile j+1's first products issued": _step(sc[:, mid, 5], sc[:, nxt, 0]),
+        "score: softmax of tile j": _step(sc[:, mid, 2], sc[:, mid, 5]),
         "score: wait for the P slot": _step(sc[:, mid, 3], sc[:, mid, 2]),
         "score: store P, arrive": _step(sc[:, mid, 4], sc[:, mid, 3]),
-        "score: wait for the next tile": _step(sc[:, nxt, 0], sc[:, mid, 4]),
+        "score: rest of tile j+1's S after the handoff": _step(sc[:, nxt, 1], sc[:, mid, 4]),
         "score: period": _step(sc[:, nxt, 0], sc[:, mid, 0]),
         "value 0: P ready -> P·V done": _step(v0[:, mid, 1], v0[:, mid, 0]),
-        "value 0: P·V done -> next P ready": _step(v0[:, nxt, 0], v0[:, mid, 1]),
+        "value 0: P·V done -> next P ready (next operand built)": _step(
+            v0[:, nxt, 0], v0[:, mid, 1]
+        ),
         "value 1: P ready -> P·V done": _step(v1[:, mid, 1], v1[:, mid, 0]),
         "copier: wait for an empty stage": _step(cp[:, mid, 1], cp[:, mid, 0]),
         "copier: issue a tile": _step(cp[:, mid, 2], cp[:, mid, 1]),

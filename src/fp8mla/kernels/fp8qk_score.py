@@ -152,9 +152,11 @@ def _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero, nope_s
 
 
 @gluon.jit
-def _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL: gl.constexpr):
+def _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL: gl.constexpr,
+             PROBE: gl.constexpr, trace_ptr):  # fmt: skip
     """The online softmax over tile ``j``'s scores ``s`` (a bad page entry's NaN where
     visible): ``P`` (fp32), the rescale factor, the new row maxima and sums."""
+    _stamp(trace_ptr, 0, j, 5, PROBE)
     tok_l: gl.constexpr = gl.SliceLayout(0, S_ROWS)
     pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
     visible = (pos < n_end)[None, :]
@@ -239,7 +241,8 @@ def _score_wg(
             fence_async_shared()
             acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS,
                                       D_CKV, EARLY, PROBE)  # fmt: skip
-            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL)
+            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL,
+                                          PROBE, trace_ptr)  # fmt: skip
             if SCORE_ORDER == 1:
                 _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
             s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero,
@@ -251,7 +254,7 @@ def _score_wg(
             _stamp(trace_ptr, 0, j + 1, 1, PROBE)
         if n_tiles > 0:  # the last tile's softmax
             p, alpha, m_i, l_i = _softmax(s, n_tiles - 1, m_i, l_i, n_begin, n_end,
-                                          causal_limit, CAUSAL)  # fmt: skip
+                                          causal_limit, CAUSAL, PROBE, trace_ptr)  # fmt: skip
             _p_handoff(p, alpha, n_tiles - 1, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
     else:  # each tile's scores, then its softmax
         for j in range(n_tiles):
@@ -262,7 +265,8 @@ def _score_wg(
             s = _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero,
                         nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY, PROBE)  # fmt: skip
             _stamp(trace_ptr, 0, j, 1, PROBE)
-            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL)
+            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL,
+                                          PROBE, trace_ptr)  # fmt: skip
             _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
 
     if LAUNCH_DEPENDENTS == 2:  # every tile scored: the split merge may be scheduled
