@@ -57,10 +57,11 @@ def test_steps_without_both_stamps_are_none():
 
 
 def _fp8qk_stamps(programs: int = 2, tiles: int = 16, period: int = 2800) -> torch.Tensor:
-    """Stamps of the FP8 × FP8 kernel in a steady pipeline (events as the kernel numbers them:
-    score 0 tile ready, 1 S done, 2 softmax done, 3 P slot free, 4 P stored, 6 query staged,
-    7 start; value 0 P ready, 1 P·V done, 6 statistics, 7 stored; copier 0 before its empty
-    wait, 1 after, 2 issued)."""
+    """Stamps of the FP8 × FP8 kernel in a steady pipeline, in the score warpgroup's pipelined
+    order (events as the kernels number them: score 0 tile ready, 1 its S done, then during the
+    next tile's iteration 5 softmax start, 2 softmax done, 3 P slot free, 4 P stored; 6 query
+    staged, 7 start; value 0 P ready, 1 P·V done, 6 statistics, 7 stored; copier 0 before its
+    empty wait, 1 after, 2 issued)."""
     t = torch.zeros(programs, 4, 64, 8, dtype=torch.int64)
     for pid in range(programs):
         start = 100_000 * (pid + 1)
@@ -68,7 +69,8 @@ def _fp8qk_stamps(programs: int = 2, tiles: int = 16, period: int = 2800) -> tor
         t[pid, 0, 0, 6] = start + 5000
         for j in range(tiles):
             base = start + 6000 + j * period
-            t[pid, 0, j, :5] = torch.tensor([0, 1300, 1800, 1850, 2000]) + base
+            t[pid, 0, j, :2] = torch.tensor([0, 2000]) + base
+            t[pid, 0, j, 2:6] = torch.tensor([1100, 1150, 1300, 100]) + base + period
             t[pid, 1, j, :2] = torch.tensor([2000, 3800]) + base
             t[pid, 2, j, :2] = torch.tensor([2000, 3700]) + base
             t[pid, 3, j, :3] = torch.tensor([-2900, -2800, -2100]) + base
@@ -83,11 +85,15 @@ def test_fp8qk_steps_are_the_stamp_differences():
     assert steps["score: start -> query staged"] == 5000
     assert steps["score: query staged -> tile 0 ready"] == 1000
     assert steps["copier: tile 0 issued -> score has it"] == 2100
-    assert steps["score: S per tile"] == 1300
-    assert steps["score: softmax"] == 500
+    assert steps["score: tile j's S done -> tile j+1's bytes (wait)"] == 800
+    assert steps["score: tile j+1's first products issued"] == 100
+    assert steps["score: softmax of tile j"] == 1000
+    assert steps["score: wait for the P slot"] == 50
+    assert steps["score: store P, arrive"] == 150
+    assert steps["score: rest of tile j+1's S after the handoff"] == 700
     assert steps["score: period"] == 2800
-    assert steps["score: wait for the next tile"] == 800
     assert steps["value 0: P ready -> P·V done"] == 1800
+    assert steps["value 0: P·V done -> next P ready (next operand built)"] == 1000
     assert steps["value 1: P ready -> P·V done"] == 1700
     assert steps["copier: wait for an empty stage"] == 100
     assert steps["copier: issue a tile"] == 700
