@@ -17,6 +17,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_stage import LO_GAIN, SC_L
 from fp8mla.kernels.grid_dependency import launch_dependents
+from fp8mla.kernels.mla_wgmma import _store_lse
 
 RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
 HALF_N = gl.constexpr(32)  # tokens per P·V step of the value warpgroups
@@ -277,10 +278,5 @@ def _score_wg(
     _BARRIER()
     mbarrier.arrive(stat_ready)
     if WRITE_LSE:
-        has = l_i > 0.0
-        lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
-        lse = gl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
-        tok = q_start + r // num_heads
-        r_ok = (r < rows_total) & (tok < num_tokens)
-        lse_ptrs = lse_ptr + split * stride_lse_split + tok.to(gl.int64) * stride_lse_t
-        gl.store(lse_ptrs + r % num_heads, lse, mask=r_ok)
+        _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_tokens,
+                   stride_lse_split, stride_lse_t)  # fmt: skip

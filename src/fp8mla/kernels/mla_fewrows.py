@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, CHUNK, _producer, _stamp
 from fp8mla.kernels.grid_dependency import launch_dependents
-from fp8mla.kernels.mla_wgmma import _kv_copier, _request_span
+from fp8mla.kernels.mla_wgmma import _kv_copier, _request_span, _store_lse
 
 HALF = gl.constexpr(256)  # output columns per consumer warpgroup
 NEG_INF = gl.constexpr(float("-inf"))
@@ -208,12 +208,8 @@ def _softmax_wg(
         stride_o_t, stride_o_h, mma, BLOCK_R,
     )  # fmt: skip
     if WRITE_LSE:
-        lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
-        lse = gl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
-        tok = q_start + r // num_heads
-        r_ok = (r < rows_total) & (tok < num_tokens)
-        lse_ptrs = lse_ptr + split * stride_lse_split + tok.to(gl.int64) * stride_lse_t
-        gl.store(lse_ptrs + r % num_heads, lse, mask=r_ok)
+        _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_tokens,
+                   stride_lse_split, stride_lse_t)  # fmt: skip
 
 
 @gluon.jit

@@ -126,6 +126,21 @@ def _cache_rows(slot, pos, bad, stride_p, stride_s, nan_row, PAGE_SIZE: gl.const
 
 
 @gluon.jit
+def _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_tokens,
+               stride_lse_split, stride_lse_t):  # fmt: skip
+    """The base-2 log-sum-exp of rows ``r`` (row = token × heads + head) into
+    ``lse [splits, T, H]`` at ``split``: -inf for a row that saw no token, NaN (a bad page
+    entry) kept; rows past ``rows_total`` or the last token not written."""
+    has = l_i > 0.0
+    lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
+    lse = gl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
+    tok = q_start + r // num_heads
+    r_ok = (r < rows_total) & (tok < num_tokens)
+    lse_ptrs = lse_ptr + split * stride_lse_split + tok.to(gl.int64) * stride_lse_t
+    gl.store(lse_ptrs + r % num_heads, lse, mask=r_ok)
+
+
+@gluon.jit
 def _page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE: gl.constexpr):
     """Page ids of the tokens at ``pos`` (where ``ok``) and which of them are bad (see
     :func:`_check_entries`); waits for the load."""
