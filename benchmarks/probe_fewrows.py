@@ -55,7 +55,6 @@ VARIANTS: dict[str, dict[str, int]] = {
     "fp8qk-3stages": {"KERNEL": "fp8qk", "STAGES": 3},
     "fp8qk-parts2": {"KERNEL": "fp8qk", "QK_PARTS": 2},
     "fp8qk-parts1": {"KERNEL": "fp8qk", "QK_PARTS": 1},
-    "fp8qk-score-order2": {"KERNEL": "fp8qk", "SCORE_ORDER": 2},
     "probe-fp8qk-nomath": {"KERNEL": "fp8qk", "PROBE": 1},
     "probe-fp8qk-cached": {"KERNEL": "fp8qk", "PROBE": 2},
     "probe-fp8qk-cached-nomath": {"KERNEL": "fp8qk", "PROBE": 3},

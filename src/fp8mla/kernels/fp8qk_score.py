@@ -197,7 +197,7 @@ def _score_wg(
     split, num_heads, num_tokens, qk_scale, pe_factor, stride_lse_split, stride_lse_t,
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
-    LAUNCH_DEPENDENTS: gl.constexpr, SCORE_ORDER: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+    LAUNCH_DEPENDENTS: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """The default partition: ``S = Q₈·K₈ᵀ`` per tile, the online softmax, ``P`` and the
     rescale factor to the value warpgroups, the row statistics and the LSE. Software
@@ -244,13 +244,12 @@ def _score_wg(
                                       D_CKV, EARLY, PROBE)  # fmt: skip
             p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL,
                                           PROBE, trace_ptr)  # fmt: skip
-            if SCORE_ORDER == 1:
-                _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
+            _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
+            # (the second pair started before the handoff instead spilled 64 B and measured
+            # no faster: benchmarks/NOTES.md, round 18)
             s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero,
                                nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY,
                                PROBE)  # fmt: skip
-            if SCORE_ORDER == 2:  # the second pair in flight during the handoff
-                _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
             s = _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP, PROBE)
             _stamp(trace_ptr, 0, j + 1, 1, PROBE)
         if n_tiles > 0:  # the last tile's softmax

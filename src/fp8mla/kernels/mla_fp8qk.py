@@ -249,9 +249,6 @@ def _mla_attn_fp8qk_kernel(
     # land on SMs this grid has left, not piled on the few it never took; measured on the
     # H200, benchmarks/NOTES.md round 17)
     LAUNCH_DEPENDENTS: gl.constexpr = 2,
-    # the score warpgroup's order within a tile: 1 tile j + 1's second latent pair started
-    # after tile j's P handoff, 2 before it (in flight during the handoff)
-    SCORE_ORDER: gl.constexpr = 1,
     # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
     # 2 every tile from the cache's first rows (loads that hit the L2), 8 cycle stamps into
     # ``trace_ptr`` (_stamp)
@@ -323,7 +320,7 @@ def _mla_attn_fp8qk_kernel(
                     a_smem, p_ready, p_free, stat_smem, stat_ready, lse_ptr, q_start, qo_len,
                     rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
                     pe_factor, stride_lse_split, stride_lse_t, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
-                    TOKEN_GROUP, STAGES, QK_PARTS, LAUNCH_DEPENDENTS, SCORE_ORDER, PROBE, trace_ptr,
+                    TOKEN_GROUP, STAGES, QK_PARTS, LAUNCH_DEPENDENTS, PROBE, trace_ptr,
                 ),
             ),
             (
