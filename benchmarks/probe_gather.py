@@ -4,7 +4,7 @@ into the swizzled tile wgmma reads), with nothing consuming them: the copier's o
 warps issuing the copies and tiles in flight.
 
     python benchmarks/probe_gather.py --json OUT/gather.json [--stages 2 3 4 5] [--warps 4 8]
-        [--tiles 64] [--programs N]
+        [--tiles 64] [--programs N] [--ahead 0 1]
 
 Each variant reads the same random slots of a pool of 495,552 rows (tiles of 64 tokens, the
 whole pool's index range); a tile is checked byte for byte against ``pool[slots]`` after the
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 
 import torch
@@ -51,8 +52,10 @@ def _keep_last(k_stage, pe_stage, keep_ptr, pid, W: gl.constexpr):
 
 
 @gluon.jit
-def _gather_cpasync(pool_ptr, idx_ptr, keep_ptr, tiles, STAGES: gl.constexpr):
-    """``tiles`` tiles per program by ``cp.async`` (16 bytes a thread, as the copier)."""
+def _gather_cpasync(pool_ptr, idx_ptr, keep_ptr, tiles, STAGES: gl.constexpr, AHEAD: gl.constexpr):
+    """``tiles`` tiles per program by ``cp.async`` (16 bytes a thread, as the copier); with
+    ``AHEAD`` a tile's slots are loaded one tile before its copies (as the kernel's copier
+    does), else just before them."""
     pid = gl.program_id(0)
     W: gl.constexpr = gl.num_warps()
     ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [W, 1], [1, 0])  # [64, 128] bytes
@@ -67,11 +70,16 @@ def _gather_cpasync(pool_ptr, idx_ptr, keep_ptr, tiles, STAGES: gl.constexpr):
     e = gl.arange(0, 64, layout=gl.SliceLayout(0, pe_ld))
     t = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
     first = pid.to(gl.int64) * tiles * 64
+    nxt = gl.load(idx_ptr + first + t)
     for j in range(tiles):
         s = j % STAGES
+        if AHEAD:  # this tile's slots were loaded a tile ago; request the next tile's
+            slot = nxt.to(gl.int64)
+            nxt = gl.load(idx_ptr + first + (j + 1) * 64 + t, mask=j + 1 < tiles, other=0)
         if j >= STAGES:  # the stage's previous tile has landed: reuse it
             mbarrier.wait(ready.index(s), ((j // STAGES) - 1) & 1)
-        slot = gl.load(idx_ptr + first + j * 64 + t).to(gl.int64)
+        if not AHEAD:
+            slot = gl.load(idx_ptr + first + j * 64 + t).to(gl.int64)
         rows = slot * 576
         for c in gl.static_range(4):
             async_copy.async_copy_global_to_shared(
@@ -87,7 +95,10 @@ def _gather_cpasync(pool_ptr, idx_ptr, keep_ptr, tiles, STAGES: gl.constexpr):
     _keep_last(k.index(last), pe.index(last), keep_ptr, pid, W)
 
 
-def run(stages_list: list[int], warps_list: list[int], tiles: int, programs: int) -> list[dict]:
+def run(
+    stages_list: list[int], warps_list: list[int], tiles: int, programs: int,
+    ahead_list: list[int],
+) -> list[dict]:  # fmt: skip
     dev = torch.device("cuda")
     sms = programs or torch.cuda.get_device_properties(dev).multi_processor_count
     g = torch.Generator(device=dev).manual_seed(0)
@@ -97,21 +108,21 @@ def run(stages_list: list[int], warps_list: list[int], tiles: int, programs: int
     want = pool[idx.view(sms, tiles, TILE)[:, -1].long()]
     nbytes = idx.numel() * ROW
     out = []
-    for stages in stages_list:
-        for warps in warps_list:
-            fn = functools.partial(
-                _gather_cpasync[(sms,)], pool, idx, keep, tiles, stages, num_warps=warps
-            )
-            keep.zero_()
-            fn()
-            torch.cuda.synchronize()
-            same = bool(torch.equal(keep, want))
-            t = time_graph(fn, reps=20)
-            rec = dict(variant="cp.async", stages=stages, warps=warps, tiles=tiles, programs=sms,
-                       same_bytes=same, us=round(t.us_median, 2),
-                       tbps=round(nbytes / t.us_median / 1e6, 3))  # fmt: skip
-            print(json.dumps(rec), flush=True)
-            out.append(rec)
+    for stages, warps, ahead in itertools.product(stages_list, warps_list, ahead_list):
+        fn = functools.partial(
+            _gather_cpasync[(sms,)], pool, idx, keep, tiles, stages, ahead, num_warps=warps
+        )
+        keep.zero_()
+        fn()
+        torch.cuda.synchronize()
+        same = bool(torch.equal(keep, want))
+        t = time_graph(fn, reps=20)
+        rec = dict(variant="cp.async" + (", slots ahead" if ahead else ""), stages=stages,
+                   warps=warps, tiles=tiles, programs=sms,
+                   same_bytes=same, us=round(t.us_median, 2),
+                   tbps=round(nbytes / t.us_median / 1e6, 3))  # fmt: skip
+        print(json.dumps(rec), flush=True)
+        out.append(rec)
     t = time_graph(lambda: pool.index_select(0, idx.long()), reps=20)
     out.append(dict(variant="torch index_select (read + write)", us=round(t.us_median, 2),
                     tbps=round(2 * nbytes / t.us_median / 1e6, 3)))  # fmt: skip
@@ -126,8 +137,10 @@ def main() -> int:
     ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--tiles", type=int, default=64, help="tiles per program")
     ap.add_argument("--programs", type=int, default=0, help="default: one per SM")
+    ap.add_argument("--ahead", type=int, nargs="+", default=[0, 1],
+                    help="slots loaded just before the copies (0) or a tile ahead (1)")  # fmt: skip
     args = ap.parse_args()
-    rows = run(args.stages, args.warps, args.tiles, args.programs)
+    rows = run(args.stages, args.warps, args.tiles, args.programs, args.ahead)
     with open(args.json, "w") as f:
         json.dump(dict(rows=rows), f, indent=1)
     print(f"\n{'variant':<34} {'stages':>6} {'warps':>5} {'µs':>8} {'TB/s':>6}  same bytes")
