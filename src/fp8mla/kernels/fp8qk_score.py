@@ -46,6 +46,17 @@ def _add_hi_lo(acc):
 
 
 @gluon.jit
+def _latent_pair(q_smem, kt, g: gl.constexpr, W: gl.constexpr, s_zero):
+    """Start latent parts ``g`` and ``g + 1`` of the stage ``kt`` (``[512, 64 tokens]``,
+    K-major; ``W`` columns each), each summed by the tensor cores on its own."""
+    a0 = warpgroup_mma(q_smem.slice(g * W, W, dim=1), kt.slice(g * W, W, dim=0), s_zero,
+                       use_acc=False, is_async=True)  # fmt: skip
+    a1 = warpgroup_mma(q_smem.slice((g + 1) * W, W, dim=1), kt.slice((g + 1) * W, W, dim=0),
+                       s_zero, use_acc=False, is_async=True)  # fmt: skip
+    return a0, a1
+
+
+@gluon.jit
 def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.constexpr,
              D_CKV: gl.constexpr, FIRST_PAIR: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
     """Start the products of stage ``st`` that need no result of another: the RoPE part and,
@@ -61,11 +72,7 @@ def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.conste
         a0 = warpgroup_mma(q_smem, kt, s_zero, use_acc=False, is_async=True)
         a1 = s_zero
     else:
-        W: gl.constexpr = D_CKV // PARTS
-        a0 = warpgroup_mma(q_smem.slice(0, W, dim=1), kt.slice(0, W, dim=0), s_zero,
-                           use_acc=False, is_async=True)  # fmt: skip
-        a1 = warpgroup_mma(q_smem.slice(W, W, dim=1), kt.slice(W, W, dim=0), s_zero,
-                           use_acc=False, is_async=True)  # fmt: skip
+        a0, a1 = _latent_pair(q_smem, kt, 0, D_CKV // PARTS, s_zero)
     return acc_pe, a0, a1
 
 
@@ -109,23 +116,15 @@ def _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale, 
             acc_pe = warpgroup_mma_wait(2, deps=[acc_pe])  # the RoPE part first (issued first)
         else:
             acc_pe = warpgroup_mma_wait(0, deps=[acc_pe])
-            W0: gl.constexpr = D_CKV // PARTS
             kt = k_stages.index(st).permute((1, 0))
-            a0 = warpgroup_mma(q_smem.slice(0, W0, dim=1), kt.slice(0, W0, dim=0), s_zero,
-                               use_acc=False, is_async=True)  # fmt: skip
-            a1 = warpgroup_mma(q_smem.slice(W0, W0, dim=1), kt.slice(W0, W0, dim=0), s_zero,
-                               use_acc=False, is_async=True)  # fmt: skip
+            a0, a1 = _latent_pair(q_smem, kt, 0, D_CKV // PARTS, s_zero)
         s = _s_pair(a0, a1, _add_hi_lo(acc_pe) * pe_scale, sc_stages, st, 0, nope_scale,
                     TOKEN_GROUP)  # fmt: skip
     a2 = s_zero
     a3 = s_zero
     if PARTS == 4 and not (PROBE & 1):  # the second pair, once the first pair's are read
-        W: gl.constexpr = D_CKV // PARTS
         kt = k_stages.index(st).permute((1, 0))
-        a2 = warpgroup_mma(q_smem.slice(2 * W, W, dim=1), kt.slice(2 * W, W, dim=0), s_zero,
-                           use_acc=False, is_async=True)  # fmt: skip
-        a3 = warpgroup_mma(q_smem.slice(3 * W, W, dim=1), kt.slice(3 * W, W, dim=0), s_zero,
-                           use_acc=False, is_async=True)  # fmt: skip
+        a2, a3 = _latent_pair(q_smem, kt, 2, D_CKV // PARTS, s_zero)
     return s, a2, a3
 
 

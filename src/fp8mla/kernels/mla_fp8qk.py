@@ -5,20 +5,22 @@ The few-row kernel (``kernels/mla_fewrows.py``) converts every FP8 tile into an 
 shared memory; the producers that load, convert and store it set its pace, and the FP8 pool
 gains nothing from its smaller bytes there (``benchmarks/NOTES.md``, round 14). Here:
 
-* a **copier** warpgroup (``kernels/fp8qk_stage.py``, with the query staging) moves each 64-token tile's FP8 rows through the page table into one
-  of ``STAGES`` shared stages by ``cp.async`` (16 bytes at a time, to their 128-byte-swizzled
-  places; no registers, no conversion); each thread's copies arrive on the stage's barrier
-  when they land. A bad page entry's token reads the launcher's NaN row;
+* a **copier** warpgroup (``kernels/fp8qk_stage.py``, with the query staging) moves each
+  64-token tile's FP8 rows through the page table into one of ``STAGES`` shared stages by
+  ``cp.async`` (16 bytes at a time, to their 128-byte-swizzled places; no registers, no
+  conversion); each thread's copies arrive on the stage's barrier when they land. A bad page
+  entry's token reads the launcher's NaN row;
 * the **score warpgroup** (the default partition, ``kernels/fp8qk_score.py``) computes
-  ``S [64, 64 tokens] = Q₈ · K₈ᵀ`` in FP8 × FP8 wgmma straight from the stage. The query is held in shared memory as two e4m3
-  halves scaled per row by a power of two, ``q·s = hi + lo/16`` (exact for bf16 queries), as
-  wgmma's 64 rows: rows ``16w + g`` hi and ``16w + 8 + g`` lo of query row ``8w + g``, so one
-  thread holds both and adds them. The latent part is summed in four 128-column parts, each
-  by the tensor cores and then in fp32 (Hopper's FP8 wgmma accumulates at reduced precision:
-  one 512-column sum measured LSE errors of 3.9e-3, four parts 0.9e-3), the RoPE part apart
-  (its scale differs). Then the online softmax over the tile's tokens (a row's 64 tokens sit in
-  the four lanes of a quad); ``P`` (fp16) and the rescale factor go to shared memory. The
-  next tile's first products run on the tensor cores during this tile's softmax;
+  ``S [64, 64 tokens] = Q₈ · K₈ᵀ`` in FP8 × FP8 wgmma straight from the stage. The query is
+  held in shared memory as two e4m3 halves scaled per row by a power of two,
+  ``q·s = hi + lo/16`` (exact for bf16 queries), as wgmma's 64 rows: rows ``16w + g`` hi and
+  ``16w + 8 + g`` lo of query row ``8w + g``, so one thread holds both and adds them. The
+  latent part is summed in four 128-column parts, each by the tensor cores and then in fp32
+  (Hopper's FP8 wgmma accumulates at reduced precision: one 512-column sum measured LSE errors
+  of 3.9e-3, four parts 0.9e-3), the RoPE part apart (its scale differs). Then the online
+  softmax over the tile's tokens (a row's 64 tokens sit in the four lanes of a quad); ``P``
+  (fp16) and the rescale factor go to shared memory. The next tile's first products run on
+  the tensor cores during this tile's softmax;
 * two **value warpgroups** first stage the query (half each), then each owns 256 of the 512
   output columns: ``Oᵀ [256, R] += Vᵀ · Pᵀ`` with ``Vᵀ`` as wgmma's register operand, read
   from the stage's FP8 bytes (8 adjacent bytes per thread and token, converted to fp16 in
