@@ -8,7 +8,8 @@ FlashInfer's bf16-pool path in the same run when ``FP8MLA_FLASHINFER`` names its
 
 Variants named ``probe-*`` are measurements, not answers (their outputs are wrong by design):
 ``nomath``: the producers alone (the consumers take each tile without math); ``cached``:
-every tile reads the pool's first 64 rows (the loads hit the caches); ``xor``: the producers
+every tile reads the pool's first 64 rows (the loads hit the caches); ``nostore``: the
+FP8 × FP8 kernel's output stores masked off (what their bytes cost); ``xor``: the producers
 convert and store one 128-column chunk (the XOR of the four) instead of four; ``nomax``: the
 online softmax without row maxima (a constant reference: what the cross-warp reduction costs).
 
@@ -58,6 +59,7 @@ VARIANTS: dict[str, dict[str, int]] = {
     "probe-fp8qk-nomath": {"KERNEL": "fp8qk", "PROBE": 1},
     "probe-fp8qk-cached": {"KERNEL": "fp8qk", "PROBE": 2},
     "probe-fp8qk-cached-nomath": {"KERNEL": "fp8qk", "PROBE": 3},
+    "probe-fp8qk-nostore": {"KERNEL": "fp8qk", "PROBE": 16},  # the output stores masked off
     # the split merge launched after the attention kernel ends, not as its programmatic dependent
     "merge-after": {"MERGE_AFTER": 1},
     # the merge a programmatic dependent, launched when the attention grid ends (no early trigger)
@@ -164,6 +166,8 @@ def trace_steps_fp8qk(trace: torch.Tensor) -> dict[str, float | None]:
         "copier: issued -> score has it": _step(sc[:, mid, 0], cp[:, mid, 2]),
         "value 0: last P·V -> statistics": _step(v0[:, 0, 6], v0_last),
         "value 0: statistics -> output stored": _step(v0[:, 0, 7], v0[:, 0, 6]),
+        "  statistics -> output reordered": _step(v0[:, 1, 6], v0[:, 0, 6]),
+        "  reordered -> stores issued": _step(v0[:, 0, 7], v0[:, 1, 6]),
         "program: score start -> value 0 stored": _step(v0[:, 0, 7], sc[:, 0, 7]),
         "tiles per program": tiles,
     }

@@ -178,9 +178,12 @@ def _value_wg(
             warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
         )  # fmt: skip
     out = gl.convert_layout(out, o_st)
+    _stamp(trace_ptr, 1 + H, 1, 6, PROBE)
     r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_st))
     tok = q_start + r // num_heads
     r_ok = (r < rows_total) & (tok < num_tokens)
+    if PROBE & 16:  # measurement only: the stores issued, none writes (what their bytes cost)
+        r_ok = r_ok & (split < 0)
     base = o_ptr + split * stride_o_split + tok.to(gl.int64) * stride_o_t
     base += (r % num_heads) * stride_o_h + H * HALF
     col = gl.arange(0, HALF, layout=gl.SliceLayout(1, o_st))
@@ -253,7 +256,7 @@ def _mla_attn_fp8qk_kernel(
     LAUNCH_DEPENDENTS: gl.constexpr = 2,
     # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
     # 2 every tile from the cache's first rows (loads that hit the L2), 8 cycle stamps into
-    # ``trace_ptr`` (_stamp)
+    # ``trace_ptr`` (_stamp), 16 the output's stores masked off (their bytes' cost)
     PROBE: gl.constexpr = 0,
     trace_ptr=None,
 ):
