@@ -9,7 +9,8 @@ FlashInfer's bf16-pool path in the same run when ``FP8MLA_FLASHINFER`` names its
 Variants named ``probe-*`` are measurements, not answers (their outputs are wrong by design):
 ``nomath``: the producers alone (the consumers take each tile without math); ``cached``:
 every tile reads the pool's first 64 rows (the loads hit the caches); ``nostore``: the
-FP8 × FP8 kernel's output stores masked off (what their bytes cost); ``xor``: the producers
+FP8 × FP8 kernel's output stores masked off (what their bytes cost); ``noqload``: its query
+staged from ones instead of loaded (the program's start without the query's loads); ``xor``: the producers
 convert and store one 128-column chunk (the XOR of the four) instead of four; ``nomax``: the
 online softmax without row maxima (a constant reference: what the cross-warp reduction costs).
 
@@ -60,6 +61,7 @@ VARIANTS: dict[str, dict[str, int]] = {
     "probe-fp8qk-cached": {"KERNEL": "fp8qk", "PROBE": 2},
     "probe-fp8qk-cached-nomath": {"KERNEL": "fp8qk", "PROBE": 3},
     "probe-fp8qk-nostore": {"KERNEL": "fp8qk", "PROBE": 16},  # the output stores masked off
+    "probe-fp8qk-noqload": {"KERNEL": "fp8qk", "PROBE": 4},  # the query not loaded (ones)
     # the split merge launched after the attention kernel ends, not as its programmatic dependent
     "merge-after": {"MERGE_AFTER": 1},
     # the merge a programmatic dependent, launched when the attention grid ends (no early trigger)
@@ -146,6 +148,10 @@ def trace_steps_fp8qk(trace: torch.Tensor) -> dict[str, float | None]:
     v0_last = v0[torch.arange(t.shape[0]), end, 1]
     return {
         "score: start -> query staged": _step(sc[:, 0, 6], sc[:, 0, 7]),
+        "  score start -> value 0 start": _step(v0[:, 2, 6], sc[:, 0, 7]),
+        "  value 0: start -> its query half staged": _step(v0[:, 2, 7], v0[:, 2, 6]),
+        "  score start -> copier start": _step(cp[:, 0, 6], sc[:, 0, 7]),
+        "  copier: start -> tile 0's page entries": _step(cp[:, 0, 3], cp[:, 0, 6]),
         "score: query staged -> tile 0 ready": _step(sc[:, 0, 0], sc[:, 0, 6]),
         "copier: tile 0 issued -> score has it": _step(sc[:, 0, 0], cp[:, 0, 2]),
         "copier: score start -> tile 0's empty wait": _step(cp[:, 0, 0], sc[:, 0, 7]),

@@ -40,6 +40,7 @@ def _copier(
     d = gl.arange(0, C8, layout=gl.SliceLayout(0, ld))
     e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    _stamp(trace_ptr, 3, 0, 6, PROBE)
     base = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
     raw, in_list = _load_entries(page_base, n_entries, base, base < n_end, PAGE_SIZE)
     for j in range(n_tiles):
@@ -47,6 +48,7 @@ def _copier(
         pos = base + j * BLOCK_N
         ok = pos < n_end
         pages, bad = _check_entries(raw, in_list, ok, num_pages)
+        _stamp(trace_ptr, 3, j, 3, PROBE)
         slot = pages.to(gl.int64)
         if PROBE & 2:  # measurement only: the same 64 tokens for every tile (L2 hits)
             slot = (pos % BLOCK_N).to(gl.int64) // PAGE_SIZE
@@ -94,14 +96,16 @@ def _pow2_scale(amax):
 
 @gluon.jit
 def _slab_rows(q_ptr, w: gl.constexpr, q_start, rows_total, num_heads, num_tokens, stride_t,
-               stride_h, D: gl.constexpr, ld: gl.constexpr):  # fmt: skip
+               stride_h, D: gl.constexpr, ld: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
     """Query rows ``8w … 8w + 7`` (row = token × heads + head; rows past ``rows_total`` as 0),
-    ``[8, D]`` in the query's dtype."""
+    ``[8, D]`` in the query's dtype (``PROBE & 4``, measurement only: ones, nothing loaded)."""
     r = w * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, ld))
     tok = q_start + r // num_heads
     r_ok = (r < rows_total) & (tok < num_tokens)
     rows = q_ptr + tok.to(gl.int64) * stride_t + (r % num_heads) * stride_h
     d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    if PROBE & 4:
+        return gl.full([8, D], 1.0, q_ptr.dtype.element_ty, layout=ld)
     return gl.load(rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
 
 
@@ -123,7 +127,7 @@ def _stage_slab(q_smem, inv_smem, x, w: gl.constexpr):
 def _stage_query_half(
     q_smem, qpe_smem, inv_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total, num_heads,
     num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H: gl.constexpr,
-    D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+    D_CKV: gl.constexpr, D_KPE: gl.constexpr, PROBE: gl.constexpr,
 ):  # fmt: skip
     """Value warpgroup ``H``'s share of the query staging (slabs ``2H`` and ``2H + 1``, query
     rows ``16H … 16H + 15``), then an arrival on ``q_ready``. The score warpgroup's operands
@@ -136,13 +140,13 @@ def _stage_query_half(
     w0: gl.constexpr = 2 * H
     w1: gl.constexpr = 2 * H + 1
     x0 = _slab_rows(q_nope_ptr, w0, q_start, rows_total, num_heads, num_tokens, stride_qn_t,
-                    stride_qn_h, D_CKV, ld)  # fmt: skip
+                    stride_qn_h, D_CKV, ld, PROBE)  # fmt: skip
     x1 = _slab_rows(q_nope_ptr, w1, q_start, rows_total, num_heads, num_tokens, stride_qn_t,
-                    stride_qn_h, D_CKV, ld)  # fmt: skip
+                    stride_qn_h, D_CKV, ld, PROBE)  # fmt: skip
     p0 = _slab_rows(q_pe_ptr, w0, q_start, rows_total, num_heads, num_tokens, stride_qp_t,
-                    stride_qp_h, D_KPE, ld)  # fmt: skip
+                    stride_qp_h, D_KPE, ld, PROBE)  # fmt: skip
     p1 = _slab_rows(q_pe_ptr, w1, q_start, rows_total, num_heads, num_tokens, stride_qp_t,
-                    stride_qp_h, D_KPE, ld)  # fmt: skip
+                    stride_qp_h, D_KPE, ld, PROBE)  # fmt: skip
     _stage_slab(q_smem, inv_smem.index(0), x0, w0)
     _stage_slab(q_smem, inv_smem.index(0), x1, w1)
     _stage_slab(qpe_smem, inv_smem.index(1), p0, w0)

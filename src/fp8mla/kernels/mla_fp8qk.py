@@ -113,11 +113,13 @@ def _value_wg(
     )
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     col_l: gl.constexpr = gl.SliceLayout(0, mma)  # along the query rows (N)
+    _stamp(trace_ptr, 1 + H, 2, 6, PROBE)
     _stage_query_half(
         q_smem, qpe_smem, stat_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total,
         num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H, D_CKV,
-        D_KPE,
+        D_KPE, PROBE,
     )  # fmt: skip
+    _stamp(trace_ptr, 1 + H, 2, 7, PROBE)
     o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     for j in range(n_tiles):
@@ -165,16 +167,19 @@ def _value_wg(
     # reordered (registers only), each thread then stores 8 adjacent columns of a row
     out = gl.reshape(o * inv_l[None, :], [2, 2, 4, 2, 8, BLOCK_R])  # [b, a, w, h, g, n]
     out = gl.reshape(gl.permute(out, (2, 4, 0, 1, 3, 5)), [HALF, BLOCK_R])
+    # each store instruction: 16 lanes × 16 bytes = one row's 256 contiguous bytes, two rows
+    # (whole 32-byte sectors; 16 bytes per lane at a 32-byte stride half-filled each sector
+    # and took twice the L2 writes)
     if BLOCK_R == 32:
         o_st: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8], [0, 16]],
-            lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+            reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8], [0, 16]],
+            lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
             warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
         )  # fmt: skip
     else:
         o_st: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8]],
-            lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+            reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8]],
+            lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
             warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
         )  # fmt: skip
     out = gl.convert_layout(out, o_st)
@@ -183,7 +188,7 @@ def _value_wg(
     tok = q_start + r // num_heads
     r_ok = (r < rows_total) & (tok < num_tokens)
     if PROBE & 16:  # measurement only: the stores issued, none writes (what their bytes cost)
-        r_ok = r_ok & (split < 0)
+        r_ok = r_ok & (num_tokens < 0)  # (a runtime value: the stores stay in the code)
     base = o_ptr + split * stride_o_split + tok.to(gl.int64) * stride_o_t
     base += (r % num_heads) * stride_o_h + H * HALF
     col = gl.arange(0, HALF, layout=gl.SliceLayout(1, o_st))
@@ -256,7 +261,8 @@ def _mla_attn_fp8qk_kernel(
     LAUNCH_DEPENDENTS: gl.constexpr = 2,
     # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
     # 2 every tile from the cache's first rows (loads that hit the L2), 8 cycle stamps into
-    # ``trace_ptr`` (_stamp), 16 the output's stores masked off (their bytes' cost)
+    # ``trace_ptr`` (_stamp), 16 the output's stores masked off (their bytes' cost), 4 the
+    # query staged from ones, not loaded (the start without the query's loads)
     PROBE: gl.constexpr = 0,
     trace_ptr=None,
 ):
