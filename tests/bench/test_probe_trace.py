@@ -60,8 +60,9 @@ def _fp8qk_stamps(programs: int = 2, tiles: int = 16, period: int = 2800) -> tor
     """Stamps of the FP8 × FP8 kernel in a steady pipeline, in the score warpgroup's pipelined
     order (events as the kernels number them: score 0 tile ready, 1 its S done, then during the
     next tile's iteration 5 softmax start, 2 softmax done, 3 P slot free, 4 P stored; 6 query
-    staged, 7 start; value 0 P ready, 1 P·V done, 6 statistics, 7 stored; copier 0 before its
-    empty wait, 1 after, 2 issued)."""
+    staged, 7 start; value 0 P ready, 1 P·V done, 6 statistics, 7 stored, at tile 1 event 6
+    reordered, at tile 2 events 6-7 its query staging; copier 0 before its empty wait, 1 after,
+    2 issued, 3 page entries checked, at tile 0 event 6 its start)."""
     t = torch.zeros(programs, 4, 64, 8, dtype=torch.int64)
     for pid in range(programs):
         start = 100_000 * (pid + 1)
@@ -73,9 +74,12 @@ def _fp8qk_stamps(programs: int = 2, tiles: int = 16, period: int = 2800) -> tor
             t[pid, 0, j, 2:6] = torch.tensor([1100, 1150, 1300, 100]) + base + period
             t[pid, 1, j, :2] = torch.tensor([2000, 3800]) + base
             t[pid, 2, j, :2] = torch.tensor([2000, 3700]) + base
-            t[pid, 3, j, :3] = torch.tensor([-2900, -2800, -2100]) + base
+            t[pid, 3, j, :4] = torch.tensor([-2900, -2800, -2100, -2950]) + base
         t[pid, 1, 0, 6] = start + 6000 + (tiles - 1) * period + 3900
         t[pid, 1, 0, 7] = t[pid, 1, 0, 6] + 6000
+        t[pid, 1, 1, 6] = t[pid, 1, 0, 6] + 1200
+        t[pid, 1, 2, 6:8] = torch.tensor([300, 4700]) + start
+        t[pid, 3, 0, 6] = start + 250
     return t
 
 
@@ -99,4 +103,10 @@ def test_fp8qk_steps_are_the_stamp_differences():
     assert steps["copier: issue a tile"] == 700
     assert steps["value 0: last P·V -> statistics"] == 100
     assert steps["value 0: statistics -> output stored"] == 6000
+    assert steps["  statistics -> output reordered"] == 1200
+    assert steps["  reordered -> stores issued"] == 4800
+    assert steps["  score start -> value 0 start"] == 300
+    assert steps["  value 0: start -> its query half staged"] == 4400
+    assert steps["  score start -> copier start"] == 250
+    assert steps["  copier: start -> tile 0's page entries"] == 6000 - 2950 - 250
     assert steps["program: score start -> value 0 stored"] == 6000 + 15 * 2800 + 3900 + 6000
