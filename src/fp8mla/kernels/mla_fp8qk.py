@@ -164,7 +164,8 @@ def _value_wg(
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
     # accumulator row m = g + 8h + 16w + 64a + 128b is latent column 64w + 8g + 4b + 2a + h:
-    # reordered (registers only), each thread then stores 8 adjacent columns of a row
+    # reordered in registers (each thread then holds 8 adjacent columns of a row), then
+    # converted to the store layout (4 adjacent columns per thread, within each warp)
     out = gl.reshape(o * inv_l[None, :], [2, 2, 4, 2, 8, BLOCK_R])  # [b, a, w, h, g, n]
     out = gl.reshape(gl.permute(out, (2, 4, 0, 1, 3, 5)), [HALF, BLOCK_R])
     # each store instruction: 16 lanes × 16 bytes = one row's 256 contiguous bytes, two rows
@@ -260,9 +261,9 @@ def _mla_attn_fp8qk_kernel(
     # H200, benchmarks/NOTES.md round 17)
     LAUNCH_DEPENDENTS: gl.constexpr = 2,
     # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
-    # 2 every tile from the cache's first rows (loads that hit the L2), 8 cycle stamps into
-    # ``trace_ptr`` (_stamp), 16 the output's stores masked off (their bytes' cost), 4 the
-    # query staged from ones, not loaded (the start without the query's loads)
+    # 2 every tile from the cache's first rows (loads that hit the L2), 4 the query staged
+    # from ones, not loaded (the start without the query's loads), 8 cycle stamps into
+    # ``trace_ptr`` (_stamp), 16 the output's stores masked off (their bytes' cost)
     PROBE: gl.constexpr = 0,
     trace_ptr=None,
 ):
