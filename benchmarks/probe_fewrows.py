@@ -182,7 +182,8 @@ def trace_steps_fp8qk(trace: torch.Tensor) -> dict[str, float | None]:
 def trace_steps(trace: torch.Tensor) -> dict[str, float | None]:
     """Median cycles of each step from the kernel's stamps ``trace [programs, 4, 64, 8]``
     (``_stamp``: part 0 softmax, 1 value, 2-3 the producers; events as the kernel numbers
-    them), over the middle tiles of every program; a step no stamp measured is None."""
+    them; the value warpgroup's epilogue at tile 0, events 6-7), over the middle tiles of
+    every program; a step no stamp measured is None."""
     t = trace.double().cpu()
     programs = t.shape[0]
     sm, va, prod = t[:, 0], t[:, 1], t[:, 2:]
@@ -192,6 +193,8 @@ def trace_steps(trace: torch.Tensor) -> dict[str, float | None]:
     mid = slice(2, max(3, min(tiles, 64) - 2))
     prev = slice(1, max(2, min(tiles, 64) - 3))
     nxt = slice(3, max(4, min(tiles, 64) - 1))
+    arange = torch.arange(programs)
+    last = (sm[:, :, 0] > 0).sum(1).clamp(min=1, max=64) - 1  # each program's last tile
     return {
         "period (softmax ready to ready)": _step(sm[:, nxt, 0], sm[:, mid, 0]),
         "softmax: wait for the tile": _step(sm[:, mid, 0], sm[:, prev, 3]),
@@ -212,6 +215,8 @@ def trace_steps(trace: torch.Tensor) -> dict[str, float | None]:
         "producer: tile ready before the softmax takes it": _step(sm[:, mid, 0], p[:, mid, 2]),
         "first tile: producer start to softmax start": _step(sm[:, 0, 0], p[:, 0, 0]),
         "program: producer start to last P·V": _step(va[:, min(tiles, 64) - 1, 1], p[:, 0, 0]),
+        "value: last P·V -> statistics": _step(va[:, 0, 6], va[arange, last, 1]),
+        "value: statistics -> output stores issued": _step(va[:, 0, 7], va[:, 0, 6]),
         "tiles per program": tiles,
     }
 

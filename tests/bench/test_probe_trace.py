@@ -23,6 +23,8 @@ def _stamps(programs: int = 3, tiles: int = 16, period: int = 3000) -> torch.Ten
             # softmax: ready, S done, P handed over, P·V done, maxima, exp2, P slot, P stored
             t[pid, 0, j] = torch.tensor([0, 500, 800, 1200, 600, 700, 720, 760]) + base
             t[pid, 1, j, :2] = torch.tensor([850, 1250]) + base  # value: P taken, P·V done
+        last = 10_000 * (pid + 1) + (tiles - 1) * period
+        t[pid, 1, 0, 6:8] = torch.tensor([1350, 3350]) + last  # value: statistics, stored
     return t
 
 
@@ -42,6 +44,8 @@ def test_steps_are_the_stamp_differences():
     assert steps["producer: convert and store (incl. load wait)"] == 1300
     assert steps["producer: tile ready before the softmax takes it"] == 200
     assert steps["first tile: producer start to softmax start"] == 2000
+    assert steps["value: last P·V -> statistics"] == 100
+    assert steps["value: statistics -> output stores issued"] == 2000
 
 
 def test_steps_without_both_stamps_are_none():

@@ -244,6 +244,7 @@ def _value_wg(
         mbarrier.arrive(p_free.index(buf))
         mbarrier.arrive(empty.index(buf))
     mbarrier.wait(stat_ready, 0)
+    _stamp(trace_ptr, 1, 0, 6, PROBE)
     l_i = stat_smem.index(1).load(row_l)
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
@@ -251,6 +252,7 @@ def _value_wg(
         o, inv_l, o_ptr, split, q_start, rows_total, num_heads, num_tokens, HALF,
         stride_o_split, stride_o_t, stride_o_h, mma, BLOCK_R,
     )  # fmt: skip
+    _stamp(trace_ptr, 1, 0, 7, PROBE)
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
