@@ -83,7 +83,8 @@ TRITON_TABLE = ConfigTable(
 )
 # SM90 above 32 rows: the warp-specialized Gluon wgmma kernel (FP8: 448 vs 215 TFLOP/s for the
 # 4096-token chunk with 128 heads; it decodes FP8 with cvt.rn.f16x2; 16-bit pools copied by
-# cp.async: 64 x 128 x 4096 181 vs 435 us for the Triton tile, benchmarks/NOTES.md round 14).
+# cp.async: 64 x 128 x 4096 181 vs 435 us for the Triton tile,
+# benchmarks/NOTES-2026-12-01.md round 14).
 WGMMA_TILE = KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")
 # SM90 up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N (FP8 32 x 32 x 4096:
 # 75 vs 122 us for the 16-row Triton tile, in the same run; bf16 pool 51.5 vs 82.0 us).

@@ -320,11 +320,11 @@ def _mla_attn_fewrows_kernel(
     # tokens takes 2-3 shuffles and no cross-warp exchange; 0: in wgmma's accumulator layout
     # (24 shuffles and two barriers at 32 rows); -1: 1 for FP8 pools at 32 rows, else 0
     # (measured on the H200, kernel time: FP8 2-3% faster at 32 rows, 3% slower at 16; 16-bit
-    # pools not faster at 32 rows; benchmarks/NOTES.md round 14)
+    # pools not faster at 32 rows; benchmarks/NOTES-2026-12-01.md round 14)
     COL_SOFTMAX: gl.constexpr = -1,
     # when the split merge (this grid's programmatic dependent) may be scheduled: 0 at the
     # grid's end, 1 at the start (its grids leave SMs idle at one request; measured on the
-    # H200, benchmarks/NOTES.md round 17)
+    # H200, benchmarks/NOTES-2026-12-01.md round 17)
     LAUNCH_DEPENDENTS: gl.constexpr = 1,
     PROBE: gl.constexpr = 0,  # measurement only, bits: 1 no consumer math, 2 cached loads, 4 one
     # conversion of the four chunks' XOR per tile, 8 cycle stamps into ``trace_ptr`` (_stamp), 16

@@ -3,7 +3,7 @@ pool's FP8 bytes used as they are: ``Q·Kᵀ`` on FP8 tensor cores, no fp16 copy
 
 The few-row kernel (``kernels/mla_fewrows.py``) converts every FP8 tile into an fp16 copy in
 shared memory; the producers that load, convert and store it set its pace, and the FP8 pool
-gains nothing from its smaller bytes there (``benchmarks/NOTES.md``, round 14). Here:
+gains nothing from its smaller bytes there (``benchmarks/NOTES-2026-12-01.md``, round 14). Here:
 
 * a **copier** warpgroup (``kernels/fp8qk_stage.py``, with the query staging) moves each
   64-token tile's FP8 rows through the page table into one of ``STAGES`` shared stages by
@@ -258,7 +258,7 @@ def _mla_attn_fp8qk_kernel(
     # when the split merge (this grid's programmatic dependent) may be scheduled: 0 at the
     # grid's end, 1 at the start, 2 after the program's last tile is scored (its programs then
     # land on SMs this grid has left, not piled on the few it never took; measured on the
-    # H200, benchmarks/NOTES.md round 17)
+    # H200, benchmarks/NOTES-2026-12-01.md round 17)
     LAUNCH_DEPENDENTS: gl.constexpr = 2,
     # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
     # 2 every tile from the cache's first rows (loads that hit the L2), 4 the query staged
