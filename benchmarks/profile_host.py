@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 import triton
 
+from fp8mla.attention import native
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import HOST_CASE
 from fp8mla.bench.inputs import build_inputs
@@ -74,10 +75,39 @@ def main() -> int:
         print(f"{name:<52} {rows[-1][1]:8.1f} us", flush=True)
 
     add("wrapper.run() (bench HOST case)", run)
+    stream = torch.cuda.current_stream().cuda_stream
+    fast = wrapper._fast[0]
+    if fast:
+        add("  fast_run (checks, fills, both launches, in C)", lambda: wrapper._fast_run(
+            fast, stream, inp.q_nope, inp.q_pe, ckv, kpe, out, None, s, s))  # fmt: skip
+    else:
+        print("  no C path for this call (attention/native.py unavailable or not bindable)")
+    wrapper._fast = [False, False]  # the Python path from here on
+    add("wrapper.run(), Python path, bound launches", run)
     add("  check_run (validation, scales)", lambda: st.check_run(
         inp.q_nope, inp.q_pe, ckv, kpe, s, s, None))  # fmt: skip
     scales = st.check_run(inp.q_nope, inp.q_pe, ckv, kpe, s, s, None)
     add("  AttentionLaunch.__call__ (args + 2 launches)", lambda: launch(
+        inp.q_nope, inp.q_pe, ckv, kpe, out, None, scales))  # fmt: skip
+    # the bound launch (attention/native.py): its arguments, then the bare call
+    sent: list[tuple] = []
+    bound = launch._native
+    for both, entry in bound.items():
+        if entry is not None:
+            real = entry[2]
+            bound[both] = (*entry[:2], lambda *a, _r=real: sent.append(a) or _r(*a))
+    launch(inp.q_nope, inp.q_pe, ckv, kpe, out, None, scales)
+    for both, entry in bound.items():
+        if entry is not None:
+            bound[both] = (*entry[:2], native.launcher())
+    if sent:
+        add("    native launch (both kernels, bound)", lambda a=sent[0]: native.launcher()(*a))
+    else:
+        print("    no bound launch (attention/native.py unavailable or not bindable)")
+    launch._native = {}  # Triton's launcher from here on (nothing is bound again below)
+    launch._bind_native = lambda both: None
+    add("wrapper.run(), Triton's launcher", run)
+    add("  AttentionLaunch.__call__, Triton's launcher", lambda: launch(
         inp.q_nope, inp.q_pe, ckv, kpe, out, None, scales))  # fmt: skip
     # capture the positional arguments the launch binds, to time the bare compiled kernels
     seen: dict[str, tuple] = {}
@@ -114,13 +144,20 @@ def main() -> int:
     _empty[(1,)](x)
     add("floor: empty Triton kernel, 1 arg, Triton path", lambda: _empty[(1,)](x))
     k1 = _empty[(1,)](x)
-    stream = torch.cuda.current_stream().cuda_stream
     add("floor: empty Triton kernel, 1 arg, .run()", lambda: k1.run(
         1, 1, 1, stream, k1.function, k1.packed_metadata, None, None, None, x))  # fmt: skip
+    b1 = native.bind(k1, (1, 1, 1), ["x_ptr"], {}, ("x_ptr",))
+    if b1 is not None:
+        go = native.launcher()
+        add("floor: empty Triton kernel, 1 arg, native launch", lambda: go(
+            stream, b1, [x.data_ptr()], None, None))  # fmt: skip
     a45 = [x] * 10 + [7] * 35
     k45 = _empty45[(1,)](*a45)
     add("floor: empty Triton kernel, 10 ptr + 35 int, .run()", lambda: k45.run(
         1, 1, 1, stream, k45.function, k45.packed_metadata, None, None, None, *a45))  # fmt: skip
+    launch._native = bound
+    del launch._bind_native
+    wrapper._fast = [fast, None]
     if args.cprofile:
         prof = cProfile.Profile()
         prof.enable()

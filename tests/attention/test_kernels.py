@@ -365,13 +365,21 @@ def test_every_table_choice_runs_here(cfg, kv_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("bound", [True, False], ids=["bound", "direct"])
 @pytest.mark.parametrize("heads, qo_len", [(16, 1), (32, 1), (16, 2), (128, 1)])
-def test_direct_launch_matches_tritons_path(heads, qo_len):
-    """The second and later run() of a plan call the compiled kernels directly: same result,
-    and a changed pool, queries or scales are picked up."""
+def test_direct_launch_matches_tritons_path(monkeypatch, heads, qo_len, bound):
+    """The second and later run() of a plan launch the compiled kernels with their arguments
+    bound at plan() (``attention/native.py``), or call them directly where that is off: same
+    result, and a changed pool, queries, output, LSE or scales are picked up."""
     from fp8mla import BatchMLAPagedAttentionWrapper
+    from fp8mla.attention import native
 
     from attention_utils import workspace
+
+    if bound and native.module() is None:
+        pytest.skip("the launcher extension cannot be built here")
+    if not bound:
+        monkeypatch.setattr(native, "bind", lambda *a, **k: None)
 
     b = make_batch([5, 700, 64], heads, qo_lens=qo_len, page_size=1, device="cuda",
                    generator=gen(24))  # fmt: skip
@@ -387,11 +395,13 @@ def test_direct_launch_matches_tritons_path(heads, qo_len):
             b.q_pe.copy_(fresh.q_pe)
         out, lse = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, return_lse=True, **b.scale_kwargs())
         assert_matches_reference(b, out, lse, causal=qo_len > 1)
-    assert w._launch.kernel.direct_launches >= 2, "the direct path never engaged"
+    fast = w._launch.native_launches if bound else w._launch.kernel.direct_launches
+    assert fast >= 2, "the bound or direct path never engaged"
     # new tensors on every call: a pool with a wider row (other strides), queries and an output
-    # elsewhere, LSE or not, the scale as a float or a device tensor
+    # elsewhere, LSE or not, the scale as a float or a device tensor (each kind twice: its
+    # second call takes the bound or direct path)
     for step, (lse_wanted, tensor_scale) in enumerate(
-        [(False, True), (True, False), (False, False)]
+        [(False, True), (True, False), (False, False)] * 2
     ):
         fresh = make_batch([5, 700, 64], heads, qo_lens=qo_len, page_size=1, device="cuda",
                            fill_unused_nan=False, generator=gen(40 + step))  # fmt: skip
@@ -409,3 +419,10 @@ def test_direct_launch_matches_tritons_path(heads, qo_len):
         out_, lse_ = res if lse_wanted else (res, None)
         assert out_ is out
         assert_matches_reference(b, out_, lse_, causal=qo_len > 1)
+    later = w._launch.native_launches if bound else w._launch.kernel.direct_launches
+    assert later >= fast + 3, "new tensors never took the bound or direct path"
+    # after the fast paths engaged, a bad call still gets the Python path's errors
+    with pytest.raises(ValueError, match="q_nope"):
+        w.run(b.q_nope[:, :1], b.q_pe, b.ckv, b.kpe, out, **kw)
+    with pytest.raises(ValueError, match="out"):
+        w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out.float(), **kw)

@@ -48,7 +48,7 @@ class _Kernel:
 
 
 def test_first_launch_compiles_then_direct_calls(monkeypatch):
-    monkeypatch.setattr(L, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(L, "current_stream", lambda device: 7)
     monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     k = _Kernel()
     launcher = L.KernelLauncher(k, (2, 3, 4), {"num_warps": 4})
@@ -142,7 +142,7 @@ def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
     from fp8mla.attention.targets import TARGETS
     from fp8mla.formats import Scales
 
-    monkeypatch.setattr(L, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(L, "current_stream", lambda device: 0)
     monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     heads, fp8 = 16, torch.float8_e4m3fn
     cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
@@ -263,7 +263,7 @@ def test_unaligned_output_takes_tritons_path_for_the_merge_too(monkeypatch):
     from fp8mla.attention.targets import TARGETS
     from fp8mla.formats import Scales
 
-    monkeypatch.setattr(L, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(L, "current_stream", lambda device: 0)
     monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     heads, fp8 = 16, torch.float8_e4m3fn
     plan = LaunchPlan(tile_for_variant("rows", heads, fp8, TARGETS["sm90"]), 1, 4)

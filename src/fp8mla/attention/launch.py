@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Hashable, Sequence
+from functools import reduce
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ try:  # Triton's runtime settings (profiling hooks live there); a submodule, imp
 except ImportError:  # older Triton: no hooks to respect, and no direct path either
     _knobs = None
 
+from fp8mla.attention import native
 from fp8mla.attention.config import LaunchPlan
 from fp8mla.attention.planner import merge_block_s
 from fp8mla.attention.targets import Target, current_target
@@ -128,7 +130,7 @@ class KernelLauncher:
         if kernel is None or not self._direct_ok():
             return False
         g0, g1, g2 = self.grid
-        kernel.run(g0, g1, g2, _current_stream(self._device), kernel.function,
+        kernel.run(g0, g1, g2, current_stream(self._device), kernel.function,
                    kernel.packed_metadata, None, None, None, *ordered)  # fmt: skip
         self.direct_launches += 1
         return True
@@ -149,6 +151,7 @@ class KernelLauncher:
 
 _NAN_ROWS: dict[tuple[torch.device, int], torch.Tensor] = {}
 NAN_ROW_ELEMENTS = 1024 + 16  # a NaN row wider than any cache row (576), and room to align it
+NAN_OFFSETS_KEPT = 1024  # cache pairs whose NaN-row offsets a launch remembers (layers × pools)
 
 
 def nan_row(device: torch.device, element_size: int = 1) -> torch.Tensor:
@@ -176,7 +179,8 @@ def _nan_offset(base: int, element_size: int, nan: int) -> int:
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _current_stream(device: int) -> int:
+def current_stream(device: int) -> int:
+    """The raw handle of PyTorch's current CUDA stream on device ``device``."""
     if _RAW_STREAM is not None:
         return _RAW_STREAM(device)
     return torch.cuda.current_stream(device).cuda_stream
@@ -246,12 +250,12 @@ def _aligned(*tensors: torch.Tensor) -> bool:
 
 def _strides16(*values: int) -> bool:
     """All values divisible by 16 (Triton's integer specialization; 0 and 1 are not)."""
-    acc = 0
-    for v in values:
-        if v == 0:
-            return False
-        acc |= v
-    return acc & 15 == 0
+    return _all16(values)
+
+
+def _all16(values: Sequence[int]) -> bool:
+    """:func:`_strides16` of a sequence (``run()``'s form: no argument unpacking)."""
+    return 0 not in values and reduce(operator.or_, values) & 15 == 0
 
 
 class AttentionLaunch:
@@ -291,6 +295,8 @@ class AttentionLaunch:
         self.split = plan.num_splits > 1
         self.heads = heads
         self.d_kpe = head_dim_kpe
+        self.page_size = page_size
+        self.kv_dtype = kv_dtype
         self.partials = partials
         self.interpreted = interpreted
         self.fp8_cvt = fp8_conversion(kv_dtype, device, interpreted, cfg.fp8_cvt, target)
@@ -342,6 +348,7 @@ class AttentionLaunch:
         if device.type == "cuda" and device.index is None:
             index = torch.cuda.current_device()
         self.kernel = KernelLauncher(self.variant.load(), grid, options, index)
+        self.tensor_device = index if device.type == "cuda" else -1  # Tensor.get_device()
         # the Gluon kernels point a bad page entry's token at a NaN row; the Triton kernels
         # check their split's entries after the KV loop instead
         self.nan_row = (
@@ -380,6 +387,12 @@ class AttentionLaunch:
             + (NAN_ARGS if self.nan_row is not None else ())
         )
         self._bind = _Binder(self.kernel, self.fixed, call)
+        self._call = call
+        # (attention key, merge key) -> the two kernels bound for native.launch (None: not
+        # bindable, Triton's path)
+        self._native: dict[tuple[Hashable, Hashable], tuple[Any, Any] | None] = {}
+        self.native_launches = 0  # run() calls launched by the bound kernels (for tests)
+        self._nan_offsets: dict[tuple[int, int], tuple[int, int, bool]] = {}
         # direct launches: compiled code, and the plan's arrays keep Triton's 16-byte alignment
         fixed_tensors = [v for v in self.fixed.values() if isinstance(v, torch.Tensor)]
         self.fast = not interpreted and _aligned(*fixed_tensors)
@@ -441,30 +454,90 @@ class AttentionLaunch:
             strides += [os[0], os[1]] + ([lse_t] if write_lse else [])
         wide = False
         if self.nan_row is not None:
-            nan = self._nan_address
-            nc = _nan_offset(a_ckv, ckv.element_size(), nan)
-            nk = _nan_offset(a_kpe, kpe.element_size(), nan)
+            # the NaN row's offsets from the caches (a pool's address repeats every step)
+            offsets = self._nan_offsets.get((a_ckv, a_kpe))
+            if offsets is None:
+                offsets = self._nan_offsets_of(a_ckv, a_kpe, ckv.element_size())
+            nc, nk, wide = offsets
             vals += [nc, nk]
             strides += [nc, nk]
-            # Triton types an int argument i32 or i64 by its value: part of the key
-            wide = not (-(2**31) <= nc < 2**31 and -(2**31) <= nk < 2**31)
-        key = None
-        if self.fast and ptrs & 15 == 0 and _strides16(*strides):
+        key = mkey = mvals = None
+        if self.fast and ptrs & 15 == 0 and _all16(strides):
             key = (cs_ptr, ks_ptr, group, write_lse, wide)
+        if self.merge is not None:
+            mvals = [a_out, a_lse if write_lse else self._partial_lse_address, out.shape[0],
+                     os[0], os[1], lse_t, write_lse]  # fmt: skip
+            if key is not None and _all16((os[0], os[1], lse_t) if write_lse else os[:2]):
+                mkey = (write_lse,)
+        # both launches bound at an earlier call of the same specialization: one native call
+        both = (key, mkey) if key is not None and (mvals is None or mkey is not None) else None
+        bound = self._native.get(both) if both is not None else None
+        if bound is not None and KernelLauncher._direct_ok():
+            stream = current_stream(self.kernel._device)
+            if bound[2](stream, bound[0], vals, bound[1], mvals):
+                self.native_launches += 1
+                return
         if key is None or not self.kernel.launch_direct(self._bind(vals), key):
             # Triton's path: the tensors themselves, in the addresses' places
             tensors = [q_nope, q_pe, ckv, kpe, sa if group else ckv, cs if cs_ptr else ckv,
                        ks if ks_ptr else ckv, out, lse if write_lse else out]  # fmt: skip
             self.kernel.launch(self._args(vals, tensors), key)
         if self.merge is not None:
-            mvals = [a_out, a_lse if write_lse else self._partial_lse_address, out.shape[0],
-                     os[0], os[1], lse_t, write_lse]  # fmt: skip
-            mkey = None
-            if key is not None and _strides16(os[0], os[1], *([lse_t] if write_lse else [])):
-                mkey = (write_lse,)
             if mkey is None or not self.merge.launch_direct(self._merge_bind(mvals), mkey):
                 mvals[:2] = [out, lse if write_lse else self.partials[1]]
                 self.merge.launch(dict(zip(MERGE_CALL_ARGS, mvals), **self.merge_fixed), mkey)
+        if both is not None and both not in self._native:
+            self._bind_native(both)
+
+    def _bind_native(self, both: tuple[Hashable, Hashable]) -> None:
+        """Bind the kernels compiled for ``both`` (the attention's and the merge's keys) for
+        :mod:`native` launches; None (Triton's path stays) where either cannot be bound."""
+        key, mkey = both
+        kernel = self.kernel._compiled.get(key)
+        merge = self.merge._compiled.get(mkey) if self.merge is not None else None
+        if kernel is None or (self.merge is not None and merge is None):
+            return  # not compiled yet (a profiler hooked the first launches): later
+        k = self.kernel
+        a = native.bind(kernel, k.grid, k.names, {**k.defaults, **self.fixed}, self._call)
+        b = None
+        if a is not None and self.merge is not None:
+            m = self.merge
+            b = native.bind(merge, m.grid, m.names, {**m.defaults, **self.merge_fixed},
+                            MERGE_CALL_ARGS)  # fmt: skip
+        ok = a is not None and (self.merge is None or b is not None)
+        self._native[both] = (a, b, native.launcher()) if ok else None
+
+    def fast_call(
+        self, write_lse: bool, q_dtype: torch.dtype, total_tokens: int, max_page: int | None
+    ) -> Any:
+        """run()'s common case for this plan as one C call (``native.fast_run``), or None:
+        float (or no) scales, no per-token scales, a RoPE part, the queries read as given,
+        and both kernels already bound for that specialization (by an earlier call)."""
+        key = (False, False, False, write_lse, False)
+        mkey = (write_lse,) if self.merge is not None else None
+        bound = self._native.get((key, mkey))
+        if bound is None or not self.d_kpe or self.q_fp16:
+            return None
+        a, b, _ = bound
+        return native.fast_call(
+            a, b, q_dtype, self.kv_dtype, self.tensor_device, total_tokens, self.heads, self.page_size,
+            -1 if max_page is None else max_page, self.d_kpe, self.split,
+            self.nan_row is not None, write_lse, self.kv_dtype.itemsize, self._nan_address,
+            self._partial_lse_address,
+        )  # fmt: skip
+
+    def _nan_offsets_of(self, a_ckv: int, a_kpe: int, element_size: int) -> tuple[int, int, bool]:
+        """The NaN row's element offsets from caches at ``a_ckv`` / ``a_kpe``, and whether
+        either needs 64 bits (Triton types an int argument i32 or i64 by its value: part of
+        the key); remembered for the next call (up to ``NAN_OFFSETS_KEPT`` cache pairs)."""
+        nan = self._nan_address
+        nc = _nan_offset(a_ckv, element_size, nan)
+        nk = _nan_offset(a_kpe, element_size, nan)
+        wide = not (-(2**31) <= nc < 2**31 and -(2**31) <= nk < 2**31)
+        if len(self._nan_offsets) >= NAN_OFFSETS_KEPT:
+            self._nan_offsets.clear()
+        self._nan_offsets[a_ckv, a_kpe] = offsets = (nc, nk, wide)
+        return offsets
 
     def _args(self, vals: list[Any], tensors: list[torch.Tensor]) -> dict[str, Any]:
         """The call's arguments by name, for Triton's path (which specializes on them): the

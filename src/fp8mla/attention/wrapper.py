@@ -14,13 +14,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 
 from fp8mla._checks import check_index, check_tensor
+from fp8mla.attention import native
 from fp8mla.attention.config import KernelConfig, LaunchPlan
-from fp8mla.attention.launch import AttentionLaunch
+from fp8mla.attention.launch import AttentionLaunch, KernelLauncher, current_stream
 from fp8mla.attention.plan_state import PlanState, build_plan_state
 from fp8mla.attention.planner import device_sm_count, make_launch_plan
 from fp8mla.attention.targets import launch_target
@@ -104,6 +105,11 @@ class BatchMLAPagedAttentionWrapper:
             self._graph_buffers = bufs  # type: ignore[assignment]
         self._plan: PlanState | None = None
         self._launch: AttentionLaunch | None = None
+        # run()'s common case as one C call, without / with an LSE (attention/native.py);
+        # made after a run() of the plan has bound its kernels, dropped by the next plan()
+        self._fast: list[Any] = [None, None]
+        self._fast_run: Any = None
+        self._device_index = self.device.index if self.device.index is not None else 0
         self._graph: _GraphLaunch | None = None
 
     # ------------------------------------------------------------------ plan
@@ -181,6 +187,7 @@ class BatchMLAPagedAttentionWrapper:
         if self._backend == "triton":
             launch = self._make_launch(state, num_splits, kernel_config)
         self._plan, self._launch = state, launch
+        self._fast: list[Any] = [None, None]  # run()'s C path without / with an LSE
 
     def _make_launch(
         self, state: PlanState, num_splits: int | None, config: KernelConfig | str | None
@@ -328,6 +335,28 @@ class BatchMLAPagedAttentionWrapper:
             ``out`` ``[tokens, H, 512]`` in the query dtype, and ``lse`` if ``return_lse``.
             A request whose page-table entries fall outside the cache gets NaN (see ``debug``).
         """
+        fast = self._fast[lse is not None]
+        if (
+            fast
+            and out is not None
+            and ckv_scale_arr is None
+            and (lse is not None or not return_lse)
+            and KernelLauncher._direct_ok()
+            and self._fast_run(
+                fast,
+                current_stream(self._device_index),
+                q_nope,
+                q_pe,
+                ckv_cache,
+                kpe_cache,
+                out,
+                lse,
+                ckv_scale,
+                kpe_scale,
+            )  # fmt: skip
+        ):
+            self._launch.native_launches += 1
+            return (out, lse) if return_lse else out
         st = self._plan
         if st is None:
             raise ValueError("expected plan() to be called before run(), got no plan")
@@ -347,7 +376,19 @@ class BatchMLAPagedAttentionWrapper:
             _run_reference(st, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
         elif st.total_tokens and st.batch:
             self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
+            if self._fast[lse is not None] is None and not self._debug:
+                self._bind_fast(lse is not None)
         return (out, lse) if return_lse else out
+
+    def _bind_fast(self, write_lse: bool) -> None:
+        """After a run() through the Python path: this plan's common case as one C call
+        (``native.fast_call``), once its kernels are bound for it (retried after each such
+        run() until then)."""
+        st, launch = self._plan, self._launch
+        fast = launch.fast_call(write_lse, st.q_dtype, st.total_tokens, st.max_page)
+        if fast is not None:
+            self._fast_run = native.fast_runner()
+            self._fast[write_lse] = fast
 
 
 def _capturing(device: torch.device) -> bool:

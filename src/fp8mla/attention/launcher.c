@@ -1,0 +1,575 @@
+/* Kernel launches with their arguments bound once (fp8mla.attention.native).
+ *
+ * A Launch holds one compiled kernel's CUDA function, grid, block, shared memory, the
+ * programmatic-dependency flag and a parameter block: every kernel parameter in an 8-byte
+ * slot, filled from the plan's values when the Launch is made. A call writes only its own
+ * values (the call's tensors' addresses, strides, lengths) into their slots and launches with
+ * cuLaunchKernelEx: no argument parsing of the other ~40 parameters, no Python between the
+ * two launches of a split plan (attention, then the merge), and the GIL held throughout (so
+ * two threads never interleave the fill and the launch of one Launch).
+ *
+ * Slot kinds: 'p' pointer (uint64), 'L' int64, 'i' int32, 'I' uint32, 'b' int8, 'B' uint8,
+ * 'f' float32 (a Python float or int). A value outside its kind's range raises
+ * OverflowError before anything is launched.
+ */
+#include "cuda.h"
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define MAX_PARAMS 128
+
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*ctx_get_fn)(CUcontext *);
+typedef CUresult (*err_str_fn)(CUresult, const char **);
+
+static launch_ex_fn cu_launch_ex = NULL;
+static ctx_get_fn cu_ctx_get = NULL;
+static err_str_fn cu_err_str = NULL;
+
+static int load_driver(void) {
+  if (cu_launch_ex) return 0;
+  void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!lib) {
+    PyErr_SetString(PyExc_RuntimeError, "expected the CUDA driver (libcuda.so.1), got none");
+    return -1;
+  }
+  launch_ex_fn l = (launch_ex_fn)dlsym(lib, "cuLaunchKernelEx");
+  cu_ctx_get = (ctx_get_fn)dlsym(lib, "cuCtxGetCurrent");
+  cu_err_str = (err_str_fn)dlsym(lib, "cuGetErrorString");
+  if (!l || !cu_ctx_get || !cu_err_str) {
+    PyErr_SetString(PyExc_RuntimeError, "expected cuLaunchKernelEx in libcuda.so.1, got none");
+    return -1;
+  }
+  cu_launch_ex = l;
+  return 0;
+}
+
+typedef struct {
+  PyObject_HEAD
+  CUlaunchConfig config;
+  CUlaunchAttribute attr;
+  CUfunction function;
+  int nparams;
+  Py_ssize_t ncall;
+  char kinds[MAX_PARAMS];
+  short slot[MAX_PARAMS]; /* call value i -> parameter index; -1: not a parameter */
+  uint64_t storage[MAX_PARAMS];
+  void *params[MAX_PARAMS];
+} Launch;
+
+/* Write ``obj`` as ``kind`` into ``dst`` (an 8-byte slot, zeroed above the value). */
+static int store(char kind, PyObject *obj, uint64_t *dst) {
+  uint64_t bits = 0;
+  if (obj == Py_None) {
+    *dst = 0;
+    return 0;
+  }
+  switch (kind) {
+  case 'p': {
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    bits = v;
+    break;
+  }
+  case 'L': {
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    memcpy(&bits, &v, 8);
+    break;
+  }
+  case 'i':
+  case 'I':
+  case 'b':
+  case 'B': {
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    long long lo = kind == 'i' ? INT32_MIN : kind == 'b' ? INT8_MIN : 0;
+    long long hi = kind == 'i' ? INT32_MAX : kind == 'I' ? UINT32_MAX : kind == 'b' ? INT8_MAX : UINT8_MAX;
+    if (v < lo || v > hi) {
+      PyErr_Format(PyExc_OverflowError, "expected a value in [%lld, %lld] for a '%c' parameter, got %lld", lo, hi, kind, v);
+      return -1;
+    }
+    if (kind == 'i') {
+      int32_t w = (int32_t)v;
+      memcpy(&bits, &w, 4);
+    } else if (kind == 'I') {
+      uint32_t w = (uint32_t)v;
+      memcpy(&bits, &w, 4);
+    } else {
+      uint8_t w = (uint8_t)(int8_t)v;
+      memcpy(&bits, &w, 1);
+    }
+    break;
+  }
+  case 'f': {
+    double v = PyFloat_AsDouble(obj);
+    if (v == -1.0 && PyErr_Occurred()) return -1;
+    float w = (float)v;
+    memcpy(&bits, &w, 4);
+    break;
+  }
+  default:
+    PyErr_Format(PyExc_ValueError, "expected a parameter kind in pLiIbBf, got '%c'", kind);
+    return -1;
+  }
+  *dst = bits;
+  return 0;
+}
+
+static int Launch_init(Launch *self, PyObject *args, PyObject *kw) {
+  unsigned long long function;
+  unsigned int gx, gy, gz, block, smem;
+  int pdl;
+  const char *kinds;
+  Py_ssize_t nkinds;
+  PyObject *values, *slots;
+  if (!PyArg_ParseTuple(args, "K(III)IIps#OO", &function, &gx, &gy, &gz, &block, &smem, &pdl,
+                        &kinds, &nkinds, &values, &slots))
+    return -1;
+  if (nkinds > MAX_PARAMS) {
+    PyErr_Format(PyExc_ValueError, "expected at most %d parameters, got %zd", MAX_PARAMS, nkinds);
+    return -1;
+  }
+  PyObject *vals = PySequence_Fast(values, "expected a sequence of parameter values");
+  if (!vals) return -1;
+  PyObject *sl = PySequence_Fast(slots, "expected a sequence of call slots");
+  if (!sl) {
+    Py_DECREF(vals);
+    return -1;
+  }
+  int rc = -1;
+  if (PySequence_Fast_GET_SIZE(vals) != nkinds) {
+    PyErr_Format(PyExc_ValueError, "expected %zd parameter values, got %zd", nkinds, PySequence_Fast_GET_SIZE(vals));
+    goto done;
+  }
+  if (PySequence_Fast_GET_SIZE(sl) > MAX_PARAMS) {
+    PyErr_Format(PyExc_ValueError, "expected at most %d call values", MAX_PARAMS);
+    goto done;
+  }
+  memset(self->storage, 0, sizeof(self->storage));
+  self->nparams = (int)nkinds;
+  for (Py_ssize_t k = 0; k < nkinds; ++k) {
+    self->kinds[k] = kinds[k];
+    self->params[k] = &self->storage[k];
+    if (store(kinds[k], PySequence_Fast_GET_ITEM(vals, k), &self->storage[k]) < 0) goto done;
+  }
+  self->ncall = PySequence_Fast_GET_SIZE(sl);
+  for (Py_ssize_t i = 0; i < self->ncall; ++i) {
+    long s = PyLong_AsLong(PySequence_Fast_GET_ITEM(sl, i));
+    if (s == -1 && PyErr_Occurred()) goto done;
+    if (s < -1 || s >= nkinds) {
+      PyErr_Format(PyExc_ValueError, "expected call slots in [-1, %zd), got %ld", nkinds, s);
+      goto done;
+    }
+    self->slot[i] = (short)s;
+  }
+  self->function = (CUfunction)(uintptr_t)function;
+  memset(&self->config, 0, sizeof(self->config));
+  self->config.gridDimX = gx;
+  self->config.gridDimY = gy;
+  self->config.gridDimZ = gz;
+  self->config.blockDimX = block;
+  self->config.blockDimY = 1;
+  self->config.blockDimZ = 1;
+  self->config.sharedMemBytes = smem;
+  memset(&self->attr, 0, sizeof(self->attr));
+  self->attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  self->attr.value.programmaticStreamSerializationAllowed = 1;
+  self->config.attrs = &self->attr;
+  self->config.numAttrs = pdl ? 1 : 0;
+  rc = 0;
+done:
+  Py_DECREF(vals);
+  Py_DECREF(sl);
+  return rc;
+}
+
+/* Write the call's values into their slots. */
+static int fill(Launch *self, PyObject *vals) {
+  PyObject *seq = PySequence_Fast(vals, "expected a sequence of call values");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n != self->ncall) {
+    PyErr_Format(PyExc_ValueError, "expected %zd call values, got %zd", self->ncall, n);
+    Py_DECREF(seq);
+    return -1;
+  }
+  PyObject **items = PySequence_Fast_ITEMS(seq);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    int k = self->slot[i];
+    if (k >= 0 && store(self->kinds[k], items[i], &self->storage[k]) < 0) {
+      Py_DECREF(seq);
+      return -1;
+    }
+  }
+  Py_DECREF(seq);
+  return 0;
+}
+
+static int launch_one(Launch *self, CUstream stream) {
+  if (self->config.gridDimX * self->config.gridDimY * self->config.gridDimZ == 0) return 0;
+  self->config.hStream = stream;
+  CUresult err = cu_launch_ex(&self->config, self->function, self->params, NULL);
+  if (err != CUDA_SUCCESS) {
+    const char *msg = NULL;
+    cu_err_str(err, &msg);
+    PyErr_Format(PyExc_RuntimeError, "CUDA error in cuLaunchKernelEx: %s", msg ? msg : "unknown");
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject *Launch_fill(Launch *self, PyObject *vals) {
+  if (fill(self, vals) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *Launch_packed(Launch *self, PyObject *unused) {
+  return PyBytes_FromStringAndSize((const char *)self->storage, (Py_ssize_t)self->nparams * 8);
+}
+
+static PyMethodDef Launch_methods[] = {
+    {"fill", (PyCFunction)Launch_fill, METH_O, "Write the call's values into their slots (no launch)."},
+    {"packed", (PyCFunction)Launch_packed, METH_NOARGS, "The parameter block: 8 bytes per parameter."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LaunchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fp8mla_launch.Launch",
+    .tp_basicsize = sizeof(Launch),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One kernel launch with its parameters bound.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Launch_init,
+    .tp_methods = Launch_methods,
+};
+
+/* ---------------------------------------------------------------------------------------
+ * FastCall: run()'s common case read, checked and launched in C. It accepts a call only when
+ * every tensor is a plain torch.Tensor of the planned dtype, shape and device with a unit
+ * last stride, every address 16-byte aligned and every stride a nonzero multiple of 16 (the
+ * specialization the bound kernels were compiled for), the scales floats (or None) that are
+ * finite and > 0, and the page ids in range; anything else is declined (returns None) and
+ * the Python path takes the call, with its full checks and error messages.
+ */
+typedef struct {
+  PyObject_HEAD
+  Launch *a, *b;
+  PyObject *tensor_type, *q_dtype, *kv_dtype, *f32;
+  long device;
+  long long T, H, page_size, max_page, d_kpe;
+  int split, has_nan, write_lse, kv_elem;
+  unsigned long long nan_addr, partial_lse;
+} FastCall;
+
+static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device;
+
+static void FastCall_dealloc(FastCall *self) {
+  Py_XDECREF(self->a);
+  Py_XDECREF(self->b);
+  Py_XDECREF(self->tensor_type);
+  Py_XDECREF(self->q_dtype);
+  Py_XDECREF(self->kv_dtype);
+  Py_XDECREF(self->f32);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int FastCall_init(FastCall *self, PyObject *args, PyObject *kw) {
+  PyObject *a, *b, *tt, *qd, *kd, *f32;
+  if (!PyArg_ParseTuple(args, "O!OOOOOlLLLLLpppiKK", &LaunchType, &a, &b, &tt, &qd, &kd, &f32,
+                        &self->device, &self->T, &self->H, &self->page_size, &self->max_page,
+                        &self->d_kpe, &self->split, &self->has_nan, &self->write_lse,
+                        &self->kv_elem, &self->nan_addr, &self->partial_lse))
+    return -1;
+  if (b != Py_None && Py_TYPE(b) != &LaunchType) {
+    PyErr_SetString(PyExc_TypeError, "expected a Launch or None for the merge");
+    return -1;
+  }
+  Py_INCREF(a);
+  Py_XSETREF(self->a, (Launch *)a);
+  Py_XINCREF(b == Py_None ? NULL : b);
+  Py_XSETREF(self->b, b == Py_None ? NULL : (Launch *)b);
+  Py_INCREF(tt);
+  Py_XSETREF(self->tensor_type, tt);
+  Py_INCREF(qd);
+  Py_XSETREF(self->q_dtype, qd);
+  Py_INCREF(kd);
+  Py_XSETREF(self->kv_dtype, kd);
+  Py_INCREF(f32);
+  Py_XSETREF(self->f32, f32);
+  return 0;
+}
+
+static PyTypeObject FastCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fp8mla_launch.FastCall",
+    .tp_basicsize = sizeof(FastCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "run()'s common case, checked and launched in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)FastCall_init,
+    .tp_dealloc = (destructor)FastCall_dealloc,
+};
+
+typedef struct {
+  unsigned long long ptr;
+  long long shape[3], stride[3];
+} TensorView;
+
+/* 1: t is a plain tensor of ``dtype`` on the device with ``ndim`` dims, a unit last stride;
+ * its address, shape and strides in v. 0: declined. -1: a Python error. */
+static int view_of(FastCall *fc, PyObject *t, PyObject *dtype, int ndim, TensorView *v) {
+  if ((PyObject *)Py_TYPE(t) != fc->tensor_type) return 0;
+  PyObject *o = PyObject_GetAttr(t, s_dtype);
+  if (!o) return -1;
+  int same = o == dtype;
+  Py_DECREF(o);
+  if (!same) return 0;
+  o = PyObject_CallMethodNoArgs(t, s_get_device);
+  if (!o) return -1;
+  long dev = PyLong_AsLong(o);
+  Py_DECREF(o);
+  if (dev != fc->device) return 0;
+  o = PyObject_GetAttr(t, s_shape);
+  if (!o) return -1;
+  int ok = PyTuple_Check(o) && PyTuple_GET_SIZE(o) == ndim;
+  for (int i = 0; ok && i < ndim; ++i) v->shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(o, i));
+  Py_DECREF(o);
+  if (!ok) return 0;
+  o = PyObject_CallMethodNoArgs(t, s_stride);
+  if (!o) return -1;
+  ok = PyTuple_Check(o) && PyTuple_GET_SIZE(o) == ndim;
+  for (int i = 0; ok && i < ndim; ++i) v->stride[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(o, i));
+  Py_DECREF(o);
+  if (!ok || v->stride[ndim - 1] != 1) return 0;
+  o = PyObject_CallMethodNoArgs(t, s_data_ptr);
+  if (!o) return -1;
+  v->ptr = PyLong_AsUnsignedLongLong(o);
+  Py_DECREF(o);
+  if (PyErr_Occurred()) return -1;
+  return 1;
+}
+
+/* a positive finite float scale; None is 1.0; 0: declined */
+static int scale_of(PyObject *s, double *v) {
+  if (s == Py_None) {
+    *v = 1.0;
+    return 1;
+  }
+  if (!PyFloat_CheckExact(s)) return 0;
+  *v = PyFloat_AS_DOUBLE(s);
+  return *v > 0.0 && *v <= 1.7976931348623157e308;
+}
+
+static int put(Launch *l, int i, long long v) {
+  int k = l->slot[i];
+  if (k < 0) return 0;
+  uint64_t bits = 0;
+  switch (l->kinds[k]) {
+  case 'p':
+  case 'L':
+    memcpy(&bits, &v, 8);
+    break;
+  case 'i':
+    if (v < INT32_MIN || v > INT32_MAX) return -1;
+    {
+      int32_t w = (int32_t)v;
+      memcpy(&bits, &w, 4);
+    }
+    break;
+  case 'b':
+  case 'B':
+    bits = (uint8_t)v;
+    break;
+  default:
+    return -1;
+  }
+  l->storage[k] = bits;
+  return 0;
+}
+
+static int put_f(Launch *l, int i, double v) {
+  int k = l->slot[i];
+  if (k < 0) return 0;
+  if (l->kinds[k] != 'f') return -1;
+  float w = (float)v;
+  uint64_t bits = 0;
+  memcpy(&bits, &w, 4);
+  l->storage[k] = bits;
+  return 0;
+}
+
+static long long nan_offset(unsigned long long base, long long es, unsigned long long nan) {
+  /* as launch.py's _nan_offset: the element offset from base to a NaN row, a multiple of 16 */
+  long long diff = (long long)(base - nan);
+  long long q = diff / es - ((diff % es) != 0 && ((diff < 0) != (es < 0)));
+  long long start = ((q % 16) + 16) % 16;
+  long long back = (long long)(nan - base);
+  long long fl = back / es - ((back % es) != 0 && ((back < 0) != (es < 0)));
+  return fl + start;
+}
+
+static int aligned16(long long v) { return v != 0 && (v & 15) == 0; }
+
+/* Check a call (args: spec, stream, q_nope, q_pe, ckv, kpe, out, lse, ckv_scale, kpe_scale)
+ * and fill the bound kernels' slots: 1 filled, 0 declined, -1 a Python error. */
+static int fast_fill(PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 10 || Py_TYPE(args[0]) != &FastCallType) {
+    PyErr_SetString(PyExc_TypeError, "expected (spec, stream, q_nope, q_pe, ckv, kpe, out, lse, ckv_scale, kpe_scale)");
+    return -1;
+  }
+  FastCall *fc = (FastCall *)args[0];
+  TensorView qn, qp, ck, kp, o, ls;
+  int r;
+#define VIEW(t, dt, nd, v)                     \
+  r = view_of(fc, (t), (dt), (nd), (v));      \
+  if (r <= 0) return r;
+  VIEW(args[2], fc->q_dtype, 3, &qn);
+  VIEW(args[3], fc->q_dtype, 3, &qp);
+  VIEW(args[4], fc->kv_dtype, 3, &ck);
+  VIEW(args[5], fc->kv_dtype, 3, &kp);
+  VIEW(args[6], fc->q_dtype, 3, &o);
+  int write_lse = args[7] != Py_None;
+  if (write_lse != fc->write_lse) return 0;
+  if (write_lse) {
+    VIEW(args[7], fc->f32, 2, &ls);
+  }
+#undef VIEW
+  double cs, ks;
+  if (!scale_of(args[8], &cs) || !scale_of(args[9], &ks)) return 0;
+  long long T = fc->T, H = fc->H, P = ck.shape[0];
+  if (qn.shape[0] != T || qn.shape[1] != H || qn.shape[2] != 512 || qp.shape[0] != T ||
+      qp.shape[1] != H || qp.shape[2] != fc->d_kpe || o.shape[0] != T || o.shape[1] != H ||
+      o.shape[2] != 512 || P < 1 || ck.shape[1] != fc->page_size || ck.shape[2] != 512 ||
+      kp.shape[0] != P || kp.shape[1] != fc->page_size || kp.shape[2] != fc->d_kpe ||
+      (fc->max_page >= 0 && fc->max_page >= P))
+    return 0;
+  if (write_lse && (ls.shape[0] != T || ls.shape[1] != H)) return 0;
+  unsigned long long a_lse = write_lse ? ls.ptr : o.ptr;
+  if ((qn.ptr | qp.ptr | ck.ptr | kp.ptr | o.ptr | a_lse) & 15) return 0;
+  long long lse_t = write_lse ? ls.stride[0] : 0;
+  if (!(aligned16(qn.stride[0]) && aligned16(qn.stride[1]) && aligned16(qp.stride[0]) &&
+        aligned16(qp.stride[1]) && aligned16(ck.stride[0]) && aligned16(ck.stride[1]) &&
+        aligned16(kp.stride[0]) && aligned16(kp.stride[1]) && aligned16(o.stride[0]) &&
+        aligned16(o.stride[1]) && (!write_lse || aligned16(lse_t))))
+    return 0;
+  Launch *a = fc->a;
+  long long v[24] = {
+      (long long)qn.ptr, (long long)qp.ptr, (long long)ck.ptr, (long long)kp.ptr,
+      (long long)ck.ptr, (long long)ck.ptr, (long long)ck.ptr, qn.stride[0], qn.stride[1],
+      qp.stride[0], qp.stride[1], ck.stride[0], ck.stride[1], kp.stride[0], kp.stride[1], 0, 0,
+      P, 0, 0, 0, 0, 0, T};
+  int n = 0, bad = 0;
+  for (; n < 24; ++n) {
+    if (n == 18 || n == 19) continue;
+    bad |= put(a, n, v[n]);
+  }
+  bad |= put_f(a, 18, cs);
+  bad |= put_f(a, 19, ks);
+  if (!fc->split) {
+    long long w[6] = {(long long)o.ptr, (long long)a_lse, o.stride[0], o.stride[1], lse_t, write_lse};
+    for (int i = 0; i < 6; ++i) bad |= put(a, n++, w[i]);
+  }
+  if (fc->has_nan) {
+    long long nc = nan_offset(ck.ptr, fc->kv_elem, fc->nan_addr);
+    long long nk = nan_offset(kp.ptr, fc->kv_elem, fc->nan_addr);
+    if (!aligned16(nc) || !aligned16(nk) || nc < INT32_MIN || nc > INT32_MAX ||
+        nk < INT32_MIN || nk > INT32_MAX)
+      return 0; /* the bound kernel took them as 32-bit multiples of 16 */
+    bad |= put(a, n++, nc);
+    bad |= put(a, n++, nk);
+  }
+  if (n != a->ncall || bad) return 0;
+  Launch *b = fc->b;
+  if (b) {
+    long long w[7] = {(long long)o.ptr, (long long)(write_lse ? ls.ptr : fc->partial_lse), T,
+                      o.stride[0], o.stride[1], lse_t, write_lse};
+    if (b->ncall != 7) return 0;
+    for (int i = 0; i < 7; ++i) bad |= put(b, i, w[i]);
+    if (bad) return 0;
+  }
+  return 1;
+}
+
+/* fast_run(spec, stream, q_nope, q_pe, ckv, kpe, out, lse, ckv_scale, kpe_scale) -> bool:
+ * True when launched, False when declined (nothing launched). */
+static PyObject *fast_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  int r = fast_fill(args, nargs);
+  if (r < 0) return NULL;
+  if (r == 0) Py_RETURN_FALSE;
+  unsigned long long stream = PyLong_AsUnsignedLongLong(args[1]);
+  if (stream == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  if (load_driver() < 0) return NULL;
+  CUcontext ctx = NULL;
+  if (cu_ctx_get(&ctx) != CUDA_SUCCESS || ctx == NULL) Py_RETURN_FALSE;
+  FastCall *fc = (FastCall *)args[0];
+  if (launch_one(fc->a, (CUstream)(uintptr_t)stream) < 0) return NULL;
+  if (fc->b && launch_one(fc->b, (CUstream)(uintptr_t)stream) < 0) return NULL;
+  Py_RETURN_TRUE;
+}
+
+/* fast_check(...) -> bool: fast_run's checks and fills, nothing launched (for tests). */
+static PyObject *fast_check(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  int r = fast_fill(args, nargs);
+  if (r < 0) return NULL;
+  return PyBool_FromLong(r);
+}
+
+
+/* launch(stream, a, a_values, b, b_values) -> bool: fill both, then launch a and b (b may be
+ * None). False (nothing launched) when this thread has no current CUDA context. */
+static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "expected launch(stream, a, a_values, b, b_values)");
+    return NULL;
+  }
+  if (Py_TYPE(args[1]) != &LaunchType || (args[3] != Py_None && Py_TYPE(args[3]) != &LaunchType)) {
+    PyErr_SetString(PyExc_TypeError, "expected Launch objects");
+    return NULL;
+  }
+  unsigned long long stream = PyLong_AsUnsignedLongLong(args[0]);
+  if (stream == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  Launch *a = (Launch *)args[1];
+  Launch *b = args[3] == Py_None ? NULL : (Launch *)args[3];
+  if (load_driver() < 0) return NULL;
+  if (fill(a, args[2]) < 0 || (b && fill(b, args[4]) < 0)) return NULL;
+  CUcontext ctx = NULL;
+  if (cu_ctx_get(&ctx) != CUDA_SUCCESS || ctx == NULL) Py_RETURN_FALSE;
+  if (launch_one(a, (CUstream)(uintptr_t)stream) < 0) return NULL;
+  if (b && launch_one(b, (CUstream)(uintptr_t)stream) < 0) return NULL;
+  Py_RETURN_TRUE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
+     "launch(stream, a, a_values, b, b_values) -> bool"},
+    {"fast_run", (PyCFunction)(void (*)(void))fast_run, METH_FASTCALL,
+     "fast_run(spec, stream, q_nope, q_pe, ckv, kpe, out, lse, ckv_scale, kpe_scale) -> bool"},
+    {"fast_check", (PyCFunction)(void (*)(void))fast_check, METH_FASTCALL,
+     "fast_check(spec, stream, ...) -> bool: fast_run without the launch"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "fp8mla_launch", NULL, -1, module_methods};
+
+PyMODINIT_FUNC PyInit_fp8mla_launch(void) {
+  if (PyType_Ready(&LaunchType) < 0 || PyType_Ready(&FastCallType) < 0) return NULL;
+  s_dtype = PyUnicode_InternFromString("dtype");
+  s_shape = PyUnicode_InternFromString("shape");
+  s_stride = PyUnicode_InternFromString("stride");
+  s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  s_get_device = PyUnicode_InternFromString("get_device");
+  if (!s_dtype || !s_shape || !s_stride || !s_data_ptr || !s_get_device) return NULL;
+  PyObject *m = PyModule_Create(&module_def);
+  if (!m) return NULL;
+  Py_INCREF(&LaunchType);
+  Py_INCREF(&FastCallType);
+  if (PyModule_AddObject(m, "Launch", (PyObject *)&LaunchType) < 0 ||
+      PyModule_AddObject(m, "FastCall", (PyObject *)&FastCallType) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

@@ -1,0 +1,158 @@
+"""Kernel launches with their arguments bound at ``plan()``, through a small C extension.
+
+Triton's launcher parses every argument of every launch (~45 for the attention kernels) and
+wraps each launch in Python; for a decode step that is ~5 µs of host time per kernel before
+the driver. :func:`bind` makes a :class:`Launch` from a kernel Triton compiled: the plan's
+values fill a parameter block once, and :func:`launch` writes only the call's values (tensor
+addresses, strides, lengths) and launches, the attention and the split merge in one call
+(:func:`launcher`).
+
+The extension (``launcher.c``, beside this module) is built on first use with Triton's own
+C build (the compiler and headers Triton's launchers need; cached in Triton's cache). Where
+it cannot be built, or a kernel's compiled form is one it does not handle (scratch memory,
+clusters, a parameter specialized on its value), :func:`bind` returns None and the caller
+keeps Triton's path. ``FP8MLA_NATIVE_LAUNCH=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+# compiled parameter type -> slot kind of launcher.c (pointer, int64, int32, uint32, int8,
+# uint8, float32)
+_KINDS = {"i64": "L", "u64": "p", "i32": "i", "u32": "I", "i1": "b", "i8": "b", "u1": "B",
+          "u8": "B", "fp32": "f", "f32": "f"}  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def module() -> Any:
+    """The built extension, or None (with one warning) where it cannot be built or is off."""
+    if os.environ.get("FP8MLA_NATIVE_LAUNCH", "1") == "0":
+        return None
+    try:
+        from triton.backends.nvidia import driver as nv
+        from triton.runtime.build import compile_module_from_src
+
+        src = (Path(__file__).with_name("launcher.c")).read_text()
+        return compile_module_from_src(
+            src=src, name="fp8mla_launch", include_dirs=list(nv.include_dirs)
+        )
+    except Exception as exc:  # no compiler, headers or Triton build helper: Triton's path
+        warnings.warn(
+            f"fp8mla: bound kernel launches unavailable ({type(exc).__name__}: {exc}); "
+            "launching through Triton",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+
+
+def param_kinds(kernel: Any, names: Sequence[str], call: Sequence[str] = ()) -> str | None:
+    """The slot kinds of ``kernel``'s parameters in order (its two scratch pointers last), or
+    None when its compiled form is not one :func:`bind` handles: scratch memory, clusters,
+    or a parameter of ``call`` (set per launch) that Triton compiled as a constant because of
+    its value (an int equal to 1, None), which a later call's value could not change."""
+    meta = getattr(kernel, "metadata", None)
+    if (
+        meta is None
+        or getattr(meta, "global_scratch_size", 0)
+        or getattr(meta, "profile_scratch_size", 0)
+        or getattr(meta, "num_ctas", 1) != 1
+        or getattr(meta, "launch_cooperative_grid", False)
+        or getattr(meta, "tensordesc_meta", None)
+    ):
+        return None
+    src = getattr(kernel, "src", None)
+    sig = getattr(src, "signature", None)
+    fn = getattr(src, "fn", None)
+    if not isinstance(sig, dict) or list(sig) != list(names) or fn is None:
+        return None
+    declared = {p.name for p in fn.params if p.is_constexpr}
+    kinds = []
+    for name, ty in sig.items():
+        if ty == "constexpr":
+            if name not in declared and name in call:  # a later value would be lost
+                return None
+            continue
+        if not isinstance(ty, str):
+            return None
+        kind = "p" if ty.startswith("*") else _KINDS.get(ty)
+        if kind is None:
+            return None
+        kinds.append(kind)
+    return "".join(kinds) + "pp"  # global and profile scratch: none
+
+
+def bind(
+    kernel: Any,
+    grid: tuple[int, int, int],
+    names: Sequence[str],
+    values: dict[str, Any],
+    call: Sequence[str],
+) -> Any:
+    """A :class:`Launch` of ``kernel`` (compiled by Triton) over ``grid``: every parameter
+    not in ``call`` takes its value from ``values`` (tensors as addresses); a launch passes
+    ``call``'s values in that order. None where the kernel or this build is not handled."""
+    kinds = param_kinds(kernel, names, call)
+    mod = module() if kinds is not None else None
+    if mod is None or not isinstance(getattr(kernel, "function", None), int):
+        return None
+    sig = kernel.src.signature
+    params = [n for n in names if sig[n] != "constexpr"]
+    index = {n: k for k, n in enumerate(params)}
+    init = [None if n in call else _address(values[n]) for n in params] + [None, None]
+    slots = [index.get(n, -1) for n in call]
+    meta = kernel.metadata
+    pdl = bool(getattr(meta, "launch_pdl", False))
+    return mod.Launch(
+        int(kernel.function), tuple(grid), 32 * meta.num_warps, meta.shared, pdl, kinds, init,
+        slots,
+    )  # fmt: skip
+
+
+def launcher() -> Callable[[int, Any, Sequence[Any], Any, Sequence[Any] | None], bool]:
+    """The extension's ``launch(stream, a, a_values, b, b_values) -> bool``: fills ``a`` with
+    ``a_values`` and ``b`` (None: no second kernel) with ``b_values``, then launches both on
+    ``stream``; False (nothing launched) when the thread has no current CUDA context. Call it
+    only after :func:`bind` returned a Launch."""
+    return module().launch
+
+
+def fast_call(
+    a: Any, b: Any, q_dtype: Any, kv_dtype: Any, device: int, tokens: int, heads: int,
+    page_size: int, max_page: int, d_kpe: int, split: bool, nan_rows: bool, write_lse: bool,
+    kv_itemsize: int, nan_address: int, partial_lse_address: int,
+) -> Any:  # fmt: skip
+    """``run()``'s common case in C: ``fast_run(spec, stream, q_nope, q_pe, ckv, kpe, out,
+    lse, ckv_scale, kpe_scale)`` checks the call against the plan (plain tensors of the
+    planned dtypes, shapes and device, unit last strides, addresses and strides of the bound
+    specialization, float or no scales, page ids in range), fills ``a`` (and ``b``, the merge,
+    or None) and launches both; it returns False, launching nothing, for any call it does not
+    take, which then goes through the Python path (its checks raise the errors)."""
+    import torch
+
+    mod = module()
+    return mod.FastCall(
+        a, b, torch.Tensor, q_dtype, kv_dtype, torch.float32, device, tokens, heads, page_size,
+        max_page, d_kpe, split, nan_rows, write_lse, kv_itemsize, nan_address,
+        partial_lse_address,
+    )  # fmt: skip
+
+
+def fast_runner() -> Callable[..., bool]:
+    """The extension's ``fast_run`` (see :func:`fast_call`)."""
+    return module().fast_run
+
+
+def _address(value: Any) -> Any:
+    """A tensor's device address; a bool as an int; anything else as it is."""
+    if hasattr(value, "data_ptr"):
+        return value.data_ptr()
+    if isinstance(value, bool):
+        return int(value)
+    return value
