@@ -99,3 +99,28 @@ def assert_matches_reference(batch: PagedBatch, out, lse, *, causal=False) -> fl
     lse_diff = (lse.double() - ref_lse)[~empty].abs()
     assert lse_diff.numel() == 0 or lse_diff.max().item() < 2e-3
     return err
+
+
+def sm90_launch(variant: str, splits: int, heads: int = 16, merge_waits: bool = False):
+    """An attention launch of ``variant`` built for SM90 on the CPU (nothing runs): two
+    requests of one query token over 5 and 4 tokens in pages of 2, FP8 e4m3, ``splits`` KV
+    splits (with their partials). For tests of the launch path with stand-in kernels."""
+    from fp8mla.attention.config import LaunchPlan
+    from fp8mla.attention.launch import AttentionLaunch
+    from fp8mla.attention.planner import tile_for_variant
+    from fp8mla.attention.targets import TARGETS
+
+    fp8 = torch.float8_e4m3fn
+    cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
+    plan = LaunchPlan(cfg, 1, splits, merge_waits=merge_waits)
+    i32 = dict(dtype=torch.int32)
+    idx = (torch.tensor([0, 1, 2], **i32), torch.tensor([0, 5, 9], **i32),
+           torch.arange(9, **i32), torch.tensor([5, 4], **i32))  # fmt: skip
+    partials = None
+    if splits > 1:
+        partials = (torch.zeros(splits, 2 * heads, 512), torch.zeros(splits, 2 * heads))
+    return AttentionLaunch(
+        plan, batch=2, heads=heads, head_dim_kpe=64, page_size=2, causal=False,
+        sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,
+        device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
+    )  # fmt: skip

@@ -137,27 +137,14 @@ def _same(direct, named) -> bool:
 def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
     """A direct launch passes, position by position, what Triton's path binds by name, for
     calls that change every run()-time input: pool, queries, output, LSE, scales' kinds."""
-    from fp8mla.attention.config import LaunchPlan
-    from fp8mla.attention.planner import tile_for_variant
-    from fp8mla.attention.targets import TARGETS
     from fp8mla.formats import Scales
+
+    from attention_utils import sm90_launch
 
     monkeypatch.setattr(L, "current_stream", lambda device: 0)
     monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     heads, fp8 = 16, torch.float8_e4m3fn
-    cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
-    plan = LaunchPlan(cfg, 1, splits)
-    i32 = dict(dtype=torch.int32)
-    idx = (torch.tensor([0, 1, 2], **i32), torch.tensor([0, 5, 9], **i32),
-           torch.arange(9, **i32), torch.tensor([5, 4], **i32))  # fmt: skip
-    partials = None
-    if splits > 1:
-        partials = (torch.zeros(splits, 2 * heads, 512), torch.zeros(splits, 2 * heads))
-    launch = L.AttentionLaunch(
-        plan, batch=2, heads=heads, head_dim_kpe=64, page_size=2, causal=False,
-        sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,
-        device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
-    )  # fmt: skip
+    launch = sm90_launch(variant, splits, heads)
     kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
     recorders = []
     for k in kernels:

@@ -73,6 +73,32 @@ class _Recorder:
         return launch
 
 
+def _recorded_launch(monkeypatch, variant: str, splits: int):
+    """An SM90 launch (``attention_utils.sm90_launch``, its merge a programmatic dependent)
+    whose kernels record Triton-path launches, and whose bound launches record the parameter
+    blocks they would hand the driver (in ``sent``) instead of launching."""
+    from attention_utils import sm90_launch
+
+    monkeypatch.setattr(L, "current_stream", lambda device: 0)
+    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
+    launch = sm90_launch(variant, splits, merge_waits=splits > 1)
+    kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
+    fns = [_jit(k.fn) for k in kernels]
+    for k, fn in zip(kernels, fns):
+        k.fn = _Recorder(fn, k.defaults, k is launch.merge)
+    sent: list[list[bytes]] = []
+
+    def fake_launch(stream, a, avals, b, bvals):
+        a.fill(avals)
+        if b is not None:
+            b.fill(bvals)
+        sent.append([a.packed()] + ([b.packed()] if b is not None else []))
+        return True
+
+    monkeypatch.setattr(native, "launcher", lambda: fake_launch)
+    return launch, kernels, fns, sent
+
+
 def _decode(block: bytes, kinds: str) -> list:
     return [struct.unpack_from(_UNPACK[k], block, 8 * i)[0] for i, k in enumerate(kinds)]
 
@@ -98,41 +124,10 @@ def _expected(compiled: _Compiled, named: dict, defaults: dict) -> list:
 
 @pytest.mark.parametrize("variant, splits", [(v, s) for v in sorted(REGISTRY) for s in (1, 4)])
 def test_native_parameter_block_matches_tritons_path(monkeypatch, variant, splits):
-    from fp8mla.attention.config import LaunchPlan
-    from fp8mla.attention.planner import tile_for_variant
-    from fp8mla.attention.targets import TARGETS
     from fp8mla.formats import Scales
 
-    monkeypatch.setattr(L, "current_stream", lambda device: 0)
-    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     heads, fp8 = 16, torch.float8_e4m3fn
-    cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
-    plan = LaunchPlan(cfg, 1, splits, merge_waits=splits > 1)
-    i32 = dict(dtype=torch.int32)
-    idx = (torch.tensor([0, 1, 2], **i32), torch.tensor([0, 5, 9], **i32),
-           torch.arange(9, **i32), torch.tensor([5, 4], **i32))  # fmt: skip
-    partials = None
-    if splits > 1:
-        partials = (torch.zeros(splits, 2 * heads, 512), torch.zeros(splits, 2 * heads))
-    launch = L.AttentionLaunch(
-        plan, batch=2, heads=heads, head_dim_kpe=64, page_size=2, causal=False,
-        sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,
-        device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
-    )  # fmt: skip
-    kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
-    fns = [_jit(k.fn) for k in kernels]
-    for k, fn in zip(kernels, fns):
-        k.fn = _Recorder(fn, k.defaults, k is launch.merge)
-    sent = []
-
-    def fake_launch(stream, a, avals, b, bvals):
-        a.fill(avals)
-        if b is not None:
-            b.fill(bvals)
-        sent.append([a.packed()] + ([b.packed()] if b is not None else []))
-        return True
-
-    monkeypatch.setattr(native, "launcher", lambda: fake_launch)
+    launch, kernels, fns, sent = _recorded_launch(monkeypatch, variant, splits)
 
     def make(pool_slots, lse, scale):
         pool = torch.zeros(pool_slots, 2, 576, dtype=torch.uint8).view(fp8)
@@ -213,39 +208,8 @@ def test_scratch_memory_is_not_bound():
 def _fast_setup(monkeypatch, variant: str, splits: int, write_lse: bool):
     """A plan's launch with recorded kernels, bound by two calls of the common case; its C
     path; a maker of that case's inputs; the blocks the Python path sends for them."""
-    from fp8mla.attention.config import LaunchPlan
-    from fp8mla.attention.planner import tile_for_variant
-    from fp8mla.attention.targets import TARGETS
-
-    monkeypatch.setattr(L, "current_stream", lambda device: 0)
-    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     heads, fp8, tokens = 16, torch.float8_e4m3fn, 2
-    cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
-    plan = LaunchPlan(cfg, 1, splits, merge_waits=splits > 1)
-    i32 = dict(dtype=torch.int32)
-    idx = (torch.tensor([0, 1, 2], **i32), torch.tensor([0, 5, 9], **i32),
-           torch.arange(9, **i32), torch.tensor([5, 4], **i32))  # fmt: skip
-    partials = None
-    if splits > 1:
-        partials = (torch.zeros(splits, tokens * heads, 512), torch.zeros(splits, tokens * heads))
-    launch = L.AttentionLaunch(
-        plan, batch=2, heads=heads, head_dim_kpe=64, page_size=2, causal=False,
-        sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,
-        device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
-    )  # fmt: skip
-    kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
-    for k in kernels:
-        k.fn = _Recorder(_jit(k.fn), k.defaults, k is launch.merge)
-    sent = []
-
-    def fake_launch(stream, a, avals, b, bvals):
-        a.fill(avals)
-        if b is not None:
-            b.fill(bvals)
-        sent.append([a.packed()] + ([b.packed()] if b is not None else []))
-        return True
-
-    monkeypatch.setattr(native, "launcher", lambda: fake_launch)
+    launch, _, _, sent = _recorded_launch(monkeypatch, variant, splits)
 
     def make(pages=16, row=576, scale=0.5):
         pool = torch.zeros(pages, 2, row, dtype=torch.uint8).view(fp8)
