@@ -82,7 +82,7 @@ def main() -> int:
             fast, stream, inp.q_nope, inp.q_pe, ckv, kpe, out, None, s, s))  # fmt: skip
     else:
         print("  no C path for this call (attention/native.py unavailable or not bindable)")
-    wrapper._fast = [False, False]  # the Python path from here on
+    wrapper._fast = [False] * 4  # the Python path from here on
     add("wrapper.run(), Python path, bound launches", run)
     add("  check_run (validation, scales)", lambda: st.check_run(
         inp.q_nope, inp.q_pe, ckv, kpe, s, s, None))  # fmt: skip
@@ -157,7 +157,7 @@ def main() -> int:
         1, 1, 1, stream, k45.function, k45.packed_metadata, None, None, None, *a45))  # fmt: skip
     launch._native = bound
     del launch._bind_native
-    wrapper._fast = [fast, None]
+    wrapper._fast = [fast, None, None, None]
     if args.cprofile:
         prof = cProfile.Profile()
         prof.enable()

@@ -398,11 +398,12 @@ def test_direct_launch_matches_tritons_path(monkeypatch, heads, qo_len, bound):
     fast = w._launch.native_launches if bound else w._launch.kernel.direct_launches
     assert fast >= 2, "the bound or direct path never engaged"
     # new tensors on every call: a pool with a wider row (other strides), queries and an output
-    # elsewhere, LSE or not, the scale as a float or a device tensor (each kind twice: its
-    # second call takes the bound or direct path)
-    for step, (lse_wanted, tensor_scale) in enumerate(
-        [(False, True), (True, False), (False, False)] * 2
-    ):
+    # elsewhere or allocated by run(), no LSE / one returned / one passed in, the scales as
+    # floats, device tensors or one of each (each kind twice: its second call takes the bound
+    # or direct path, the C path for the kinds it takes)
+    kinds = [("none", "tensor", True), ("alloc", "float", True), ("none", "float", False),
+             ("given", "float", True), ("given", "tensor", False), ("none", "mixed", True)]  # fmt: skip
+    for step, (lse_mode, scale_kind, out_given) in enumerate(kinds * 2):
         fresh = make_batch([5, 700, 64], heads, qo_lens=qo_len, page_size=1, device="cuda",
                            fill_unused_nan=False, generator=gen(40 + step))  # fmt: skip
         wide = torch.zeros(b.pool.shape[0], 1, 576 + 16 * (step + 1), dtype=b.pool.dtype,
@@ -412,17 +413,23 @@ def test_direct_launch_matches_tritons_path(monkeypatch, heads, qo_len, bound):
         b.kpe = wide[..., 512:576]
         b.q_nope, b.q_pe = fresh.q_nope.clone(), fresh.q_pe.clone()
         kw = b.scale_kwargs()
-        if tensor_scale and "ckv_scale" in kw:
+        if scale_kind != "float" and "ckv_scale" in kw:
             kw["ckv_scale"] = torch.tensor([kw["ckv_scale"]], device="cuda")
-        out = torch.full_like(b.q_nope, float("nan"))
-        res = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out, return_lse=lse_wanted, **kw)
-        out_, lse_ = res if lse_wanted else (res, None)
-        assert out_ is out
+            if scale_kind == "tensor":
+                kw["kpe_scale"] = torch.tensor([kw["kpe_scale"]], device="cuda")
+        out = torch.full_like(b.q_nope, float("nan")) if out_given else None
+        lse_in = torch.full((b.q_nope.shape[0], heads), float("nan"), device="cuda")
+        lse_in = lse_in if lse_mode == "given" else None
+        res = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out, lse_in,
+                    return_lse=lse_mode != "none", **kw)  # fmt: skip
+        out_, lse_ = res if lse_mode != "none" else (res, None)
+        assert out is None or out_ is out
+        assert lse_in is None or lse_ is lse_in
         assert_matches_reference(b, out_, lse_, causal=qo_len > 1)
     later = w._launch.native_launches if bound else w._launch.kernel.direct_launches
     assert later >= fast + 3, "new tensors never took the bound or direct path"
     # after the fast paths engaged, a bad call still gets the Python path's errors
     with pytest.raises(ValueError, match="q_nope"):
-        w.run(b.q_nope[:, :1], b.q_pe, b.ckv, b.kpe, out, **kw)
+        w.run(b.q_nope[:, :1], b.q_pe, b.ckv, b.kpe, out_, **kw)
     with pytest.raises(ValueError, match="out"):
-        w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out.float(), **kw)
+        w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out_.float(), **kw)

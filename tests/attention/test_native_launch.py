@@ -205,9 +205,10 @@ def test_scratch_memory_is_not_bound():
     assert native.param_kinds(compiled, fn.arg_names) is None
 
 
-def _fast_setup(monkeypatch, variant: str, splits: int, write_lse: bool):
-    """A plan's launch with recorded kernels, bound by two calls of the common case; its C
-    path; a maker of that case's inputs; the blocks the Python path sends for them."""
+def _fast_setup(monkeypatch, variant: str, splits: int, write_lse: bool, tensors: bool = False):
+    """A plan's launch with recorded kernels, bound by two calls of the common case (scales
+    as floats, or with ``tensors`` as one-element tensors); its C path; a maker of that
+    case's inputs; the blocks the Python path sends for them."""
     heads, fp8, tokens = 16, torch.float8_e4m3fn, 2
     launch, _, _, sent = _recorded_launch(monkeypatch, variant, splits)
 
@@ -216,26 +217,33 @@ def _fast_setup(monkeypatch, variant: str, splits: int, write_lse: bool):
         q = torch.zeros(tokens, heads, 576, dtype=torch.bfloat16)
         out = torch.empty(tokens, heads, 512, dtype=torch.bfloat16)
         lse = torch.empty(tokens, heads) if write_lse else None
+        if tensors:
+            scale = torch.full((1,), scale or 1.0)
         return [q[..., :512], q[..., 512:], pool[..., :512], pool[..., 512:576], out, lse,
                 scale, scale]  # fmt: skip
 
     from fp8mla.formats import Scales
 
     def python_path(x):
-        launch(*x[:6], Scales(ckv=x[6] or 1.0, kpe=x[7] or 1.0))
+        cs, ks = (x[6], x[7]) if tensors else (x[6] or 1.0, x[7] or 1.0)
+        launch(*x[:6], Scales(ckv=cs, kpe=ks))
 
     for _ in range(2):
         python_path(make())
-    spec = launch.fast_call(write_lse, torch.bfloat16, tokens, 8)
+    spec = launch.fast_call(write_lse, tensors, torch.bfloat16, tokens, 8)
     return launch, spec, make, python_path, sent
 
 
-@pytest.mark.parametrize("write_lse", [False, True])
+@pytest.mark.parametrize("write_lse, tensors", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("variant, splits", [(v, s) for v in sorted(REGISTRY) for s in (1, 4)])
-def test_fast_path_fills_what_the_python_path_sends(monkeypatch, variant, splits, write_lse):
+def test_fast_path_fills_what_the_python_path_sends(
+    monkeypatch, variant, splits, write_lse, tensors
+):
     """run()'s C path, on calls it takes, leaves the same parameter blocks as the Python
-    path's bound launch for the same tensors."""
-    launch, spec, make, python_path, sent = _fast_setup(monkeypatch, variant, splits, write_lse)
+    path's bound launch for the same tensors and scales."""
+    launch, spec, make, python_path, sent = _fast_setup(
+        monkeypatch, variant, splits, write_lse, tensors
+    )
     if launch.q_fp16:
         assert spec is None  # the queries are copied per call: Python's path
         return
@@ -243,14 +251,14 @@ def test_fast_path_fills_what_the_python_path_sends(monkeypatch, variant, splits
     check = native.module().fast_check
     for x in (make(pages=24, scale=0.25), make(pages=40, row=592, scale=None)):
         assert check(spec, 0, *x)
-        blocks = [spec_launch.packed() for spec_launch in _launches(launch, write_lse)]
+        blocks = [b.packed() for b in _launches(launch, write_lse, tensors)]
         python_path(x)
         assert sent[-1] == blocks, f"{variant}: the C path's parameters differ"
 
 
-def _launches(launch, write_lse):
-    key = ((False, False, False, write_lse, False), (write_lse,) if launch.merge else None)
-    a, b, _ = launch._native[key]
+def _launches(launch, write_lse, tensors):
+    key = (tensors, tensors, False, write_lse, False)
+    a, b, _ = launch._native[key, (write_lse,) if launch.merge else None]
     return [a] + ([b] if b is not None else [])
 
 
@@ -287,3 +295,14 @@ def test_fast_path_declines_what_it_does_not_take(monkeypatch):
     ]  # fmt: skip
     for i, x in enumerate(declined):
         assert check(spec, 0, *x) is False, f"case {i} was taken"
+    # scales read from device tensors: one-element fp32 tensors, both
+    _, spec, make, _, _ = _fast_setup(monkeypatch, "fewrows", 4, False, tensors=True)
+    assert check(spec, 0, *make())
+    declined = [
+        variant(6, lambda s: 0.5),  # a float beside a tensor
+        variant(6, lambda s: torch.full((2,), 0.5)),  # two elements
+        variant(6, lambda s: torch.full((1,), 0.5, dtype=torch.float16)),  # not fp32
+        variant(7, lambda s: torch.full((1, 1), 0.5)),  # two dimensions
+    ]
+    for i, x in enumerate(declined):
+        assert check(spec, 0, *x) is False, f"tensor-scale case {i} was taken"

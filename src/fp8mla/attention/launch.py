@@ -508,12 +508,18 @@ class AttentionLaunch:
         self._native[both] = (a, b, native.launcher()) if ok else None
 
     def fast_call(
-        self, write_lse: bool, q_dtype: torch.dtype, total_tokens: int, max_page: int | None
+        self,
+        write_lse: bool,
+        scale_tensors: bool,
+        q_dtype: torch.dtype,
+        total_tokens: int,
+        max_page: int | None,
     ) -> Any:
         """run()'s common case for this plan as one C call (``native.fast_run``), or None:
-        float (or no) scales, no per-token scales, a RoPE part, the queries read as given,
-        and both kernels already bound for that specialization (by an earlier call)."""
-        key = (False, False, False, write_lse, False)
+        float (or no) scales, or with ``scale_tensors`` both scales device tensors; no
+        per-token scales, a RoPE part, the queries read as given, and both kernels already
+        bound for that specialization (by an earlier call)."""
+        key = (scale_tensors, scale_tensors, False, write_lse, False)
         mkey = (write_lse,) if self.merge is not None else None
         bound = self._native.get((key, mkey))
         if bound is None or not self.d_kpe or self.q_fp16:
@@ -522,8 +528,8 @@ class AttentionLaunch:
         return native.fast_call(
             a, b, q_dtype, self.kv_dtype, self.tensor_device, total_tokens, self.heads, self.page_size,
             -1 if max_page is None else max_page, self.d_kpe, self.split,
-            self.nan_row is not None, write_lse, self.kv_dtype.itemsize, self._nan_address,
-            self._partial_lse_address,
+            self.nan_row is not None, write_lse, scale_tensors, self.kv_dtype.itemsize,
+            self._nan_address, self._partial_lse_address,
         )  # fmt: skip
 
     def _nan_offsets_of(self, a_ckv: int, a_kpe: int, element_size: int) -> tuple[int, int, bool]:

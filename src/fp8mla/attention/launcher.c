@@ -261,7 +261,7 @@ typedef struct {
   PyObject *tensor_type, *q_dtype, *kv_dtype, *f32;
   long device;
   long long T, H, page_size, max_page, d_kpe;
-  int split, has_nan, write_lse, kv_elem;
+  int split, has_nan, write_lse, scale_ptr, kv_elem;
   unsigned long long nan_addr, partial_lse;
 } FastCall;
 
@@ -279,10 +279,10 @@ static void FastCall_dealloc(FastCall *self) {
 
 static int FastCall_init(FastCall *self, PyObject *args, PyObject *kw) {
   PyObject *a, *b, *tt, *qd, *kd, *f32;
-  if (!PyArg_ParseTuple(args, "O!OOOOOlLLLLLpppiKK", &LaunchType, &a, &b, &tt, &qd, &kd, &f32,
+  if (!PyArg_ParseTuple(args, "O!OOOOOlLLLLLppppiKK", &LaunchType, &a, &b, &tt, &qd, &kd, &f32,
                         &self->device, &self->T, &self->H, &self->page_size, &self->max_page,
                         &self->d_kpe, &self->split, &self->has_nan, &self->write_lse,
-                        &self->kv_elem, &self->nan_addr, &self->partial_lse))
+                        &self->scale_ptr, &self->kv_elem, &self->nan_addr, &self->partial_lse))
     return -1;
   if (b != Py_None && Py_TYPE(b) != &LaunchType) {
     PyErr_SetString(PyExc_TypeError, "expected a Launch or None for the merge");
@@ -363,6 +363,34 @@ static int scale_of(PyObject *s, double *v) {
   return *v > 0.0 && *v <= 1.7976931348623157e308;
 }
 
+/* a scale the kernel reads from the device: a one-element fp32 tensor of at most one
+ * dimension on the device, 16-byte aligned; its address in ptr. 0: declined. */
+static int scale_tensor(FastCall *fc, PyObject *t, unsigned long long *ptr) {
+  if ((PyObject *)Py_TYPE(t) != fc->tensor_type) return 0;
+  PyObject *o = PyObject_GetAttr(t, s_dtype);
+  if (!o) return -1;
+  int same = o == fc->f32;
+  Py_DECREF(o);
+  if (!same) return 0;
+  o = PyObject_CallMethodNoArgs(t, s_get_device);
+  if (!o) return -1;
+  long dev = PyLong_AsLong(o);
+  Py_DECREF(o);
+  if (dev != fc->device) return 0;
+  o = PyObject_GetAttr(t, s_shape);
+  if (!o) return -1;
+  int ok = PyTuple_Check(o) && PyTuple_GET_SIZE(o) <= 1 &&
+           (PyTuple_GET_SIZE(o) == 0 || PyLong_AsLongLong(PyTuple_GET_ITEM(o, 0)) == 1);
+  Py_DECREF(o);
+  if (!ok) return 0;
+  o = PyObject_CallMethodNoArgs(t, s_data_ptr);
+  if (!o) return -1;
+  *ptr = PyLong_AsUnsignedLongLong(o);
+  Py_DECREF(o);
+  if (PyErr_Occurred()) return -1;
+  return (*ptr & 15) == 0;
+}
+
 static int put(Launch *l, int i, long long v) {
   int k = l->slot[i];
   if (k < 0) return 0;
@@ -437,8 +465,16 @@ static int fast_fill(PyObject *const *args, Py_ssize_t nargs) {
     VIEW(args[7], fc->f32, 2, &ls);
   }
 #undef VIEW
-  double cs, ks;
-  if (!scale_of(args[8], &cs) || !scale_of(args[9], &ks)) return 0;
+  double cs = 1.0, ks = 1.0;
+  unsigned long long cs_addr = 0, ks_addr = 0;
+  if (fc->scale_ptr) { /* both scales read by the kernel from the device */
+    r = scale_tensor(fc, args[8], &cs_addr);
+    if (r <= 0) return r;
+    r = scale_tensor(fc, args[9], &ks_addr);
+    if (r <= 0) return r;
+  } else if (!scale_of(args[8], &cs) || !scale_of(args[9], &ks)) {
+    return 0;
+  }
   long long T = fc->T, H = fc->H, P = ck.shape[0];
   if (qn.shape[0] != T || qn.shape[1] != H || qn.shape[2] != 512 || qp.shape[0] != T ||
       qp.shape[1] != H || qp.shape[2] != fc->d_kpe || o.shape[0] != T || o.shape[1] != H ||
@@ -458,7 +494,8 @@ static int fast_fill(PyObject *const *args, Py_ssize_t nargs) {
   Launch *a = fc->a;
   long long v[24] = {
       (long long)qn.ptr, (long long)qp.ptr, (long long)ck.ptr, (long long)kp.ptr,
-      (long long)ck.ptr, (long long)ck.ptr, (long long)ck.ptr, qn.stride[0], qn.stride[1],
+      (long long)ck.ptr, (long long)(fc->scale_ptr ? cs_addr : ck.ptr),
+      (long long)(fc->scale_ptr ? ks_addr : ck.ptr), qn.stride[0], qn.stride[1],
       qp.stride[0], qp.stride[1], ck.stride[0], ck.stride[1], kp.stride[0], kp.stride[1], 0, 0,
       P, 0, 0, 0, 0, 0, T};
   int n = 0, bad = 0;

@@ -126,20 +126,21 @@ def launcher() -> Callable[[int, Any, Sequence[Any], Any, Sequence[Any] | None],
 def fast_call(
     a: Any, b: Any, q_dtype: Any, kv_dtype: Any, device: int, tokens: int, heads: int,
     page_size: int, max_page: int, d_kpe: int, split: bool, nan_rows: bool, write_lse: bool,
-    kv_itemsize: int, nan_address: int, partial_lse_address: int,
+    scale_tensors: bool, kv_itemsize: int, nan_address: int, partial_lse_address: int,
 ) -> Any:  # fmt: skip
     """``run()``'s common case in C: ``fast_run(spec, stream, q_nope, q_pe, ckv, kpe, out,
     lse, ckv_scale, kpe_scale)`` checks the call against the plan (plain tensors of the
     planned dtypes, shapes and device, unit last strides, addresses and strides of the bound
-    specialization, float or no scales, page ids in range), fills ``a`` (and ``b``, the merge,
-    or None) and launches both; it returns False, launching nothing, for any call it does not
-    take, which then goes through the Python path (its checks raise the errors)."""
+    specialization, page ids in range; the scales floats or None, or with ``scale_tensors``
+    one-element fp32 tensors on the device), fills ``a`` (and ``b``, the merge, or None) and
+    launches both; it returns False, launching nothing, for any call it does not take, which
+    then goes through the Python path (its checks raise the errors)."""
     import torch
 
     mod = module()
     return mod.FastCall(
         a, b, torch.Tensor, q_dtype, kv_dtype, torch.float32, device, tokens, heads, page_size,
-        max_page, d_kpe, split, nan_rows, write_lse, kv_itemsize, nan_address,
+        max_page, d_kpe, split, nan_rows, write_lse, scale_tensors, kv_itemsize, nan_address,
         partial_lse_address,
     )  # fmt: skip
 

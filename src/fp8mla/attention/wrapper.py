@@ -105,9 +105,11 @@ class BatchMLAPagedAttentionWrapper:
             self._graph_buffers = bufs  # type: ignore[assignment]
         self._plan: PlanState | None = None
         self._launch: AttentionLaunch | None = None
-        # run()'s common case as one C call, without / with an LSE (attention/native.py);
-        # made after a run() of the plan has bound its kernels, dropped by the next plan()
-        self._fast: list[Any] = [None, None]
+        # run()'s common case as one C call (attention/native.py), by kind: an LSE or not,
+        # plus 2 for scales read from device tensors; made after a run() of the plan has bound
+        # its kernels, dropped by the next plan()
+        self._fast: list[Any] = [None] * 4
+        self._out_shape: tuple[int, int, int] = (0, 0, 0)
         self._fast_run: Any = None
         self._device_index = self.device.index if self.device.index is not None else 0
         self._graph: _GraphLaunch | None = None
@@ -187,7 +189,7 @@ class BatchMLAPagedAttentionWrapper:
         if self._backend == "triton":
             launch = self._make_launch(state, num_splits, kernel_config)
         self._plan, self._launch = state, launch
-        self._fast: list[Any] = [None, None]  # run()'s C path without / with an LSE
+        self._fast: list[Any] = [None] * 4  # run()'s C path: [LSE or not + 2 × tensor scales]
 
     def _make_launch(
         self, state: PlanState, num_splits: int | None, config: KernelConfig | str | None
@@ -335,28 +337,21 @@ class BatchMLAPagedAttentionWrapper:
             ``out`` ``[tokens, H, 512]`` in the query dtype, and ``lse`` if ``return_lse``.
             A request whose page-table entries fall outside the cache gets NaN (see ``debug``).
         """
-        fast = self._fast[lse is not None]
+        # the common case in one C call (checks, arguments, both launches), once bound
+        fast = self._fast[(lse is not None) + 2 * (type(ckv_scale) is torch.Tensor)]
         if (
             fast
-            and out is not None
             and ckv_scale_arr is None
             and (lse is not None or not return_lse)
             and KernelLauncher._direct_ok()
-            and self._fast_run(
-                fast,
-                current_stream(self._device_index),
-                q_nope,
-                q_pe,
-                ckv_cache,
-                kpe_cache,
-                out,
-                lse,
-                ckv_scale,
-                kpe_scale,
-            )  # fmt: skip
         ):
-            self._launch.native_launches += 1
-            return (out, lse) if return_lse else out
+            if out is None:
+                out = torch.empty(self._out_shape, dtype=self._plan.q_dtype, device=self.device)
+            stream = current_stream(self._device_index)
+            args = (q_nope, q_pe, ckv_cache, kpe_cache, out, lse, ckv_scale, kpe_scale)
+            if self._fast_run(fast, stream, *args):
+                self._launch.native_launches += 1
+                return (out, lse) if return_lse else out
         st = self._plan
         if st is None:
             raise ValueError("expected plan() to be called before run(), got no plan")
@@ -376,19 +371,22 @@ class BatchMLAPagedAttentionWrapper:
             _run_reference(st, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
         elif st.total_tokens and st.batch:
             self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
-            if self._fast[lse is not None] is None and not self._debug:
-                self._bind_fast(lse is not None)
+            tensors = isinstance(scales.ckv, torch.Tensor) and isinstance(scales.kpe, torch.Tensor)
+            kind = (lse is not None) + 2 * tensors
+            if self._fast[kind] is None and not self._debug and scales.ckv_arr is None:
+                self._bind_fast(lse is not None, tensors)
         return (out, lse) if return_lse else out
 
-    def _bind_fast(self, write_lse: bool) -> None:
+    def _bind_fast(self, write_lse: bool, scale_tensors: bool) -> None:
         """After a run() through the Python path: this plan's common case as one C call
         (``native.fast_call``), once its kernels are bound for it (retried after each such
         run() until then)."""
         st, launch = self._plan, self._launch
-        fast = launch.fast_call(write_lse, st.q_dtype, st.total_tokens, st.max_page)
+        fast = launch.fast_call(write_lse, scale_tensors, st.q_dtype, st.total_tokens, st.max_page)
         if fast is not None:
             self._fast_run = native.fast_runner()
-            self._fast[write_lse] = fast
+            self._fast[write_lse + 2 * scale_tensors] = fast
+            self._out_shape = (st.total_tokens, st.num_heads, st.head_dim_ckv)
 
 
 def _capturing(device: torch.device) -> bool:
