@@ -7,7 +7,7 @@ values fill a parameter block once, and :func:`launch` writes only the call's va
 addresses, strides, lengths) and launches, the attention and the split merge in one call
 (:func:`launcher`).
 
-The extension (``launcher.c``, beside this module) is built on first use with Triton's own
+The extension (``csrc/``: ``bound.c``, ``fast_call.c``, ``module.c``) is built on first use with Triton's own
 C build (the compiler and headers Triton's launchers need; cached in Triton's cache). Where
 it cannot be built, or a kernel's compiled form is one it does not handle (scratch memory,
 clusters, a parameter specialized on its value), :func:`bind` returns None and the caller
@@ -23,10 +23,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-# compiled parameter type -> slot kind of launcher.c (pointer, int64, int32, uint32, int8,
+# compiled parameter type -> slot kind of csrc/bound.c (pointer, int64, int32, uint32, int8,
 # uint8, float32)
 _KINDS = {"i64": "L", "u64": "p", "i32": "i", "u32": "I", "i1": "b", "i8": "b", "u1": "B",
           "u8": "B", "fp32": "f", "f32": "f"}  # fmt: skip
+
+
+_SOURCES = ("bound.c", "fast_call.c", "module.c")  # one translation unit, in this order
 
 
 @lru_cache(maxsize=1)
@@ -38,7 +41,8 @@ def module() -> Any:
         from triton.backends.nvidia import driver as nv
         from triton.runtime.build import compile_module_from_src
 
-        src = (Path(__file__).with_name("launcher.c")).read_text()
+        csrc = Path(__file__).with_name("csrc")
+        src = "\n".join((csrc / name).read_text() for name in _SOURCES)
         return compile_module_from_src(
             src=src, name="fp8mla_launch", include_dirs=list(nv.include_dirs)
         )
