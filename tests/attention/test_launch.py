@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fp8mla.attention import kernel_launcher as KL
 from fp8mla.attention import launch as L
 from fp8mla.attention.variants import REGISTRY
 
@@ -48,10 +49,10 @@ class _Kernel:
 
 
 def test_first_launch_compiles_then_direct_calls(monkeypatch):
-    monkeypatch.setattr(L, "current_stream", lambda device: 7)
-    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
+    monkeypatch.setattr(KL, "current_stream", lambda device: 7)
+    monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     k = _Kernel()
-    launcher = L.KernelLauncher(k, (2, 3, 4), {"num_warps": 4})
+    launcher = KL.KernelLauncher(k, (2, 3, 4), {"num_warps": 4})
     launcher.launch({"a_ptr": "A", "n": 5}, key=("aligned",))
     assert len(k.triton_launches) == 1 and k.triton_launches[0][1]["num_warps"] == 4
     launcher.launch({"a_ptr": "B", "n": 6}, key=("aligned",))
@@ -65,9 +66,9 @@ def test_first_launch_compiles_then_direct_calls(monkeypatch):
 
 
 def test_profiler_hooks_take_tritons_path(monkeypatch):
-    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: False))
+    monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: False))
     k = _Kernel()
-    launcher = L.KernelLauncher(k, (1, 1, 1), {})
+    launcher = KL.KernelLauncher(k, (1, 1, 1), {})
     for _ in range(3):
         launcher.launch({"a_ptr": "A", "n": 1}, key=("aligned",))
     assert len(k.triton_launches) == 3 and not k.compiled.calls
@@ -95,12 +96,12 @@ def test_nan_row_is_nan_in_the_cache_dtype(dtype):
 
 def test_specialization_checks():
     base = torch.empty(64, dtype=torch.uint8)
-    assert L._aligned(base[0:16], base[32:48]) == (base.data_ptr() % 16 == 0)
-    assert not L._aligned(base[0:16], base[1:17]) or base.data_ptr() % 16 != 0
-    assert L._strides16(16, 576, 512 * 16)
-    assert not L._strides16(16, 8)
-    assert not L._strides16(0, 16)  # 0 is not divisible in Triton's sense
-    assert not L._strides16(1)
+    assert KL.aligned16(base[0:16], base[32:48]) == (base.data_ptr() % 16 == 0)
+    assert not KL.aligned16(base[0:16], base[1:17]) or base.data_ptr() % 16 != 0
+    assert KL.strides16(16, 576, 512 * 16)
+    assert not KL.strides16(16, 8)
+    assert not KL.strides16(0, 16)  # 0 is not divisible in Triton's sense
+    assert not KL.strides16(1)
 
 
 class _Recorder:
@@ -141,8 +142,8 @@ def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
 
     from attention_utils import sm90_launch
 
-    monkeypatch.setattr(L, "current_stream", lambda device: 0)
-    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
+    monkeypatch.setattr(KL, "current_stream", lambda device: 0)
+    monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     heads, fp8 = 16, torch.float8_e4m3fn
     launch = sm90_launch(variant, splits, heads)
     kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
@@ -168,7 +169,7 @@ def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
         launcher._compiled.clear()
         rec.by_name.clear()
     # the four direct launches' calls again, through Triton's path alone
-    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: False))
+    monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: False))
     for x in inputs[2:] + inputs:
         launch(*x)
     for x, named in zip(inputs[2:] + inputs, recorders[0].by_name):
@@ -250,8 +251,8 @@ def test_unaligned_output_takes_tritons_path_for_the_merge_too(monkeypatch):
     from fp8mla.attention.targets import TARGETS
     from fp8mla.formats import Scales
 
-    monkeypatch.setattr(L, "current_stream", lambda device: 0)
-    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
+    monkeypatch.setattr(KL, "current_stream", lambda device: 0)
+    monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     heads, fp8 = 16, torch.float8_e4m3fn
     plan = LaunchPlan(tile_for_variant("rows", heads, fp8, TARGETS["sm90"]), 1, 4)
     i32 = dict(dtype=torch.int32)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fp8mla.attention import kernel_launcher as KL
 from fp8mla.attention import launch as L
 from fp8mla.attention import native
 from fp8mla.attention.variants import REGISTRY
@@ -79,8 +80,8 @@ def _recorded_launch(monkeypatch, variant: str, splits: int):
     blocks they would hand the driver (in ``sent``) instead of launching."""
     from attention_utils import sm90_launch
 
-    monkeypatch.setattr(L, "current_stream", lambda device: 0)
-    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
+    monkeypatch.setattr(KL, "current_stream", lambda device: 0)
+    monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     launch = sm90_launch(variant, splits, merge_waits=splits > 1)
     kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
     fns = [_jit(k.fn) for k in kernels]
@@ -145,7 +146,7 @@ def test_native_parameter_block_matches_tritons_path(monkeypatch, variant, split
         launch(*x)
     assert launch.native_launches == len(later) == len(sent)
     # the same calls through Triton's path: what each parameter must be
-    monkeypatch.setattr(L.KernelLauncher, "_direct_ok", staticmethod(lambda: False))
+    monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: False))
     for k in kernels:
         k.fn.by_name.clear()
     for x in later:

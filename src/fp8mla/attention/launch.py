@@ -7,31 +7,23 @@ module does no host synchronization and no allocation beyond what the caller han
 (CUDA-graph safe), except the fp16 copy of the queries that value-split tiles with
 ``q_fp16_copy`` read (PyTorch's caching allocator serves it, under graph capture too).
 
-Triton's generic launcher binds and specializes every argument on every call (tens of
-microseconds of host time for ~45 arguments). :class:`KernelLauncher` keeps the compiled kernel
-of the first launch and calls it directly afterwards, as long as the call's tensors keep the
-specialization it was compiled for (16-byte aligned pointers, strides divisible by 16), which
-the few cheap checks in :meth:`AttentionLaunch.__call__` establish; any other call takes
-Triton's path.
+Launches past the first of a specialization skip Triton's launcher: the kernels bound in C
+(``native.py``), or called directly (``kernel_launcher.py``) where that is not available; the
+few cheap checks in :meth:`AttentionLaunch.__call__` establish the specialization (16-byte
+aligned pointers, strides divisible by 16); any other call takes Triton's path.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Hashable, Sequence
-from functools import reduce
+from collections.abc import Hashable
 from typing import Any
 
 import torch
 import triton.language as tl
 
-try:  # Triton's runtime settings (profiling hooks live there); a submodule, imported by name
-    from triton import knobs as _knobs
-except ImportError:  # older Triton: no hooks to respect, and no direct path either
-    _knobs = None
-
-from fp8mla.attention import native
+from fp8mla.attention import kernel_launcher, native
 from fp8mla.attention.config import LaunchPlan
+from fp8mla.attention.kernel_launcher import ArgumentBinder, KernelLauncher, aligned16, all16
 from fp8mla.attention.planner import merge_block_s
 from fp8mla.attention.targets import Target, current_target
 from fp8mla.attention.variants import get_variant
@@ -89,66 +81,6 @@ def fp8_conversion(
     return int(T.CVT_INT_E4M3 if e4m3 else T.CVT_INT_E5M2)
 
 
-class KernelLauncher:
-    """One kernel with a fixed grid and launch options; arguments by name.
-
-    ``launch(args, key)``: with a ``key`` (a hashable naming the specialization of the call's
-    arguments), a kernel compiled by an earlier launch with the same key is called directly;
-    with ``key=None`` every launch takes Triton's own path (the interpreter, profiling hooks,
-    arguments outside the fast specialization)."""
-
-    def __init__(
-        self, fn: Any, grid: tuple[int, int, int], options: dict[str, int], device: int = 0
-    ) -> None:
-        self.fn = fn
-        self.grid = grid
-        self.options = options
-        self.names: list[str] = list(getattr(fn, "arg_names", ()))
-        self.defaults = {
-            p.name: p.default for p in getattr(fn, "params", ()) if getattr(p, "has_default", False)
-        }
-        self._compiled: dict[Hashable, Any] = {}
-        self._device = device  # CUDA index whose current stream a direct launch uses
-        self.direct_launches = 0  # launches that skipped Triton's path (for tests)
-
-    def launch(self, args: dict[str, Any], key: Hashable | None) -> None:
-        """A launch through Triton's path (binding and specializing ``args`` by name); with a
-        ``key``, later :meth:`launch_direct` calls of that key reuse its compiled kernel."""
-        if key is not None and key in self._compiled and self._direct_ok():
-            self.launch_direct(
-                [args[n] if n in args else self.defaults[n] for n in self.names], key
-            )
-            return
-        kernel = self.fn[self.grid](**args, **self.options)
-        if key is not None and kernel is not None and hasattr(kernel, "packed_metadata"):
-            self._compiled[key] = kernel
-
-    def launch_direct(self, ordered: Sequence[Any], key: Hashable) -> bool:
-        """Call the kernel compiled for ``key`` with every argument in parameter order;
-        False (nothing launched) when there is none yet or a profiler hooks launches."""
-        kernel = self._compiled.get(key)
-        if kernel is None or not self._direct_ok():
-            return False
-        g0, g1, g2 = self.grid
-        kernel.run(g0, g1, g2, current_stream(self._device), kernel.function,
-                   kernel.packed_metadata, None, None, None, *ordered)  # fmt: skip
-        self.direct_launches += 1
-        return True
-
-    @staticmethod
-    def _direct_ok() -> bool:
-        """Profilers hook Triton's launches: leave those to Triton's path. A hook is a
-        callable, None, or (Triton 3.5+) a ``HookChain`` whose ``calls`` may be empty."""
-        runtime = getattr(_knobs, "runtime", None)
-        if runtime is None:
-            return False
-        for name in ("launch_enter_hook", "launch_exit_hook"):
-            hook = getattr(runtime, name, None)
-            if hook is not None and (not hasattr(hook, "calls") or hook.calls):
-                return False
-        return True
-
-
 _NAN_ROWS: dict[tuple[torch.device, int], torch.Tensor] = {}
 NAN_ROW_ELEMENTS = 1024 + 16  # a NaN row wider than any cache row (576), and room to align it
 NAN_OFFSETS_KEPT = 1024  # cache pairs whose NaN-row offsets a launch remembers (layers × pools)
@@ -176,17 +108,6 @@ def _nan_offset(base: int, element_size: int, nan: int) -> int:
     return (nan - base) // element_size + start
 
 
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def current_stream(device: int) -> int:
-    """The raw handle of PyTorch's current CUDA stream on device ``device``."""
-    if _RAW_STREAM is not None:
-        return _RAW_STREAM(device)
-    return torch.cuda.current_stream(device).cuda_stream
-
-
-# The arguments each run() supplies, in the order AttentionLaunch.__call__ lists their values;
 # every other parameter of an attention kernel is fixed at plan() or left to its default.
 CALL_ARGS = (
     "q_nope_ptr", "q_pe_ptr", "ckv_ptr", "kpe_ptr", "scale_arr_ptr", "ckv_scale_ptr",
@@ -201,61 +122,6 @@ NAN_ARGS = ("nan_row_ckv", "nan_row_kpe")  # the Gluon kernels' NaN-row offsets
 CACHE_POINTERS = ("ckv_ptr", "kpe_ptr", "scale_arr_ptr", "ckv_scale_ptr", "kpe_scale_ptr")
 MERGE_CALL_ARGS = ("o_ptr", "lse_ptr", "num_tokens", "stride_o_t", "stride_o_h", "stride_lse_t",
                    "WRITE_LSE")  # fmt: skip
-
-
-class _Binder:
-    """A kernel's positional arguments for a direct launch: the plan's values and defaults in
-    a template, the call's values put into their positions (``call`` names them in order).
-
-    Tensors go in as their device addresses (the plan's here, the call's by the caller):
-    Triton's launcher takes an int as the address itself, where for a tensor it calls
-    ``data_ptr()`` and asks the driver about the pointer (``cuPointerGetAttribute``), once
-    per pointer argument of every launch. The plan's tensors stay referenced by the plan; the
-    call's are the caller's, alive through the launch."""
-
-    def __init__(self, launcher: KernelLauncher, fixed: dict[str, Any], call: tuple[str, ...]):
-        names = launcher.names
-        missing = [
-            n for n in names if n not in fixed and n not in call and n not in launcher.defaults
-        ]
-        if missing:
-            raise TypeError(
-                f"expected every kernel argument bound at plan() or run(), got {missing} unbound"
-            )
-        # every parameter as an index into the call's values followed by the plan's
-        self.plan_values = [
-            _address(fixed.get(n, launcher.defaults.get(n))) for n in names if n not in call
-        ]
-        planned = [n for n in names if n not in call]
-        order = [call.index(n) if n in call else len(call) + planned.index(n) for n in names]
-        self._gather = operator.itemgetter(*order)
-
-    def __call__(self, vals: list[Any]) -> tuple[Any, ...]:
-        """Every parameter's value in order, ``vals`` the call's (``len(call)`` of them)."""
-        return self._gather(vals + self.plan_values)
-
-
-def _address(value: Any) -> Any:
-    """A tensor's device address; any other value as it is."""
-    return value.data_ptr() if isinstance(value, torch.Tensor) else value
-
-
-def _aligned(*tensors: torch.Tensor) -> bool:
-    """All data pointers 16-byte aligned (Triton's pointer specialization)."""
-    acc = 0
-    for t in tensors:
-        acc |= t.data_ptr()
-    return acc & 15 == 0
-
-
-def _strides16(*values: int) -> bool:
-    """All values divisible by 16 (Triton's integer specialization; 0 and 1 are not)."""
-    return _all16(values)
-
-
-def _all16(values: Sequence[int]) -> bool:
-    """:func:`_strides16` of a sequence (``run()``'s form: no argument unpacking)."""
-    return 0 not in values and reduce(operator.or_, values) & 15 == 0
 
 
 class AttentionLaunch:
@@ -380,13 +246,13 @@ class AttentionLaunch:
             if plan.merge_waits:  # Triton launches it with the programmatic-dependency attribute
                 merge_options["launch_pdl"] = True
             self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, merge_options, index)
-            self._merge_bind = _Binder(self.merge, self.merge_fixed, MERGE_CALL_ARGS)
+            self._merge_bind = ArgumentBinder(self.merge, self.merge_fixed, MERGE_CALL_ARGS)
         call = (
             CALL_ARGS
             + (() if self.split else OUT_ARGS)
             + (NAN_ARGS if self.nan_row is not None else ())
         )
-        self._bind = _Binder(self.kernel, self.fixed, call)
+        self._bind = ArgumentBinder(self.kernel, self.fixed, call)
         self._call = call
         # (attention key, merge key) -> the two kernels bound for native.launch (None: not
         # bindable, Triton's path)
@@ -395,7 +261,7 @@ class AttentionLaunch:
         self._nan_offsets: dict[tuple[int, int], tuple[int, int, bool]] = {}
         # direct launches: compiled code, and the plan's arrays keep Triton's 16-byte alignment
         fixed_tensors = [v for v in self.fixed.values() if isinstance(v, torch.Tensor)]
-        self.fast = not interpreted and _aligned(*fixed_tensors)
+        self.fast = not interpreted and aligned16(*fixed_tensors)
 
     def __call__(
         self,
@@ -462,18 +328,18 @@ class AttentionLaunch:
             vals += [nc, nk]
             strides += [nc, nk]
         key = mkey = mvals = None
-        if self.fast and ptrs & 15 == 0 and _all16(strides):
+        if self.fast and ptrs & 15 == 0 and all16(strides):
             key = (cs_ptr, ks_ptr, group, write_lse, wide)
         if self.merge is not None:
             mvals = [a_out, a_lse if write_lse else self._partial_lse_address, out.shape[0],
                      os[0], os[1], lse_t, write_lse]  # fmt: skip
-            if key is not None and _all16((os[0], os[1], lse_t) if write_lse else os[:2]):
+            if key is not None and all16((os[0], os[1], lse_t) if write_lse else os[:2]):
                 mkey = (write_lse,)
         # both launches bound at an earlier call of the same specialization: one native call
         both = (key, mkey) if key is not None and (mvals is None or mkey is not None) else None
         bound = self._native.get(both) if both is not None else None
         if bound is not None and KernelLauncher._direct_ok():
-            stream = current_stream(self.kernel._device)
+            stream = kernel_launcher.current_stream(self.kernel._device)
             if bound[2](stream, bound[0], vals, bound[1], mvals):
                 self.native_launches += 1
                 return

@@ -23,6 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from fp8mla.attention.kernel_launcher import tensor_address
+
 # compiled parameter type -> slot kind of csrc/bound.c (pointer, int64, int32, uint32, int8,
 # uint8, float32)
 _KINDS = {"i64": "L", "u64": "p", "i32": "i", "u32": "I", "i1": "b", "i8": "b", "u1": "B",
@@ -109,7 +111,7 @@ def bind(
     sig = kernel.src.signature
     params = [n for n in names if sig[n] != "constexpr"]
     index = {n: k for k, n in enumerate(params)}
-    init = [None if n in call else _address(values[n]) for n in params] + [None, None]
+    init = [None if n in call else tensor_address(values[n]) for n in params] + [None, None]
     slots = [index.get(n, -1) for n in call]
     meta = kernel.metadata
     pdl = bool(getattr(meta, "launch_pdl", False))
@@ -152,12 +154,3 @@ def fast_call(
 def fast_runner() -> Callable[..., bool]:
     """The extension's ``fast_run`` (see :func:`fast_call`)."""
     return module().fast_run
-
-
-def _address(value: Any) -> Any:
-    """A tensor's device address; a bool as an int; anything else as it is."""
-    if hasattr(value, "data_ptr"):
-        return value.data_ptr()
-    if isinstance(value, bool):
-        return int(value)
-    return value

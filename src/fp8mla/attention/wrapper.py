@@ -21,7 +21,8 @@ import torch
 from fp8mla._checks import check_index, check_tensor
 from fp8mla.attention import native
 from fp8mla.attention.config import KernelConfig, LaunchPlan
-from fp8mla.attention.launch import AttentionLaunch, KernelLauncher, current_stream
+from fp8mla.attention.kernel_launcher import KernelLauncher, current_stream
+from fp8mla.attention.launch import AttentionLaunch
 from fp8mla.attention.plan_state import PlanState, build_plan_state
 from fp8mla.attention.planner import device_sm_count, make_launch_plan
 from fp8mla.attention.targets import launch_target
