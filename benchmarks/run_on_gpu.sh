@@ -17,7 +17,11 @@ py=python3
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 $py -m fp8mla info | tee -a "$out/env.txt"
 if has tests; then
-  timeout ${TEST_TIMEOUT:-420} $py -m pytest -q --timeout 150 -p no:cacheprovider \
+  # with pytest-xdist, parallel workers (the suite's cost is compiling kernels: ~110 s with 6
+  # workers on the H200's host, ~350 s in one process)
+  workers=()
+  $py -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-6}")
+  timeout ${TEST_TIMEOUT:-420} $py -m pytest -q "${workers[@]}" --timeout 150 -p no:cacheprovider \
     tests/attention tests/kernels tests/cache tests/bench ${EXTRA_TESTS:-} \
     2>&1 | tee "$out/pytest.log" | tail -25
 fi
