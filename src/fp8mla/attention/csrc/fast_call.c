@@ -72,9 +72,9 @@ typedef struct {
   long long shape[3], stride[3];
 } TensorView;
 
-/* 1: t is a plain tensor of ``dtype`` on the device with ``ndim`` dims, a unit last stride;
- * its address, shape and strides in v. 0: declined. -1: a Python error. */
-static int view_of(FastCall *fc, PyObject *t, PyObject *dtype, int ndim, TensorView *v) {
+/* 1: t is a plain tensor (not a subclass) of ``dtype`` on the spec's device. 0: it is not.
+ * -1: a Python error. */
+static int plain_on_device(FastCall *fc, PyObject *t, PyObject *dtype) {
   if ((PyObject *)Py_TYPE(t) != fc->tensor_type) return 0;
   PyObject *o = PyObject_GetAttr(t, s_dtype);
   if (!o) return -1;
@@ -85,8 +85,24 @@ static int view_of(FastCall *fc, PyObject *t, PyObject *dtype, int ndim, TensorV
   if (!o) return -1;
   long dev = PyLong_AsLong(o);
   Py_DECREF(o);
-  if (dev != fc->device) return 0;
-  o = PyObject_GetAttr(t, s_shape);
+  return dev == fc->device;
+}
+
+/* the tensor's address: 0 with a Python error set when it cannot be read */
+static unsigned long long address_of(PyObject *t) {
+  PyObject *o = PyObject_CallMethodNoArgs(t, s_data_ptr);
+  if (!o) return 0;
+  unsigned long long ptr = PyLong_AsUnsignedLongLong(o);
+  Py_DECREF(o);
+  return ptr;
+}
+
+/* 1: t is a plain tensor of ``dtype`` on the device with ``ndim`` dims, a unit last stride;
+ * its address, shape and strides in v. 0: declined. -1: a Python error. */
+static int view_of(FastCall *fc, PyObject *t, PyObject *dtype, int ndim, TensorView *v) {
+  int r = plain_on_device(fc, t, dtype);
+  if (r <= 0) return r;
+  PyObject *o = PyObject_GetAttr(t, s_shape);
   if (!o) return -1;
   int ok = PyTuple_Check(o) && PyTuple_GET_SIZE(o) == ndim;
   for (int i = 0; ok && i < ndim; ++i) v->shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(o, i));
@@ -98,12 +114,8 @@ static int view_of(FastCall *fc, PyObject *t, PyObject *dtype, int ndim, TensorV
   for (int i = 0; ok && i < ndim; ++i) v->stride[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(o, i));
   Py_DECREF(o);
   if (!ok || v->stride[ndim - 1] != 1) return 0;
-  o = PyObject_CallMethodNoArgs(t, s_data_ptr);
-  if (!o) return -1;
-  v->ptr = PyLong_AsUnsignedLongLong(o);
-  Py_DECREF(o);
-  if (PyErr_Occurred()) return -1;
-  return 1;
+  v->ptr = address_of(t);
+  return PyErr_Occurred() ? -1 : 1;
 }
 
 /* a positive finite float scale; None is 1.0; 0: declined */
@@ -120,27 +132,15 @@ static int scale_of(PyObject *s, double *v) {
 /* a scale the kernel reads from the device: a one-element fp32 tensor of at most one
  * dimension on the device, 16-byte aligned; its address in ptr. 0: declined. */
 static int scale_tensor(FastCall *fc, PyObject *t, unsigned long long *ptr) {
-  if ((PyObject *)Py_TYPE(t) != fc->tensor_type) return 0;
-  PyObject *o = PyObject_GetAttr(t, s_dtype);
-  if (!o) return -1;
-  int same = o == fc->f32;
-  Py_DECREF(o);
-  if (!same) return 0;
-  o = PyObject_CallMethodNoArgs(t, s_get_device);
-  if (!o) return -1;
-  long dev = PyLong_AsLong(o);
-  Py_DECREF(o);
-  if (dev != fc->device) return 0;
-  o = PyObject_GetAttr(t, s_shape);
+  int r = plain_on_device(fc, t, fc->f32);
+  if (r <= 0) return r;
+  PyObject *o = PyObject_GetAttr(t, s_shape);
   if (!o) return -1;
   int ok = PyTuple_Check(o) && PyTuple_GET_SIZE(o) <= 1 &&
            (PyTuple_GET_SIZE(o) == 0 || PyLong_AsLongLong(PyTuple_GET_ITEM(o, 0)) == 1);
   Py_DECREF(o);
   if (!ok) return 0;
-  o = PyObject_CallMethodNoArgs(t, s_data_ptr);
-  if (!o) return -1;
-  *ptr = PyLong_AsUnsignedLongLong(o);
-  Py_DECREF(o);
+  *ptr = address_of(t);
   if (PyErr_Occurred()) return -1;
   return (*ptr & 15) == 0;
 }
