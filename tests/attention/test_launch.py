@@ -98,10 +98,10 @@ def test_specialization_checks():
     base = torch.empty(64, dtype=torch.uint8)
     assert KL.aligned16(base[0:16], base[32:48]) == (base.data_ptr() % 16 == 0)
     assert not KL.aligned16(base[0:16], base[1:17]) or base.data_ptr() % 16 != 0
-    assert KL.strides16(16, 576, 512 * 16)
-    assert not KL.strides16(16, 8)
-    assert not KL.strides16(0, 16)  # 0 is not divisible in Triton's sense
-    assert not KL.strides16(1)
+    assert KL.all16((16, 576, 512 * 16))
+    assert not KL.all16((16, 8))
+    assert not KL.all16((0, 16))  # 0 is not divisible in Triton's sense
+    assert not KL.all16((1,))
 
 
 class _Recorder:

@@ -46,7 +46,6 @@ def wrapper(monkeypatch):
 
     w._fast_run = fast_run
     w._fast = ["plain", "lse", "tensor scales", "tensor scales, lse"]
-    w._out_shape = (2, 16, 512)
     w._launch = _ReferenceLaunch(w._plan)
     return w, b, state
 

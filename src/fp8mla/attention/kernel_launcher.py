@@ -139,11 +139,6 @@ def aligned16(*tensors: torch.Tensor) -> bool:
     return acc & 15 == 0
 
 
-def strides16(*values: int) -> bool:
-    """All values divisible by 16 (Triton's integer specialization; 0 and 1 are not)."""
-    return all16(values)
-
-
 def all16(values: Sequence[int]) -> bool:
-    """:func:`strides16` of a sequence (``run()``'s form: no argument unpacking)."""
+    """All values divisible by 16 (Triton's integer specialization; 0 and 1 are not)."""
     return 0 not in values and reduce(operator.or_, values) & 15 == 0

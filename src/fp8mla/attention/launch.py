@@ -108,6 +108,7 @@ def _nan_offset(base: int, element_size: int, nan: int) -> int:
     return (nan - base) // element_size + start
 
 
+# The arguments each run() supplies, in the order AttentionLaunch.__call__ lists their values;
 # every other parameter of an attention kernel is fixed at plan() or left to its default.
 CALL_ARGS = (
     "q_nope_ptr", "q_pe_ptr", "ckv_ptr", "kpe_ptr", "scale_arr_ptr", "ckv_scale_ptr",
@@ -392,8 +393,8 @@ class AttentionLaunch:
             return None
         a, b, _ = bound
         return native.fast_call(
-            a, b, q_dtype, self.kv_dtype, self.tensor_device, total_tokens, self.heads, self.page_size,
-            -1 if max_page is None else max_page, self.d_kpe, self.split,
+            a, b, q_dtype, self.kv_dtype, self.tensor_device, total_tokens, self.heads,
+            self.page_size, -1 if max_page is None else max_page, self.d_kpe, self.split,
             self.nan_row is not None, write_lse, scale_tensors, self.kv_dtype.itemsize,
             self._nan_address, self._partial_lse_address,
         )  # fmt: skip

@@ -110,7 +110,6 @@ class BatchMLAPagedAttentionWrapper:
         # plus 2 for scales read from device tensors; made after a run() of the plan has bound
         # its kernels, dropped by the next plan()
         self._fast: list[Any] = [None] * 4
-        self._out_shape: tuple[int, int, int] = (0, 0, 0)
         self._fast_run: Any = None
         self._device_index = self.device.index if self.device.index is not None else 0
         self._graph: _GraphLaunch | None = None
@@ -190,7 +189,7 @@ class BatchMLAPagedAttentionWrapper:
         if self._backend == "triton":
             launch = self._make_launch(state, num_splits, kernel_config)
         self._plan, self._launch = state, launch
-        self._fast: list[Any] = [None] * 4  # run()'s C path: [LSE or not + 2 × tensor scales]
+        self._fast = [None] * 4  # the new plan's C path is bound by its first run()
 
     def _make_launch(
         self, state: PlanState, num_splits: int | None, config: KernelConfig | str | None
@@ -347,7 +346,7 @@ class BatchMLAPagedAttentionWrapper:
             and KernelLauncher._direct_ok()
         ):
             if out is None:
-                out = torch.empty(self._out_shape, dtype=self._plan.q_dtype, device=self.device)
+                out = self._plan.check_or_alloc_out(None)
             stream = current_stream(self._device_index)
             args = (q_nope, q_pe, ckv_cache, kpe_cache, out, lse, ckv_scale, kpe_scale)
             if self._fast_run(fast, stream, *args):
@@ -387,7 +386,6 @@ class BatchMLAPagedAttentionWrapper:
         if fast is not None:
             self._fast_run = native.fast_runner()
             self._fast[write_lse + 2 * scale_tensors] = fast
-            self._out_shape = (st.total_tokens, st.num_heads, st.head_dim_ckv)
 
 
 def _capturing(device: torch.device) -> bool:
