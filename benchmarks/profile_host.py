@@ -80,6 +80,15 @@ def main() -> int:
     if fast:
         add("  fast_run (checks, fills, both launches, in C)", lambda: wrapper._fast_run(
             fast, stream, inp.q_nope, inp.q_pe, ckv, kpe, out, None, s, s))  # fmt: skip
+        mod, accessor = native.module(), native.fields_module()
+        for label, cap in (("C++ accessor", accessor and accessor.fields), ("Python methods", None)):
+            if label == "C++ accessor" and cap is None:
+                print("  no C++ accessor (csrc/tensor_fields.cpp could not be built)")
+                continue
+            mod.set_fields(cap)
+            add(f"  fast_check (checks and fills), tensors by {label}", lambda: mod.fast_check(
+                fast, stream, inp.q_nope, inp.q_pe, ckv, kpe, out, None, s, s))  # fmt: skip
+        mod.set_fields(accessor and accessor.fields)
     else:
         print("  no C path for this call (attention/native.py unavailable or not bindable)")
     wrapper._fast = [False] * 4  # the Python path from here on

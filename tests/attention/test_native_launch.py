@@ -17,6 +17,22 @@ from fp8mla.attention.variants import REGISTRY
 
 pytestmark = pytest.mark.skipif(native.module() is None, reason="no C compiler for the launcher")
 
+
+
+@pytest.fixture(params=["cxx", "python"])
+def fields(request):
+    """run()'s C path reading tensors through the C++ accessor, or through their Python
+    methods (where the accessor cannot be built); both must take and decline the same calls
+    and fill the same parameters."""
+    mod = native.module()
+    accessor = native.fields_module()
+    if request.param == "cxx" and accessor is None:
+        pytest.skip("no C++ accessor on this machine")
+    mod.set_fields(accessor.fields if request.param == "cxx" else None)
+    yield request.param
+    mod.set_fields(None if accessor is None else accessor.fields)
+
+
 _UNPACK = {"p": "<Q", "L": "<q", "i": "<i", "I": "<I", "b": "<b", "B": "<B", "f": "<f"}
 
 
@@ -238,7 +254,7 @@ def _fast_setup(monkeypatch, variant: str, splits: int, write_lse: bool, tensors
 @pytest.mark.parametrize("write_lse, tensors", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("variant, splits", [(v, s) for v in sorted(REGISTRY) for s in (1, 4)])
 def test_fast_path_fills_what_the_python_path_sends(
-    monkeypatch, variant, splits, write_lse, tensors
+    monkeypatch, fields, variant, splits, write_lse, tensors
 ):
     """run()'s C path, on calls it takes, leaves the same parameter blocks as the Python
     path's bound launch for the same tensors and scales."""
@@ -263,7 +279,7 @@ def _launches(launch, write_lse, tensors):
     return [a] + ([b] if b is not None else [])
 
 
-def test_fast_path_declines_what_it_does_not_take(monkeypatch):
+def test_fast_path_declines_what_it_does_not_take(monkeypatch, fields):
     """Anything but the planned common case is left to the Python path (which checks it)."""
     launch, spec, make, python_path, sent = _fast_setup(monkeypatch, "fewrows", 4, False)
     check = native.module().fast_check
@@ -293,6 +309,8 @@ def test_fast_path_declines_what_it_does_not_take(monkeypatch):
             2, 16, 512)),  # an address that is not 16-byte aligned
         variant(1, lambda t: torch.empty(2, 16, 72, dtype=torch.bfloat16)[..., :64]),  # stride
         variant(0, lambda t: "not a tensor"),
+        variant(4, lambda t: torch.empty(2, 16, 512, 1, dtype=torch.bfloat16)),  # 4 dims
+        variant(4, lambda t: torch.empty(2, 16, 520, dtype=torch.bfloat16)[..., :512]),  # stride
     ]  # fmt: skip
     for i, x in enumerate(declined):
         assert check(spec, 0, *x) is False, f"case {i} was taken"
@@ -304,6 +322,19 @@ def test_fast_path_declines_what_it_does_not_take(monkeypatch):
         variant(6, lambda s: torch.full((2,), 0.5)),  # two elements
         variant(6, lambda s: torch.full((1,), 0.5, dtype=torch.float16)),  # not fp32
         variant(7, lambda s: torch.full((1, 1), 0.5)),  # two dimensions
+        variant(7, lambda s: torch.full((2,), 0.5)[1:]),  # not 16-byte aligned
+        variant(7, lambda s: torch.tensor(0.5, dtype=torch.float64)),  # not fp32
     ]
     for i, x in enumerate(declined):
         assert check(spec, 0, *x) is False, f"tensor-scale case {i} was taken"
+
+
+def test_accessor_reads_what_the_python_methods_read():
+    """The C++ accessor's dtype codes tell the kernels' dtypes apart, and a tensor it cannot
+    read is not a tensor to it."""
+    if native.fields_module() is None:
+        pytest.skip("no C++ accessor on this machine")
+    dtypes = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
+    codes = [native.dtype_code(d) for d in dtypes]
+    assert len(set(codes)) == len(codes) and min(codes) >= 0
+    assert native.fields_module().dtype_code("not a tensor") == -1

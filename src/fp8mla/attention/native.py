@@ -12,11 +12,23 @@ C build (the compiler and headers Triton's launchers need; cached in Triton's ca
 it cannot be built, or a kernel's compiled form is one it does not handle (scratch memory,
 clusters, a parameter specialized on its value), :func:`bind` returns None and the caller
 keeps Triton's path. ``FP8MLA_NATIVE_LAUNCH=0`` turns it off.
+
+run()'s C path reads each tensor's dtype, device, shape, strides and address. Through the
+tensor's Python methods that is ~28 calls into PyTorch's argument parser per call (~7 µs on
+a slow host); ``csrc/tensor_fields.cpp`` reads them through PyTorch's C++ API in one call per
+tensor. It is built once against the installed PyTorch with the system's C++ compiler (~8 s,
+cached in Triton's cache); where it cannot be built the Python methods are used, with the
+same checks. ``FP8MLA_NATIVE_FIELDS=0`` keeps the Python methods.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -31,6 +43,7 @@ _KINDS = {"i64": "L", "u64": "p", "i32": "i", "u32": "I", "i1": "b", "i8": "b", 
           "u8": "B", "fp32": "f", "f32": "f"}  # fmt: skip
 
 
+_CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("bound.c", "fast_call.c", "module.c")  # one translation unit, in this order
 
 
@@ -43,9 +56,8 @@ def module() -> Any:
         from triton.backends.nvidia import driver as nv
         from triton.runtime.build import compile_module_from_src
 
-        csrc = Path(__file__).with_name("csrc")
-        src = "\n".join((csrc / name).read_text() for name in _SOURCES)
-        return compile_module_from_src(
+        src = "\n".join((_CSRC / name).read_text() for name in _SOURCES)
+        mod = compile_module_from_src(
             src=src, name="fp8mla_launch", include_dirs=list(nv.include_dirs)
         )
     except Exception as exc:  # no compiler, headers or Triton build helper: Triton's path
@@ -56,6 +68,75 @@ def module() -> Any:
             stacklevel=2,
         )
         return None
+    fields = fields_module()
+    mod.set_fields(None if fields is None else fields.fields)
+    return mod
+
+
+
+def _torch_build_flags() -> tuple[list[str], list[str]]:
+    """Compile and link flags of a module built against the installed PyTorch."""
+    import torch
+
+    root = Path(torch.__file__).parent
+    lib = str(root / "lib")
+    abi = int(torch.compiled_with_cxx11_abi())
+    cflags = ["-O2", "-std=c++17", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+              "-I" + sysconfig.get_paths()["include"], "-I" + str(root / "include")]  # fmt: skip
+    ldflags = ["-shared", "-L" + lib, "-Wl,-rpath," + lib, "-lc10", "-ltorch_cpu", "-ltorch_python"]
+    return cflags, ldflags
+
+
+@lru_cache(maxsize=1)
+def fields_module() -> Any:
+    """The C++ tensor-field accessor (``csrc/tensor_fields.cpp``), built once against the
+    installed PyTorch and cached in Triton's cache; None (with one warning) where it cannot be
+    built, or with ``FP8MLA_NATIVE_FIELDS=0``."""
+    if os.environ.get("FP8MLA_NATIVE_FIELDS", "1") == "0":
+        return None
+    name = "fp8mla_fields"
+    try:
+        import importlib.util
+
+        import torch
+        from triton.runtime.cache import get_cache_manager
+
+        src = (_CSRC / "tensor_fields.cpp").read_text()
+        cxx = os.environ.get("CXX", "c++")
+        cflags, ldflags = _torch_build_flags()
+        key = "\n".join([src, cxx, *cflags, *ldflags, torch.__version__, sys.version])
+        cache = get_cache_manager(hashlib.sha256(key.encode()).hexdigest())
+        filename = name + sysconfig.get_config_var("EXT_SUFFIX")
+        path = cache.get_file(filename)
+        if path is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, filename)
+                cpp = os.path.join(tmp, name + ".cpp")
+                Path(cpp).write_text(src)
+                subprocess.run([cxx, *cflags, cpp, "-o", out, *ldflags], check=True,
+                               capture_output=True, text=True)  # fmt: skip
+                path = cache.put(Path(out).read_bytes(), filename, binary=True)
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    except Exception as exc:  # no C++ compiler or PyTorch headers: the Python methods
+        detail = getattr(exc, "stderr", None) or exc
+        warnings.warn(
+            f"fp8mla: run()'s C path reads tensors through their Python methods "
+            f"(the C++ accessor could not be built: {type(exc).__name__}: {str(detail)[-400:]})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+
+
+def dtype_code(dtype: Any) -> int:
+    """``dtype``'s code in the C++ accessor (PyTorch's ScalarType), -1 without it."""
+    import torch
+
+    mod = fields_module()
+    return -1 if mod is None else mod.dtype_code(torch.empty(0, dtype=dtype))
 
 
 def param_kinds(kernel: Any, names: Sequence[str], call: Sequence[str] = ()) -> str | None:
@@ -144,8 +225,9 @@ def fast_call(
     import torch
 
     mod = module()
+    codes = [dtype_code(d) for d in (q_dtype, kv_dtype, torch.float32)]
     return mod.FastCall(
-        a, b, torch.Tensor, q_dtype, kv_dtype, torch.float32, device, tokens, heads, page_size,
+        a, b, torch.Tensor, q_dtype, kv_dtype, torch.float32, *codes, device, tokens, heads, page_size,
         max_page, d_kpe, split, nan_rows, write_lse, scale_tensors, kv_itemsize, nan_address,
         partial_lse_address,
     )  # fmt: skip

@@ -12,7 +12,8 @@
 typedef struct {
   PyObject_HEAD
   Launch *a, *b;
-  PyObject *tensor_type, *q_dtype, *kv_dtype, *f32;
+  PyObject *tensor_type, *q_dtype, *kv_dtype, *f32_dtype;
+  int q_code, kv_code, f32_code; /* the three dtypes' ScalarType codes; -1: unknown */
   long device;
   long long T, H, page_size, max_page, d_kpe;
   int split, has_nan, write_lse, scale_ptr, kv_elem;
@@ -21,20 +22,46 @@ typedef struct {
 
 static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device;
 
+/* A tensor's fields read through PyTorch's C++ API (csrc/tensor_fields.cpp, built against
+ * the installed PyTorch where it can be; the capsule "fp8mla.tensor_fields.v1" declares this
+ * struct). Without it, the fields are read through the tensor's Python methods. */
+typedef struct {
+  int dtype;  /* c10::ScalarType */
+  int device; /* as Tensor.get_device(): the CUDA device's index, -1 on the CPU, -2 elsewhere */
+  int ndim;
+  long long shape[4], stride[4];
+  unsigned long long ptr;
+} TensorFields;
+typedef int (*fields_fn)(PyObject *, TensorFields *);
+static fields_fn g_fields = NULL;
+
+/* set_fields(capsule or None): read tensors through the accessor in the capsule (None: through
+ * their Python methods) */
+static PyObject *set_fields(PyObject *self, PyObject *cap) {
+  if (cap == Py_None) {
+    g_fields = NULL;
+    Py_RETURN_NONE;
+  }
+  void *fn = PyCapsule_GetPointer(cap, "fp8mla.tensor_fields.v1");
+  if (!fn) return NULL;
+  g_fields = (fields_fn)fn;
+  Py_RETURN_NONE;
+}
+
 static void FastCall_dealloc(FastCall *self) {
   Py_XDECREF(self->a);
   Py_XDECREF(self->b);
   Py_XDECREF(self->tensor_type);
   Py_XDECREF(self->q_dtype);
   Py_XDECREF(self->kv_dtype);
-  Py_XDECREF(self->f32);
+  Py_XDECREF(self->f32_dtype);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int FastCall_init(FastCall *self, PyObject *args, PyObject *kw) {
   PyObject *a, *b, *tt, *qd, *kd, *f32;
-  if (!PyArg_ParseTuple(args, "O!OOOOOlLLLLLppppiKK", &LaunchType, &a, &b, &tt, &qd, &kd, &f32,
-                        &self->device, &self->T, &self->H, &self->page_size, &self->max_page,
+  if (!PyArg_ParseTuple(args, "O!OOOOOiiilLLLLLppppiKK", &LaunchType, &a, &b, &tt, &qd, &kd, &f32,
+                        &self->q_code, &self->kv_code, &self->f32_code, &self->device, &self->T, &self->H, &self->page_size, &self->max_page,
                         &self->d_kpe, &self->split, &self->has_nan, &self->write_lse,
                         &self->scale_ptr, &self->kv_elem, &self->nan_addr, &self->partial_lse))
     return -1;
@@ -53,7 +80,7 @@ static int FastCall_init(FastCall *self, PyObject *args, PyObject *kw) {
   Py_INCREF(kd);
   Py_XSETREF(self->kv_dtype, kd);
   Py_INCREF(f32);
-  Py_XSETREF(self->f32, f32);
+  Py_XSETREF(self->f32_dtype, f32);
   return 0;
 }
 
@@ -71,6 +98,17 @@ typedef struct {
   unsigned long long ptr;
   long long shape[3], stride[3];
 } TensorView;
+
+/* the accessor, where it is set and the spec knows its dtypes' codes; else NULL */
+static fields_fn fields_of(FastCall *fc) {
+  return fc->q_code >= 0 && fc->kv_code >= 0 && fc->f32_code >= 0 ? g_fields : NULL;
+}
+
+/* 1: t (a plain tensor) read through the accessor, of dtype ``code`` on the spec's device with
+ * ``ndim`` dims; its fields in f. 0: declined. */
+static int read_fields(FastCall *fc, fields_fn fn, PyObject *t, int code, int ndim, TensorFields *f) {
+  return fn(t, f) && f->dtype == code && f->device == fc->device && f->ndim == ndim;
+}
 
 /* 1: t is a plain tensor (not a subclass) of ``dtype`` on the spec's device. 0: it is not.
  * -1: a Python error. */
@@ -99,7 +137,19 @@ static unsigned long long address_of(PyObject *t) {
 
 /* 1: t is a plain tensor of ``dtype`` on the device with ``ndim`` dims, a unit last stride;
  * its address, shape and strides in v. 0: declined. -1: a Python error. */
-static int view_of(FastCall *fc, PyObject *t, PyObject *dtype, int ndim, TensorView *v) {
+static int view_of(FastCall *fc, PyObject *t, PyObject *dtype, int code, int ndim, TensorView *v) {
+  fields_fn fn = fields_of(fc);
+  if (fn) {
+    TensorFields f;
+    if ((PyObject *)Py_TYPE(t) != fc->tensor_type) return 0;
+    if (!read_fields(fc, fn, t, code, ndim, &f) || f.stride[ndim - 1] != 1) return 0;
+    for (int i = 0; i < ndim; ++i) {
+      v->shape[i] = f.shape[i];
+      v->stride[i] = f.stride[i];
+    }
+    v->ptr = f.ptr;
+    return 1;
+  }
   int r = plain_on_device(fc, t, dtype);
   if (r <= 0) return r;
   PyObject *o = PyObject_GetAttr(t, s_shape);
@@ -132,7 +182,17 @@ static int scale_of(PyObject *s, double *v) {
 /* a scale the kernel reads from the device: a one-element fp32 tensor of at most one
  * dimension on the device, 16-byte aligned; its address in ptr. 0: declined. */
 static int scale_tensor(FastCall *fc, PyObject *t, unsigned long long *ptr) {
-  int r = plain_on_device(fc, t, fc->f32);
+  fields_fn fn = fields_of(fc);
+  if (fn) {
+    TensorFields f;
+    if ((PyObject *)Py_TYPE(t) != fc->tensor_type) return 0;
+    if (!(read_fields(fc, fn, t, fc->f32_code, 0, &f) ||
+          (read_fields(fc, fn, t, fc->f32_code, 1, &f) && f.shape[0] == 1)))
+      return 0;
+    *ptr = f.ptr;
+    return (*ptr & 15) == 0;
+  }
+  int r = plain_on_device(fc, t, fc->f32_dtype);
   if (r <= 0) return r;
   PyObject *o = PyObject_GetAttr(t, s_shape);
   if (!o) return -1;
@@ -205,18 +265,18 @@ static int fast_fill(PyObject *const *args, Py_ssize_t nargs) {
   FastCall *fc = (FastCall *)args[0];
   TensorView qn, qp, ck, kp, o, ls;
   int r;
-#define VIEW(t, dt, nd, v)                     \
-  r = view_of(fc, (t), (dt), (nd), (v));      \
+#define VIEW(t, dt, nd, v)                                   \
+  r = view_of(fc, (t), fc->dt##_dtype, fc->dt##_code, (nd), (v)); \
   if (r <= 0) return r;
-  VIEW(args[2], fc->q_dtype, 3, &qn);
-  VIEW(args[3], fc->q_dtype, 3, &qp);
-  VIEW(args[4], fc->kv_dtype, 3, &ck);
-  VIEW(args[5], fc->kv_dtype, 3, &kp);
-  VIEW(args[6], fc->q_dtype, 3, &o);
+  VIEW(args[2], q, 3, &qn);
+  VIEW(args[3], q, 3, &qp);
+  VIEW(args[4], kv, 3, &ck);
+  VIEW(args[5], kv, 3, &kp);
+  VIEW(args[6], q, 3, &o);
   int write_lse = args[7] != Py_None;
   if (write_lse != fc->write_lse) return 0;
   if (write_lse) {
-    VIEW(args[7], fc->f32, 2, &ls);
+    VIEW(args[7], f32, 2, &ls);
   }
 #undef VIEW
   double cs = 1.0, ks = 1.0;

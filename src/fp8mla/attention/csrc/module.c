@@ -7,6 +7,8 @@ static PyMethodDef module_methods[] = {
      "fast_run(spec, stream, q_nope, q_pe, ckv, kpe, out, lse, ckv_scale, kpe_scale) -> bool"},
     {"fast_check", (PyCFunction)(void (*)(void))fast_check, METH_FASTCALL,
      "fast_check(spec, stream, ...) -> bool: fast_run without the launch"},
+    {"set_fields", set_fields, METH_O,
+     "set_fields(capsule or None): read tensors through this accessor (None: Python methods)"},
     {NULL, NULL, 0, NULL},
 };
 
