@@ -4,7 +4,7 @@
 // FP8 × FP8 kernel's copier) against one TMA bulk copy per row (cp.async.bulk, completing on
 // an mbarrier), at the decode kernel's shapes (programs × tiles of 64 tokens).
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o gather probe_gather_rows.cu
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o gather probe_gather_rows.cu -lcuda
 //   ./gather
 //
 // Each variant's last tile per program is checked byte for byte against the pool; the time is
@@ -19,6 +19,7 @@
 #include <vector>
 #include <algorithm>
 #include <random>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s line %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
 constexpr int ROW = 576, TILE = 64, TILEB = ROW * TILE;
@@ -156,6 +157,83 @@ __global__ void __launch_bounds__(128, 1) g_gluonlike(const uint8_t* __restrict_
   for (int c = t; c < TILEB / 16; c += 128) ((int4*)(keep + (size_t)blockIdx.x * TILEB))[c] = ((int4*)st)[c];
 }
 
+constexpr int TMA_STAGE = 32768 + 64 * 128;  // latent blocks, then RoPE rows 128 B apart
+// TMA tensor copies of one row × 128 bytes (4 per token) and one row × 64 bytes (the RoPE
+// part) into the FP8 × FP8 kernel's stage shape (four [64 rows, 128 B] column blocks, then
+// [64, 64 B]). W warps issue, one token per lane; completion on an mbarrier. With SWZ the
+// latent map uses the 128-byte swizzle wgmma reads (the TMA unit swizzles by destination
+// address), else none. A TMA destination must be 128-byte aligned, so the RoPE rows land
+// 128 bytes apart here (unswizzled; the kernel's [64, 64 B] RoPE tile could not be built
+// this way: its odd rows start 64 bytes into a line).
+template <int STAGES, int W, bool SWZ>
+__global__ void __launch_bounds__(W * 32, 1) g_tma_rows(const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tp, const int* __restrict__ slots, int tiles, uint8_t* keep) {
+  extern __shared__ __align__(1024) uint8_t smt_raw[];
+  // the stages on a 1024-byte boundary (static shared memory comes first): a TMA destination
+  // is 128-byte aligned, a swizzled one starts its swizzle atom on 1024 bytes
+  uint8_t* smt = (uint8_t*)(((uintptr_t)smt_raw + 1023) & ~(uintptr_t)1023);
+  __shared__ __align__(8) uint64_t full[STAGES];
+  const int t = threadIdx.x;
+  const int* sl = slots + (size_t)blockIdx.x * tiles * TILE;
+  if (t == 0) { for (int s = 0; s < STAGES; s++) mb_init(&full[s], 1); asm volatile("fence.mbarrier_init.release.cluster;"); }
+  __syncthreads();
+  constexpr int RPT = (TILE + W * 32 - 1) / (W * 32);
+  int nx[RPT];
+#pragma unroll
+  for (int i = 0; i < RPT; i++) { int r = t + i * W * 32; nx[i] = r < TILE ? sl[r] : 0; }
+  for (int j = 0; j < tiles; j++) {
+    int s = j % STAGES;
+    if (j >= STAGES) mb_wait(&full[s], ((j / STAGES) - 1) & 1);
+    __syncwarp();
+    if (t == 0) mb_expect(&full[s], TILEB);  // 64 × (4 × 128 + 64) bytes
+    uint8_t* st = smt + s * TMA_STAGE;
+#pragma unroll
+    for (int i = 0; i < RPT; i++) {
+      int r = t + i * W * 32;
+      int slot = nx[i];
+      if (j + 1 < tiles && r < TILE) nx[i] = sl[(j + 1) * TILE + r];
+      if (r < TILE) {
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+          asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                       :: "r"(sa(st + c * 8192 + r * 128)), "l"(&tk), "r"(c * 128), "r"(slot), "r"(sa(&full[s])) : "memory");
+        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                     :: "r"(sa(st + 32768 + r * 128)), "l"(&tp), "r"(512), "r"(slot), "r"(sa(&full[s])) : "memory");
+      }
+    }
+  }
+  for (int j = (tiles > STAGES ? tiles - STAGES : 0); j < tiles; j++) mb_wait(&full[j % STAGES], (j / STAGES) & 1);
+  __syncthreads();
+  uint8_t* st = smt + ((tiles - 1) % STAGES) * TMA_STAGE;
+  for (int c = t; c < TILEB; c += W * 32) {  // un-swizzled back to [64 rows, 576 B]
+    int r = c / ROW, k = c % ROW, o;
+    int sw = SWZ ? r % 8 : 0;
+    if (k < 512) o = (k / 128) * 8192 + r * 128 + ((((k % 128) / 16) ^ sw) * 16) + k % 16;
+    else o = 32768 + r * 128 + (k - 512);
+    keep[(size_t)blockIdx.x * TILEB + c] = st[o];
+  }
+}
+
+static CUtensorMap tensor_map(const uint8_t* pool, size_t slots, int box, CUtensorMapSwizzle sw) {
+  CUtensorMap m;
+  cuuint64_t dims[2] = {ROW, slots}, strides[1] = {ROW};
+  cuuint32_t boxd[2] = {(cuuint32_t)box, 1}, es[2] = {1, 1};
+  CUresult r = cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void*)pool, dims, strides, boxd, es,
+                                      CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled failed: %d\n", (int)r); exit(1); }
+  return m;
+}
+static CUtensorMap g_tk, g_tp, g_tk0, g_tp0;
+typedef void (*Launcher)(const uint8_t*, const int*, int, uint8_t*, int, int, int, cudaStream_t);
+template <void (*K)(const uint8_t*, const int*, int, uint8_t*)>
+void run_k(const uint8_t* pool, const int* sl, int tiles, uint8_t* keep, int programs, int threads, int smem, cudaStream_t s) {
+  K<<<programs, threads, smem, s>>>(pool, sl, tiles, keep);
+}
+template <int STAGES, int W, bool SWZ>
+void run_tma(const uint8_t*, const int* sl, int tiles, uint8_t* keep, int programs, int threads, int smem, cudaStream_t s) {
+  g_tma_rows<STAGES, W, SWZ><<<programs, threads, smem, s>>>(SWZ ? g_tk : g_tk0, SWZ ? g_tp : g_tp0, sl, tiles, keep);
+}
+
 __global__ void readk(const int4* p, size_t n, int4* o) {
   int4 a = {0, 0, 0, 0};
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) { int4 v = __ldcs(p + i); a.x ^= v.x; a.y ^= v.y; a.z ^= v.z; a.w ^= v.w; }
@@ -176,17 +254,26 @@ int main() {
     for (int w = 0; w < 3; w++) readk<<<132 * 8, 512>>>((int4*)pool, n, o);
     cudaEventRecord(a); for (int r = 0; r < 20; r++) readk<<<132 * 8, 512>>>((int4*)pool, n, o); cudaEventRecord(b); CK(cudaEventSynchronize(b));
     float ms; cudaEventElapsedTime(&ms, a, b); printf("streaming read of the pool: %.2f TB/s\n", SLOTS * ROW * 20 / (ms * 1e-3) / 1e12); }
-  Case cases[] = {{"128x16 random", 128, 16, false}, {"132x64 random", 132, 64, false}, {"128x16 sorted", 128, 16, true}, {"128x32 random", 128, 32, false}};
+  Case cases[] = {{"128x16 random", 128, 16, false}, {"132x64 random", 132, 64, false}, {"128x32 random", 128, 32, false}};
   const int REPS = 8;
-  struct V { const char* name; void (*k)(const uint8_t*, const int*, int, uint8_t*); int threads, smem; };
+  g_tk = tensor_map(pool, SLOTS, 128, CU_TENSOR_MAP_SWIZZLE_128B);
+  g_tp = tensor_map(pool, SLOTS, 64, CU_TENSOR_MAP_SWIZZLE_NONE);
+  g_tk0 = tensor_map(pool, SLOTS, 128, CU_TENSOR_MAP_SWIZZLE_NONE);
+  g_tp0 = g_tp;
+  struct V { const char* name; Launcher k; const void* f; int threads, smem; };
   V vs[] = {
-    {"cp.async 4 stages", g_cpasync<4>, 128, 4 * TILEB},
-    {"cp.async gluon-like wg", g_gluonlike<4, false>, 128, 4 * TILEB},
-    {"cp.async gluon-like mbar", g_gluonlike<4, true>, 128, 4 * TILEB},
-    {"bulk 2 warps 4 st", g_bulk<4, 2, 0>, 64, 4 * TILEB},
-    {"bulk 4 warps 4 st", g_bulk<4, 4, 0>, 128, 4 * TILEB},
+    {"cp.async 4 stages", run_k<g_cpasync<4>>, (const void*)g_cpasync<4>, 128, 4 * TILEB},
+    {"cp.async gluon-like wg", run_k<g_gluonlike<4, false>>, (const void*)g_gluonlike<4, false>, 128, 4 * TILEB},
+    {"cp.async gluon-like mbar", run_k<g_gluonlike<4, true>>, (const void*)g_gluonlike<4, true>, 128, 4 * TILEB},
+    {"tma 1x128 rows unswizzled, 2 warps", run_tma<4, 2, false>, (const void*)g_tma_rows<4, 2, false>, 64, 4 * TMA_STAGE + 1024},
+    {"tma 1x128 rows swizzled, 2 warps", run_tma<4, 2, true>, (const void*)g_tma_rows<4, 2, true>, 64, 4 * TMA_STAGE + 1024},
+    {"tma 1x128 rows swizzled, 4 warps", run_tma<4, 4, true>, (const void*)g_tma_rows<4, 4, true>, 128, 4 * TMA_STAGE + 1024},
+    {"gluon-like mbar 2 stages", run_k<g_gluonlike<2, true>>, (const void*)g_gluonlike<2, true>, 128, 2 * TILEB},
+    {"gluon-like mbar 3 stages", run_k<g_gluonlike<3, true>>, (const void*)g_gluonlike<3, true>, 128, 3 * TILEB},
+    {"bulk 2 warps 4 st", run_k<g_bulk<4, 2, 0>>, (const void*)g_bulk<4, 2, 0>, 64, 4 * TILEB},
+    {"bulk 4 warps 4 st", run_k<g_bulk<4, 4, 0>>, (const void*)g_bulk<4, 4, 0>, 128, 4 * TILEB},
   };
-  for (auto& v : vs) CK(cudaFuncSetAttribute(v.k, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
+  for (auto& v : vs) CK(cudaFuncSetAttribute(v.f, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
   for (auto& c : cases) {
     size_t n = (size_t)c.programs * c.tiles * TILE;
     std::vector<int> hs(n * REPS);
@@ -200,7 +287,7 @@ int main() {
     for (auto& v : vs) {
       // correctness: rep 0
       CK(cudaMemset(keep, 0, hk.size()));
-      v.k<<<c.programs, v.threads, v.smem>>>(pool, sl, c.tiles, keep); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+      v.k(pool, sl, c.tiles, keep, c.programs, v.threads, v.smem, 0); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
       CK(cudaMemcpy(hk.data(), keep, hk.size(), cudaMemcpyDeviceToHost));
       long bad = 0;
       for (int p = 0; p < c.programs; p++) for (int r = 0; r < TILE; r++) {
@@ -210,7 +297,7 @@ int main() {
       // timing: graph of REPS launches over different slot sets, replayed
       cudaStream_t s; cudaStreamCreate(&s); cudaGraph_t gr; cudaGraphExec_t ge;
       CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-      for (int r = 0; r < REPS; r++) v.k<<<c.programs, v.threads, v.smem, s>>>(pool, sl + r * n, c.tiles, keep);
+      for (int r = 0; r < REPS; r++) v.k(pool, sl + r * n, c.tiles, keep, c.programs, v.threads, v.smem, s);
       CK(cudaStreamEndCapture(s, &gr)); CK(cudaGraphInstantiate(&ge, gr, 0));
       for (int w = 0; w < 3; w++) cudaGraphLaunch(ge, s);
       cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
