@@ -433,3 +433,16 @@ def test_direct_launch_matches_tritons_path(monkeypatch, heads, qo_len, bound):
         w.run(b.q_nope[:, :1], b.q_pe, b.ckv, b.kpe, out_, **kw)
     with pytest.raises(ValueError, match="out"):
         w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out_.float(), **kw)
+
+
+@pytest.mark.skipif(not IS_SM90, reason="the few-row Gluon kernels run on SM90 GPUs only")
+@pytest.mark.parametrize("kernel", ["fewrows", "fp8qk"])
+@pytest.mark.parametrize("heads, qo_len", [(32, 1), (16, 2)])
+def test_variant_named_in_plan_serves_every_row(kernel, heads, qo_len):
+    """``plan(kernel_config="fewrows")`` for 32 query rows per request: every head of every
+    request computed (it once planned two 16-row tiles of a kernel that takes one, and the
+    second tile's heads were never written)."""
+    batch = make_batch([4096, 1000, 17], heads, qo_lens=qo_len, page_size=1, device="cuda",
+                       generator=gen(33))  # fmt: skip
+    out, lse = run_wrapper(batch, causal=qo_len > 1, config=kernel)
+    assert_matches_reference(batch, out, lse, causal=qo_len > 1)

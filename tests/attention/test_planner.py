@@ -440,3 +440,32 @@ def test_merge_reads_as_many_splits_at_once_as_registers_allow():
             assert s & (s - 1) == 0  # a power of two (tl.arange)
             assert s * block_d <= MERGE_VALUES_PER_PROGRAM  # 64 values a thread at most
             assert s >= min(splits, MERGE_VALUES_PER_PROGRAM // block_d)
+
+
+@pytest.mark.parametrize("variant", ["fewrows", "fp8qk"])
+@pytest.mark.parametrize("heads, qo_len", [(32, 1), (16, 2), (24, 1), (8, 4)])
+def test_one_row_tile_variants_get_a_tile_that_holds_the_rows(variant, heads, qo_len):
+    """The few-row Gluon kernels take one row tile per request (no grid axis for a second):
+    named in plan(), they run in a tile that holds every query row (17-32 rows: 32), never as
+    two 16-row tiles whose second would compute the first's rows again and leave the rest
+    unwritten."""
+    plan = make_launch_plan(batch=4, num_heads=heads, max_qo_len=qo_len, max_kv_len=4096,
+                            sms=132, max_splits_by_workspace=64, target=TARGETS["sm90"],
+                            config=variant)  # fmt: skip
+    assert plan.config.variant in ("fewrows", "fp8qk") and plan.m_tiles == 1
+    assert plan.config.block_m >= heads * qo_len
+
+
+@pytest.mark.parametrize("variant", ["fewrows", "fp8qk"])
+def test_a_one_row_tile_too_small_for_the_rows_is_refused(variant):
+    """A 16-row tile of a few-row Gluon kernel passed as a KernelConfig for 32 rows is a
+    ValueError (before: two row tiles, half the heads never computed); for 16 rows it runs."""
+    tile = KernelConfig(16, 64, 4, 1, variant=variant, fp8_cvt="ptx")
+    kw = dict(batch=4, max_qo_len=1, max_kv_len=4096, sms=132, max_splits_by_workspace=64,
+              target=TARGETS["sm90"], config=tile)  # fmt: skip
+    with pytest.raises(ValueError, match="one row tile per request: a 16-row tile cannot hold 32"):
+        make_launch_plan(num_heads=32, **kw)
+    assert make_launch_plan(num_heads=16, **kw).m_tiles == 1
+    # the Triton tiles take a grid axis of row tiles: 32 heads as two 16-row tiles
+    triton = make_launch_plan(num_heads=32, **{**kw, "config": KernelConfig(16, 64, 8, 1)})
+    assert triton.m_tiles == 2

@@ -212,18 +212,24 @@ def tile_for_variant(
     name: str, rows: int, kv_dtype: torch.dtype, target: Target | None
 ) -> KernelConfig:
     """The tile a variant named in ``plan(kernel_config=name)`` runs in: the table's choice
-    for these rows when it is that variant, else the first tile of that variant in the chain."""
-    get_variant(name)  # raises for an unknown name
+    for these rows when it is that variant, else the first tile of that variant in the chain
+    (for a variant that takes one row tile per request, the first that holds ``rows``)."""
+    variant = get_variant(name)  # raises for an unknown name
     chain = config_table(target).chain()
     for table in chain:
         config = table.pick(rows, kv_dtype)
         if config.variant == name:
             return config
-    for table in chain:
+    tiles = [
+        config
+        for table in chain
         for config in (table.tiny_fp8, table.few_fp8, table.many_fp8, table.wide_fp8,
-                       table.tiny_16bit, table.few_16bit, table.many_16bit, table.wide_16bit):  # fmt: skip
-            if config is not None and config.variant == name:
-                return config
+                       table.tiny_16bit, table.few_16bit, table.many_16bit, table.wide_16bit)
+        if config is not None and config.variant == name
+    ]  # fmt: skip
+    holding = [c for c in tiles if c.block_m >= rows] if variant.one_row_tile else tiles
+    if holding or tiles:
+        return (holding or tiles)[0]  # (none holds the rows: make_launch_plan says why)
     where = target.name if target is not None else "sm90"
     raise ValueError(f"expected a KernelConfig for variant {name!r}: {where}'s tables have none")
 

@@ -46,6 +46,9 @@ class Variant:
     # the kernel lets its split merge be scheduled before it ends (griddepcontrol, SM90):
     # the planner launches the merge as its programmatic dependent only then
     launches_dependents: bool = False
+    # one row tile per request: a program takes rows 0 … BLOCK_M - 1 of its request and no
+    # grid axis carries a row-tile index, so a tile must hold all of a request's query rows
+    one_row_tile: bool = False
 
     def load(self):
         """The ``@triton.jit`` / ``@gluon.jit`` function (imported on first use)."""
@@ -56,7 +59,13 @@ class Variant:
         self, config: KernelConfig, target: Target, kv_dtype: torch.dtype, rows: int, kpe: int
     ) -> str | None:
         """Why ``config`` of this variant cannot serve the batch on ``target``, or None."""
-        return self.check_tile(config) or self.supports(target, kv_dtype, rows, kpe)
+        why = self.check_tile(config) or self.supports(target, kv_dtype, rows, kpe)
+        if why is None and self.one_row_tile and rows > config.block_m:
+            why = (
+                f"takes one row tile per request: a {config.block_m}-row tile cannot hold "
+                f"{rows} query rows (heads × query tokens)"
+            )
+        return why
 
 
 REGISTRY: dict[str, Variant] = {}
@@ -207,6 +216,7 @@ FEWROWS = register(
         mark="f",
         min_split_tokens=64,
         launches_dependents=True,
+        one_row_tile=True,
     )
 )
 FP8QK = register(
@@ -222,5 +232,6 @@ FP8QK = register(
         mark="q",
         min_split_tokens=64,
         launches_dependents=True,
+        one_row_tile=True,
     )
 )
