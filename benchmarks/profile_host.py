@@ -81,7 +81,10 @@ def main() -> int:
         add("  fast_run (checks, fills, both launches, in C)", lambda: wrapper._fast_run(
             fast, stream, inp.q_nope, inp.q_pe, ckv, kpe, out, None, s, s))  # fmt: skip
         mod, accessor = native.module(), native.fields_module()
-        for label, cap in (("C++ accessor", accessor and accessor.fields), ("Python methods", None)):
+        for label, cap in (
+            ("C++ accessor", accessor and accessor.fields),
+            ("Python methods", None),
+        ):
             if label == "C++ accessor" and cap is None:
                 print("  no C++ accessor (csrc/tensor_fields.cpp could not be built)")
                 continue

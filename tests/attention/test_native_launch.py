@@ -18,7 +18,6 @@ from fp8mla.attention.variants import REGISTRY
 pytestmark = pytest.mark.skipif(native.module() is None, reason="no C compiler for the launcher")
 
 
-
 @pytest.fixture(params=["cxx", "python"])
 def fields(request):
     """run()'s C path reading tensors through the C++ accessor, or through their Python

@@ -7,11 +7,12 @@ values fill a parameter block once, and :func:`launch` writes only the call's va
 addresses, strides, lengths) and launches, the attention and the split merge in one call
 (:func:`launcher`).
 
-The extension (``csrc/``: ``bound.c``, ``fast_call.c``, ``module.c``) is built on first use with Triton's own
-C build (the compiler and headers Triton's launchers need; cached in Triton's cache). Where
-it cannot be built, or a kernel's compiled form is one it does not handle (scratch memory,
-clusters, a parameter specialized on its value), :func:`bind` returns None and the caller
-keeps Triton's path. ``FP8MLA_NATIVE_LAUNCH=0`` turns it off.
+The extension (``csrc/``: ``tensor_fields.h``, ``bound.c``, ``fast_call.c``, ``module.c``) is
+built on first use with Triton's own C build (the compiler and headers Triton's launchers
+need; cached in Triton's cache). Where it cannot be built, or a kernel's compiled form is one
+it does not handle (scratch memory, clusters, a parameter specialized on its value),
+:func:`bind` returns None and the caller keeps Triton's path. ``FP8MLA_NATIVE_LAUNCH=0`` turns
+it off.
 
 run()'s C path reads each tensor's dtype, device, shape, strides and address. Through the
 tensor's Python methods that is ~28 calls into PyTorch's argument parser per call (~7 µs on
@@ -44,7 +45,8 @@ _KINDS = {"i64": "L", "u64": "p", "i32": "i", "u32": "I", "i1": "b", "i8": "b", 
 
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("bound.c", "fast_call.c", "module.c")  # one translation unit, in this order
+# one translation unit, in this order (the header: TensorFields, shared with the accessor)
+_SOURCES = ("tensor_fields.h", "bound.c", "fast_call.c", "module.c")
 
 
 @lru_cache(maxsize=1)
@@ -71,7 +73,6 @@ def module() -> Any:
     fields = fields_module()
     mod.set_fields(None if fields is None else fields.fields)
     return mod
-
 
 
 def _torch_build_flags() -> tuple[list[str], list[str]]:
@@ -102,9 +103,10 @@ def fields_module() -> Any:
         from triton.runtime.cache import get_cache_manager
 
         src = (_CSRC / "tensor_fields.cpp").read_text()
+        header = (_CSRC / "tensor_fields.h").read_text()
         cxx = os.environ.get("CXX", "c++")
         cflags, ldflags = _torch_build_flags()
-        key = "\n".join([src, cxx, *cflags, *ldflags, torch.__version__, sys.version])
+        key = "\n".join([header, src, cxx, *cflags, *ldflags, torch.__version__, sys.version])
         cache = get_cache_manager(hashlib.sha256(key.encode()).hexdigest())
         filename = name + sysconfig.get_config_var("EXT_SUFFIX")
         path = cache.get_file(filename)
@@ -113,6 +115,7 @@ def fields_module() -> Any:
                 out = os.path.join(tmp, filename)
                 cpp = os.path.join(tmp, name + ".cpp")
                 Path(cpp).write_text(src)
+                Path(tmp, "tensor_fields.h").write_text(header)
                 subprocess.run([cxx, *cflags, cpp, "-o", out, *ldflags], check=True,
                                capture_output=True, text=True)  # fmt: skip
                 path = cache.put(Path(out).read_bytes(), filename, binary=True)

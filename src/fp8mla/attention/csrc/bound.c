@@ -1,6 +1,6 @@
 /* Kernel launches with their arguments bound once (fp8mla.attention.native): the driver, the
- * Launch type and launch(). The extension is this file, fast_call.c and module.c, built as
- * one source in that order.
+ * Launch type and launch(). The extension is tensor_fields.h, this file, fast_call.c and
+ * module.c, built as one source in that order.
  *
  * A Launch holds one compiled kernel's CUDA function, grid, block, shared memory, the
  * programmatic-dependency flag and a parameter block: every kernel parameter in an 8-byte

@@ -23,15 +23,8 @@ typedef struct {
 static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_get_device;
 
 /* A tensor's fields read through PyTorch's C++ API (csrc/tensor_fields.cpp, built against
- * the installed PyTorch where it can be; the capsule "fp8mla.tensor_fields.v1" declares this
- * struct). Without it, the fields are read through the tensor's Python methods. */
-typedef struct {
-  int dtype;  /* c10::ScalarType */
-  int device; /* as Tensor.get_device(): the CUDA device's index, -1 on the CPU, -2 elsewhere */
-  int ndim;
-  long long shape[4], stride[4];
-  unsigned long long ptr;
-} TensorFields;
+ * the installed PyTorch where it can be; TensorFields from tensor_fields.h). Without it, the
+ * fields are read through the tensor's Python methods. */
 typedef int (*fields_fn)(PyObject *, TensorFields *);
 static fields_fn g_fields = NULL;
 

@@ -9,16 +9,9 @@
 
 #include <cstdint>
 
-extern "C" {
-/* the same struct is declared in fast_call.c (capsule name v1) */
-typedef struct {
-  int dtype;  /* c10::ScalarType */
-  int device; /* as Tensor.get_device(): the CUDA device's index, -1 on the CPU, -2 elsewhere */
-  int ndim;
-  long long shape[4], stride[4];
-  unsigned long long ptr;
-} TensorFields;
+#include "tensor_fields.h"
 
+extern "C" {
 /* 1: t is a tensor of at most 4 dims, its fields in f. 0: not a tensor, or its fields could
  * not be read (no Python error is left set). */
 static int tensor_fields(PyObject *t, TensorFields *f) noexcept {
