@@ -243,6 +243,26 @@ def test_merge_launch_follows_the_plans_dependency(waits):
     assert launch.merge_fixed["WAIT_PRIOR"] == waits
 
 
+@pytest.mark.parametrize("variant", ["fewrows", "fp8qk"])
+def test_a_plan_of_two_row_tiles_for_a_one_tile_kernel_is_refused(variant):
+    """A LaunchPlan made by hand with two row tiles of a kernel that takes one (the planner
+    never makes one): a ValueError, not a launch that leaves the second tile's rows unwritten."""
+    from fp8mla.attention.config import KernelConfig, LaunchPlan
+    from fp8mla.attention.targets import TARGETS
+
+    cfg = KernelConfig(16, 64, 4, 1, variant=variant, fp8_cvt="ptx")
+    i32 = dict(dtype=torch.int32)
+    idx = (torch.tensor([0, 1], **i32), torch.tensor([0, 5], **i32), torch.arange(5, **i32),
+           torch.tensor([5], **i32))  # fmt: skip
+    with pytest.raises(ValueError, match="one row tile per request"):
+        L.AttentionLaunch(
+            LaunchPlan(cfg, 2, 1), batch=1, heads=32, head_dim_kpe=64, page_size=1,
+            causal=False, sm_scale=0.1, indices=idx, partials=None,
+            kv_dtype=torch.float8_e4m3fn, device=torch.device("cpu"), target=TARGETS["sm90"],
+            interpreted=False,
+        )  # fmt: skip
+
+
 def test_unaligned_output_takes_tritons_path_for_the_merge_too(monkeypatch):
     """A compiled kernel assumes 16-byte aligned pointers: an output view that is not aligned
     must not reach the merge kernel compiled for aligned ones."""

@@ -159,6 +159,11 @@ class AttentionLaunch:
         cfg = plan.config
         self.plan = plan
         self.variant = get_variant(cfg.variant)
+        if self.variant.one_row_tile and plan.m_tiles > 1:  # its grid has no row-tile axis
+            raise ValueError(
+                f"expected one row tile per request for the {cfg.variant} kernel, got "
+                f"{plan.m_tiles} tiles of {cfg.block_m} rows"
+            )
         self.split = plan.num_splits > 1
         self.heads = heads
         self.d_kpe = head_dim_kpe
