@@ -53,8 +53,9 @@ static void FastCall_dealloc(FastCall *self) {
 
 static int FastCall_init(FastCall *self, PyObject *args, PyObject *kw) {
   PyObject *a, *b, *tt, *qd, *kd, *f32;
-  if (!PyArg_ParseTuple(args, "O!OOOOOiiilLLLLLppppiKK", &LaunchType, &a, &b, &tt, &qd, &kd, &f32,
-                        &self->q_code, &self->kv_code, &self->f32_code, &self->device, &self->T, &self->H, &self->page_size, &self->max_page,
+  if (!PyArg_ParseTuple(args, "O!OOOOOiiilLLLLLppppiKK", &LaunchType, &a, &b, &tt, &qd, &kd,
+                        &f32, &self->q_code, &self->kv_code, &self->f32_code, &self->device,
+                        &self->T, &self->H, &self->page_size, &self->max_page,
                         &self->d_kpe, &self->split, &self->has_nan, &self->write_lse,
                         &self->scale_ptr, &self->kv_elem, &self->nan_addr, &self->partial_lse))
     return -1;
@@ -99,7 +100,8 @@ static fields_fn fields_of(FastCall *fc) {
 
 /* 1: t (a plain tensor) read through the accessor, of dtype ``code`` on the spec's device with
  * ``ndim`` dims; its fields in f. 0: declined. */
-static int read_fields(FastCall *fc, fields_fn fn, PyObject *t, int code, int ndim, TensorFields *f) {
+static int read_fields(FastCall *fc, fields_fn fn, PyObject *t, int code, int ndim,
+                       TensorFields *f) {
   return fn(t, f) && f->dtype == code && f->device == fc->device && f->ndim == ndim;
 }
 

@@ -49,12 +49,14 @@ static PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "fp8mla_fields", nullptr, -1, methods};
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "fp8mla_fields", nullptr, -1,
+                                        methods};
 
 PyMODINIT_FUNC PyInit_fp8mla_fields(void) {
   PyObject *m = PyModule_Create(&module_def);
   if (!m) return nullptr;
-  PyObject *cap = PyCapsule_New(reinterpret_cast<void *>(&tensor_fields), "fp8mla.tensor_fields.v1", nullptr);
+  PyObject *cap = PyCapsule_New(reinterpret_cast<void *>(&tensor_fields),
+                                "fp8mla.tensor_fields.v1", nullptr);
   if (!cap || PyModule_AddObject(m, "fields", cap) < 0) {
     Py_XDECREF(cap);
     Py_DECREF(m);
