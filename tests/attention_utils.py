@@ -124,3 +124,18 @@ def sm90_launch(variant: str, splits: int, heads: int = 16, merge_waits: bool = 
         sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,
         device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
     )  # fmt: skip
+
+
+def sm90_launch_inputs(heads: int, pool_slots: int, lse: bool, scale):
+    """Arguments of an :func:`sm90_launch` call (its two one-token requests) on the CPU:
+    ``(q_nope, q_pe, ckv, kpe, out, lse, scales)``, the queries and caches as views of
+    576-wide rows, a pool of ``pool_slots`` pages of 2, an LSE when ``lse``, both scales
+    ``scale`` (a float or a device-style one-element tensor)."""
+    from fp8mla.formats import Scales
+
+    pool = torch.zeros(pool_slots, 2, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    q = torch.zeros(2, heads, 576, dtype=torch.bfloat16)
+    out = torch.empty(2, heads, 512, dtype=torch.bfloat16)
+    lse_t = torch.empty(2, heads) if lse else None
+    return (q[..., :512], q[..., 512:], pool[..., :512], pool[..., 512:], out, lse_t,
+            Scales(ckv=scale, kpe=scale))  # fmt: skip

@@ -138,13 +138,12 @@ def _same(direct, named) -> bool:
 def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
     """A direct launch passes, position by position, what Triton's path binds by name, for
     calls that change every run()-time input: pool, queries, output, LSE, scales' kinds."""
-    from fp8mla.formats import Scales
 
-    from attention_utils import sm90_launch
+    from attention_utils import sm90_launch, sm90_launch_inputs
 
     monkeypatch.setattr(KL, "current_stream", lambda device: 0)
     monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
-    heads, fp8 = 16, torch.float8_e4m3fn
+    heads = 16
     launch = sm90_launch(variant, splits, heads)
     kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
     recorders = []
@@ -153,12 +152,7 @@ def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
         recorders.append(k.fn)
 
     def make(pool_slots, lse, scale):
-        pool = torch.zeros(pool_slots, 2, 576, dtype=torch.uint8).view(fp8)
-        q = torch.zeros(2, heads, 576, dtype=torch.bfloat16)
-        out = torch.empty(2, heads, 512, dtype=torch.bfloat16)
-        lse_t = torch.empty(2, heads) if lse else None
-        return (q[..., :512], q[..., 512:], pool[..., :512], pool[..., 512:], out, lse_t,
-                Scales(ckv=scale, kpe=scale))  # fmt: skip
+        return sm90_launch_inputs(heads, pool_slots, lse, scale)
 
     inputs = [make(16, False, 0.5), make(32, True, torch.full((1,), 2.0)), make(48, False, 0.25)]
     for x in inputs + inputs:  # the first of each specialization compiles, later ones go direct

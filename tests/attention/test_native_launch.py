@@ -140,18 +140,13 @@ def _expected(compiled: _Compiled, named: dict, defaults: dict) -> list:
 
 @pytest.mark.parametrize("variant, splits", [(v, s) for v in sorted(REGISTRY) for s in (1, 4)])
 def test_native_parameter_block_matches_tritons_path(monkeypatch, variant, splits):
-    from fp8mla.formats import Scales
+    from attention_utils import sm90_launch_inputs
 
-    heads, fp8 = 16, torch.float8_e4m3fn
+    heads = 16
     launch, kernels, fns, sent = _recorded_launch(monkeypatch, variant, splits)
 
     def make(pool_slots, lse, scale):
-        pool = torch.zeros(pool_slots, 2, 576, dtype=torch.uint8).view(fp8)
-        q = torch.zeros(2, heads, 576, dtype=torch.bfloat16)
-        out = torch.empty(2, heads, 512, dtype=torch.bfloat16)
-        lse_t = torch.empty(2, heads) if lse else None
-        return (q[..., :512], q[..., 512:], pool[..., :512], pool[..., 512:], out, lse_t,
-                Scales(ckv=scale, kpe=scale))  # fmt: skip
+        return sm90_launch_inputs(heads, pool_slots, lse, scale)
 
     for x in [make(16, False, 0.5), make(32, True, torch.full((1,), 2.0))]:
         launch(*x)  # each specialization's first call: Triton's path, then bound

@@ -98,11 +98,12 @@ static fields_fn fields_of(FastCall *fc) {
   return fc->q_code >= 0 && fc->kv_code >= 0 && fc->f32_code >= 0 ? g_fields : NULL;
 }
 
-/* 1: t (a plain tensor) read through the accessor, of dtype ``code`` on the spec's device with
- * ``ndim`` dims; its fields in f. 0: declined. */
+/* 1: t is a plain tensor (not a subclass), read through the accessor, of dtype ``code`` on
+ * the spec's device with ``ndim`` dims; its fields in f. 0: declined. */
 static int read_fields(FastCall *fc, fields_fn fn, PyObject *t, int code, int ndim,
                        TensorFields *f) {
-  return fn(t, f) && f->dtype == code && f->device == fc->device && f->ndim == ndim;
+  return (PyObject *)Py_TYPE(t) == fc->tensor_type && fn(t, f) && f->dtype == code &&
+         f->device == fc->device && f->ndim == ndim;
 }
 
 /* 1: t is a plain tensor (not a subclass) of ``dtype`` on the spec's device. 0: it is not.
@@ -136,7 +137,6 @@ static int view_of(FastCall *fc, PyObject *t, PyObject *dtype, int code, int ndi
   fields_fn fn = fields_of(fc);
   if (fn) {
     TensorFields f;
-    if ((PyObject *)Py_TYPE(t) != fc->tensor_type) return 0;
     if (!read_fields(fc, fn, t, code, ndim, &f) || f.stride[ndim - 1] != 1) return 0;
     for (int i = 0; i < ndim; ++i) {
       v->shape[i] = f.shape[i];
@@ -180,7 +180,6 @@ static int scale_tensor(FastCall *fc, PyObject *t, unsigned long long *ptr) {
   fields_fn fn = fields_of(fc);
   if (fn) {
     TensorFields f;
-    if ((PyObject *)Py_TYPE(t) != fc->tensor_type) return 0;
     if (!(read_fields(fc, fn, t, fc->f32_code, 0, &f) ||
           (read_fields(fc, fn, t, fc->f32_code, 1, &f) && f.shape[0] == 1)))
       return 0;
