@@ -101,7 +101,10 @@ def assert_matches_reference(batch: PagedBatch, out, lse, *, causal=False) -> fl
     return err
 
 
-def sm90_launch(variant: str, splits: int, heads: int = 16, merge_waits: bool = False):
+def sm90_launch(
+    variant: str, splits: int, heads: int = 16, merge_waits: bool = False,
+    attention_waits: bool = False,
+):  # fmt: skip
     """An attention launch of ``variant`` built for SM90 on the CPU (nothing runs): two
     requests of one query token over 5 and 4 tokens in pages of 2, FP8 e4m3, ``splits`` KV
     splits (with their partials). For tests of the launch path with stand-in kernels."""
@@ -112,7 +115,7 @@ def sm90_launch(variant: str, splits: int, heads: int = 16, merge_waits: bool = 
 
     fp8 = torch.float8_e4m3fn
     cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
-    plan = LaunchPlan(cfg, 1, splits, merge_waits=merge_waits)
+    plan = LaunchPlan(cfg, 1, splits, merge_waits=merge_waits, attention_waits=attention_waits)
     i32 = dict(dtype=torch.int32)
     idx = (torch.tensor([0, 1, 2], **i32), torch.tensor([0, 5, 9], **i32),
            torch.arange(9, **i32), torch.tensor([5, 4], **i32))  # fmt: skip

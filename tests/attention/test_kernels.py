@@ -446,3 +446,57 @@ def test_variant_named_in_plan_serves_every_row(kernel, heads, qo_len):
                        generator=gen(33))  # fmt: skip
     out, lse = run_wrapper(batch, causal=qo_len > 1, config=kernel)
     assert_matches_reference(batch, out, lse, causal=qo_len > 1)
+
+
+@pytest.mark.skipif(not IS_SM90, reason="programmatic dependent launches of the SM90 kernels")
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("num_splits", [None, 1], ids=["split", "unsplit"])
+@pytest.mark.parametrize("kernel", ["fewrows", "fp8qk"])
+def test_back_to_back_layers_through_one_plan(kernel, num_splits, graph):
+    """Layers run back to back through one plan, each over its own pool and queries: each
+    attention kernel is a programmatic dependent of the grid before it (the previous layer's
+    merge or attention) and shares the plan's partials with it, so it must touch nothing
+    before that grid has ended. Every layer's output against float64, eagerly and replayed
+    from a CUDA graph."""
+    import dataclasses
+
+    from fp8mla import BatchMLAPagedAttentionWrapper
+
+    from attention_utils import workspace
+
+    base = make_batch([4096, 1000, 3001, 17], 32, page_size=1, device="cuda", generator=gen(31))
+    g = torch.Generator(device="cuda").manual_seed(32)
+    layers = []
+    for _ in range(6):
+        raw = torch.randn(base.pool.shape, generator=g, device="cuda")
+        pool = torch.where(base.pool.float().isnan(), float("nan"), raw).to(base.pool.dtype)
+        rows = pool.view(-1, base.page_size, 576)
+        layers.append(dataclasses.replace(
+            base, pool=pool, ckv=rows[..., :512], kpe=rows[..., 512:],
+            q_nope=torch.randn(base.q_nope.shape, generator=g, device="cuda").to(torch.bfloat16),
+            q_pe=torch.randn(base.q_pe.shape, generator=g, device="cuda").to(torch.bfloat16),
+        ))  # fmt: skip
+    w = BatchMLAPagedAttentionWrapper(workspace("cuda"), backend="triton")
+    w.plan(*base.plan_args(), 32, 512, 64, 1, False, SM_SCALE, torch.bfloat16, base.ckv.dtype,
+           num_splits=num_splits, kernel_config=kernel)  # fmt: skip
+    assert w._launch.plan.attention_waits
+    outs = [torch.empty_like(b.q_nope) for b in layers]
+    lses = [torch.empty(b.q_nope.shape[:2], device="cuda") for b in layers]
+
+    def step():
+        for b, o, s in zip(layers, outs, lses):
+            w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out=o, lse=s, **b.scale_kwargs())
+
+    step()  # compiles
+    if graph:
+        for o in outs:
+            o.zero_()
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            step()
+        cg.replay()
+    else:
+        step()
+    torch.cuda.synchronize()
+    for b, o, s in zip(layers, outs, lses):
+        assert_matches_reference(b, o, s)

@@ -257,6 +257,22 @@ def test_a_plan_of_two_row_tiles_for_a_one_tile_kernel_is_refused(variant):
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("variant", ["fewrows", "fp8qk"])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_attention_waits_compiles_the_wait_and_launches_as_a_dependent(variant, splits):
+    """A plan whose attention kernel waits on the grid before it compiles the kernel with the
+    wait (before its first global read) and launches it with Triton's programmatic-dependency
+    attribute; its split merge then lets the next grid launch from its start."""
+    from attention_utils import sm90_launch
+
+    launch = sm90_launch(variant, splits, merge_waits=splits > 1, attention_waits=True)
+    assert launch.kernel.options["launch_pdl"] and launch.fixed["WAIT_PRIOR"]
+    assert launch.merge is None or launch.merge_fixed["LAUNCH_NEXT"]
+    plain = sm90_launch(variant, splits, merge_waits=splits > 1)
+    assert "launch_pdl" not in plain.kernel.options and "WAIT_PRIOR" not in plain.fixed
+    assert plain.merge is None or not plain.merge_fixed["LAUNCH_NEXT"]
+
+
 def test_unaligned_output_takes_tritons_path_for_the_merge_too(monkeypatch):
     """A compiled kernel assumes 16-byte aligned pointers: an output view that is not aligned
     must not reach the merge kernel compiled for aligned ones."""

@@ -13,7 +13,7 @@ import torch
 from fp8mla.attention import kernel_launcher as KL
 from fp8mla.attention import launch as L
 from fp8mla.attention import native
-from fp8mla.attention.variants import REGISTRY
+from fp8mla.attention.variants import REGISTRY, get_variant
 
 pytestmark = pytest.mark.skipif(native.module() is None, reason="no C compiler for the launcher")
 
@@ -97,11 +97,12 @@ def _recorded_launch(monkeypatch, variant: str, splits: int):
 
     monkeypatch.setattr(KL, "current_stream", lambda device: 0)
     monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
-    launch = sm90_launch(variant, splits, merge_waits=splits > 1)
+    waits = get_variant(variant).launches_dependents  # as the planner launches it on SM90
+    launch = sm90_launch(variant, splits, merge_waits=splits > 1, attention_waits=waits)
     kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
     fns = [_jit(k.fn) for k in kernels]
     for k, fn in zip(kernels, fns):
-        k.fn = _Recorder(fn, k.defaults, k is launch.merge)
+        k.fn = _Recorder(fn, k.defaults, k.options.get("launch_pdl", False))
     sent: list[list[bytes]] = []
 
     def fake_launch(stream, a, avals, b, bvals):
@@ -197,7 +198,7 @@ def test_value_specialized_parameter_is_not_bound():
 
     fn = _jit(_mla_merge_kernel)
     kw = {p.name: (1 if p.name == "num_heads" else 16) for p in fn.params if not p.is_constexpr}
-    kw.update(D=512, BLOCK_D=128, BLOCK_S=16, WRITE_LSE=False, WAIT_PRIOR=False)
+    kw.update(D=512, BLOCK_D=128, BLOCK_S=16, WRITE_LSE=False, WAIT_PRIOR=False, LAUNCH_NEXT=False)
     compiled = _Compiled(fn, kw, {}, False)
     assert compiled.src.signature["num_heads"] == "constexpr"
     assert native.param_kinds(compiled, fn.arg_names, ("num_heads",)) is None
@@ -210,7 +211,7 @@ def test_scratch_memory_is_not_bound():
 
     fn = _jit(_mla_merge_kernel)
     kw = {p.name: 16 for p in fn.params if not p.is_constexpr}
-    kw.update(D=512, BLOCK_D=128, BLOCK_S=16, WRITE_LSE=False, WAIT_PRIOR=False)
+    kw.update(D=512, BLOCK_D=128, BLOCK_S=16, WRITE_LSE=False, WAIT_PRIOR=False, LAUNCH_NEXT=False)
     compiled = _Compiled(fn, kw, {}, False)
     compiled.metadata.global_scratch_size = 256
     assert native.param_kinds(compiled, fn.arg_names) is None

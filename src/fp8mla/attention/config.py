@@ -56,6 +56,10 @@ class LaunchPlan:
     # the split merge launched as the attention kernel's programmatic dependent (SM90+): its
     # programs are scheduled while the attention runs and wait for its partials on the GPU
     merge_waits: bool = False
+    # the attention kernel launched as a programmatic dependent of the grid before it on the
+    # stream (SM90+): its programs may be scheduled before that grid ends, set up, and wait
+    # for it before their first global read; the split merge lets the next grid launch early
+    attention_waits: bool = False
 
     @property
     def rows_per_request(self) -> int:

@@ -212,6 +212,9 @@ class AttentionLaunch:
         options = {"num_warps": cfg.num_warps}
         if not self.variant.gluon:
             options["num_stages"] = cfg.num_stages
+        if plan.attention_waits:  # a programmatic dependent of the grid before it
+            options["launch_pdl"] = True
+            self.fixed["WAIT_PRIOR"] = True
         cap = cfg.max_registers(target.warp_size) if target.backend == "cuda" else None
         if cap is not None and not interpreted:
             options["maxnreg"] = cap
@@ -246,6 +249,7 @@ class AttentionLaunch:
                 BLOCK_D=plan.merge_block_d,
                 BLOCK_S=block_s,
                 WAIT_PRIOR=plan.merge_waits,
+                LAUNCH_NEXT=plan.attention_waits,
             )
             merge_grid = (512 // plan.merge_block_d, plan.rows_per_request, batch)
             merge_options = {"num_warps": 4}

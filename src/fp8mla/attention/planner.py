@@ -319,6 +319,8 @@ def make_launch_plan(
         merge_waits=num_splits > 1
         and get_variant(config.variant).launches_dependents
         and (target or MEASURED).dependent_launch,
+        attention_waits=get_variant(config.variant).launches_dependents
+        and (target or MEASURED).dependent_launch,
     )
 
 

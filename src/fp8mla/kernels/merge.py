@@ -18,7 +18,7 @@ the attribute and so starts after all earlier work) and waits for the partials o
 import triton
 import triton.language as tl
 
-from fp8mla.kernels.grid_dependency import wait_prior_grid
+from fp8mla.kernels.grid_dependency import launch_next_grid, wait_prior_grid
 
 NEG_INF = tl.constexpr(float("-inf"))
 
@@ -43,17 +43,20 @@ def _mla_merge_kernel(
     BLOCK_S: tl.constexpr,  # splits read at once
     WRITE_LSE: tl.constexpr,
     WAIT_PRIOR: tl.constexpr = False,  # launched as the attention kernel's dependent (SM90+)
+    LAUNCH_NEXT: tl.constexpr = False,  # the next grid (the next attention) may launch now
 ):
+    if LAUNCH_NEXT:
+        launch_next_grid()
     c = tl.program_id(0)
     r = tl.program_id(1)
     b = tl.program_id(2)
+    if WAIT_PRIOR:  # the partials are the attention kernel's (every program waits: this
+        wait_prior_grid()  # grid ends only after that one, which the next grid relies on)
     q_start = tl.load(qo_indptr_ptr + b)
     rows_total = (tl.load(qo_indptr_ptr + b + 1) - q_start) * num_heads
     tok = q_start + r // num_heads
     if (r >= rows_total) | (tok >= num_tokens):
         return
-    if WAIT_PRIOR:  # the partials are the attention kernel's
-        wait_prior_grid()
     h = r % num_heads
     row = tok.to(tl.int64) * num_heads + h
     s_idx = tl.arange(0, BLOCK_S)

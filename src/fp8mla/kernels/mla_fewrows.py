@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, CHUNK, _producer, _stamp
-from fp8mla.kernels.grid_dependency import launch_dependents
+from fp8mla.kernels.grid_dependency import launch_dependents, wait_prior
 from fp8mla.kernels.mla_wgmma import _kv_copier, _request_span, _store_lse
 
 HALF = gl.constexpr(256)  # output columns per consumer warpgroup
@@ -326,6 +326,9 @@ def _mla_attn_fewrows_kernel(
     # grid's end, 1 at the start (its grids leave SMs idle at one request; measured on the
     # H200, benchmarks/NOTES-2026-12-01.md round 17)
     LAUNCH_DEPENDENTS: gl.constexpr = 1,
+    # launched as a programmatic dependent of the grid before it on the stream: the barriers
+    # are set up, then griddepcontrol.wait before the first global read
+    WAIT_PRIOR: gl.constexpr = False,
     PROBE: gl.constexpr = 0,  # measurement only, bits: 1 no consumer math, 2 cached loads, 4 one
     # conversion of the four chunks' XOR per tile, 8 cycle stamps into ``trace_ptr`` (_stamp), 16
     # no row maxima in the online softmax
@@ -370,6 +373,8 @@ def _mla_attn_fewrows_kernel(
         mbarrier.init(p_free.index(i), count=1)
     mbarrier.init(stat_ready, count=1)
 
+    if WAIT_PRIOR:  # a programmatic dependent: no global read before the prior grid ends
+        wait_prior()
     b = gl.program_id(1)
     split = gl.program_id(2)
     (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,

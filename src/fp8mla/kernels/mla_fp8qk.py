@@ -50,7 +50,7 @@ from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_score import HALF_N, RQ, _score_wg
 from fp8mla.kernels.fp8qk_stage import _copier, _stage_query_half
-from fp8mla.kernels.grid_dependency import launch_dependents
+from fp8mla.kernels.grid_dependency import launch_dependents, wait_prior
 from fp8mla.kernels.mla_wgmma import _request_span
 
 HALF = gl.constexpr(256)  # output columns per value warpgroup
@@ -260,6 +260,9 @@ def _mla_attn_fp8qk_kernel(
     # land on SMs this grid has left, not piled on the few it never took; measured on the
     # H200, benchmarks/NOTES-2026-12-01.md round 17)
     LAUNCH_DEPENDENTS: gl.constexpr = 2,
+    # launched as a programmatic dependent of the grid before it on the stream: the barriers
+    # are set up, then griddepcontrol.wait before the first global read
+    WAIT_PRIOR: gl.constexpr = False,
     # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
     # 2 every tile from the cache's first rows (loads that hit the L2), 4 the query staged
     # from ones, not loaded (the start without the query's loads), 8 cycle stamps into
@@ -314,6 +317,8 @@ def _mla_attn_fp8qk_kernel(
     fence_async_shared()
     _BARRIER()
 
+    if WAIT_PRIOR:  # a programmatic dependent: no global read before the prior grid ends
+        wait_prior()
     b = gl.program_id(1)
     split = gl.program_id(2)
     (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,

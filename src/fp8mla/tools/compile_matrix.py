@@ -145,6 +145,8 @@ def attention_jobs(target: Target) -> list[Job]:
                     WRITE_LSE=write_lse,
                     FP8_CVT=cvt,
                 )
+                if kind.launches_dependents and target.dependent_launch:
+                    consts["WAIT_PRIOR"] = True  # launched as a programmatic dependent
                 build = Build(
                     kind.kernel,
                     tuple(ptrs.items()),
@@ -164,7 +166,8 @@ def merge_jobs(target: Target) -> list[Job]:
     """The split merge as the launcher runs it: fp32 partials into a bf16 output, in each
     column block the planner picks (``planner.merge_block_d``) reading the most splits per
     pass it allows (``planner.merge_block_s``); where a kernel of the target
-    launches it as a programmatic dependent, also the build that waits for that kernel."""
+    launches it as a programmatic dependent, also the build that waits for that kernel (and
+    lets the next attention grid launch from its start)."""
     from fp8mla.attention.planner import MAX_SPLITS, merge_block_s
     from fp8mla.attention.variants import REGISTRY
 
@@ -183,7 +186,8 @@ def merge_jobs(target: Target) -> list[Job]:
             block_s = merge_block_s(MAX_SPLITS, block_d)  # the most splits a pass reads
             consts = (("D", 512), ("BLOCK_D", block_d), ("BLOCK_S", block_s),
                       ("WRITE_LSE", write_lse))  # fmt: skip
-            build = Build(MERGE, tuple(ptrs.items()), consts + (("WAIT_PRIOR", wait),), 4, None)
+            consts += (("WAIT_PRIOR", wait), ("LAUNCH_NEXT", wait))
+            build = Build(MERGE, tuple(ptrs.items()), consts, 4, None)
             variant = f"{block_d} cols, bf16 out" + (" + LSE" if write_lse else "")
             variant += ", waits for the attention" if wait else ""
             jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
