@@ -445,6 +445,14 @@ def test_attention_waits_on_the_grid_before_it_where_its_kernel_can(target, conf
     assert not make_launch_plan(target=INTERPRETER, **kw).attention_waits
 
 
+def test_dependent_launch_can_be_turned_off(monkeypatch):
+    """``FP8MLA_DEPENDENT_LAUNCH=0``: the attention kernel gets an ordinary launch."""
+    kw = dict(batch=1, num_heads=32, max_qo_len=1, max_kv_len=4096, sms=132,
+              max_splits_by_workspace=64, target=TARGETS["sm90"])  # fmt: skip
+    monkeypatch.setenv("FP8MLA_DEPENDENT_LAUNCH", "0")
+    assert not make_launch_plan(**kw).attention_waits
+
+
 def test_merge_reads_as_many_splits_at_once_as_registers_allow():
     from fp8mla.attention.planner import MERGE_VALUES_PER_PROGRAM, merge_block_s
 

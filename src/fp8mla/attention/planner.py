@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -320,7 +321,8 @@ def make_launch_plan(
         and get_variant(config.variant).launches_dependents
         and (target or MEASURED).dependent_launch,
         attention_waits=get_variant(config.variant).launches_dependents
-        and (target or MEASURED).dependent_launch,
+        and (target or MEASURED).dependent_launch
+        and os.environ.get("FP8MLA_DEPENDENT_LAUNCH", "1") != "0",
     )
 
 
