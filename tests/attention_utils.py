@@ -112,16 +112,23 @@ def sm90_launch(
     from fp8mla.attention.launch import AttentionLaunch
     from fp8mla.attention.planner import tile_for_variant
     from fp8mla.attention.targets import TARGETS
+    from fp8mla.attention.variants import get_variant
+    from fp8mla.attention.workspace import split_partials
 
     fp8 = torch.float8_e4m3fn
     cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
-    plan = LaunchPlan(cfg, 1, splits, merge_waits=merge_waits, attention_waits=attention_waits)
+    half = splits > 1 and get_variant(variant).half_partials  # as the planner decides
+    plan = LaunchPlan(
+        cfg, 1, splits, merge_waits=merge_waits, attention_waits=attention_waits,
+        half_partials=half,
+    )  # fmt: skip
     i32 = dict(dtype=torch.int32)
     idx = (torch.tensor([0, 1, 2], **i32), torch.tensor([0, 5, 9], **i32),
            torch.arange(9, **i32), torch.tensor([5, 4], **i32))  # fmt: skip
     partials = None
     if splits > 1:
-        partials = (torch.zeros(splits, 2 * heads, 512), torch.zeros(splits, 2 * heads))
+        workspace = torch.zeros(splits * 513 * 2 * heads, dtype=torch.float32)
+        partials = split_partials(workspace, splits, 2 * heads, 512, half)
     return AttentionLaunch(
         plan, batch=2, heads=heads, head_dim_kpe=64, page_size=2, causal=False,
         sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,

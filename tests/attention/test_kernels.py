@@ -500,3 +500,20 @@ def test_back_to_back_layers_through_one_plan(kernel, num_splits, graph):
     torch.cuda.synchronize()
     for b, o, s in zip(layers, outs, lses):
         assert_matches_reference(b, o, s)
+
+
+@pytest.mark.skipif(not IS_SM90, reason="the FP8 × FP8 kernel runs on SM90 GPUs only")
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e5m2, torch.float8_e4m3fn], ids=str)
+def test_fp16_partials_hold_outputs_past_fp16s_range(kv_dtype):
+    """The FP8 × FP8 kernel's split partials are fp16 without the V scale
+    (``workspace.Partials``): outputs far past fp16's range, from a V scale 2^20 larger (the
+    queries 2^20 smaller, so the scores stay as they were), merge as small ones do."""
+    import dataclasses
+
+    batch = make_batch([4096, 1000, 17], 32, page_size=16, kv_dtype=kv_dtype, device="cuda",
+                       generator=gen(34))  # fmt: skip
+    q_nope = (batch.q_nope.float() * 2.0**-20).to(batch.q_nope.dtype)  # exact
+    batch = dataclasses.replace(batch, q_nope=q_nope, ckv_scale=batch.ckv_scale * 2.0**20)
+    out, lse = run_wrapper(batch, config="fp8qk")
+    assert out.float().abs().max() > 65504
+    assert_matches_reference(batch, out, lse)

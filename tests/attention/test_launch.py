@@ -10,6 +10,7 @@ import torch
 from fp8mla.attention import kernel_launcher as KL
 from fp8mla.attention import launch as L
 from fp8mla.attention.variants import REGISTRY
+from fp8mla.attention.workspace import Partials
 
 
 class _Param:
@@ -230,7 +231,7 @@ def test_merge_launch_follows_the_plans_dependency(waits):
            torch.tensor([5], **i32))  # fmt: skip
     launch = L.AttentionLaunch(
         plan, batch=1, heads=heads, head_dim_kpe=64, page_size=1, causal=False,
-        sm_scale=0.1, indices=idx, partials=(torch.zeros(4, heads, 512), torch.zeros(4, heads)),
+        sm_scale=0.1, indices=idx, partials=Partials(torch.zeros(4, heads, 512), torch.zeros(4, heads)),
         kv_dtype=fp8, device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
     )  # fmt: skip
     assert launch.merge.options.get("launch_pdl", False) == waits
@@ -288,7 +289,7 @@ def test_unaligned_output_takes_tritons_path_for_the_merge_too(monkeypatch):
     i32 = dict(dtype=torch.int32)
     idx = (torch.tensor([0, 1], **i32), torch.tensor([0, 5], **i32), torch.arange(5, **i32),
            torch.tensor([5], **i32))  # fmt: skip
-    partials = (torch.zeros(4, heads, 512), torch.zeros(4, heads))
+    partials = Partials(torch.zeros(4, heads, 512), torch.zeros(4, heads))
     launch = L.AttentionLaunch(
         plan, batch=1, heads=heads, head_dim_kpe=64, page_size=1, causal=False,
         sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,

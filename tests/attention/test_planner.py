@@ -494,3 +494,33 @@ def test_a_one_row_tile_too_small_for_the_rows_is_refused(variant):
     # the Triton tiles take a grid axis of row tiles: 32 heads as two 16-row tiles
     triton = make_launch_plan(num_heads=32, **{**kw, "config": KernelConfig(16, 64, 8, 1)})
     assert triton.m_tiles == 2
+
+
+def test_fp16_partials_where_the_kernel_writes_them():
+    """Split plans of the FP8 × FP8 kernel take fp16 partials (half the bytes written and
+    merged), with merge programs of one warp per 256 columns; the other kernels' split plans
+    and plans without splits keep fp32 partials and 4-warp merges."""
+    from fp8mla.attention.planner import make_launch_plan, merge_warps
+
+    kw = dict(num_heads=32, max_qo_len=1, max_kv_len=4096, sms=132, max_splits_by_workspace=64,
+              target=TARGETS["sm90"])  # fmt: skip
+    split = make_launch_plan(batch=32, config="fp8qk", **kw)
+    assert split.num_splits > 1 and split.half_partials
+    assert split.merge_warps == merge_warps(split.merge_block_d, True) == 2
+    one = make_launch_plan(batch=32, config="fp8qk", num_splits=1, **kw)
+    assert not one.half_partials
+    few = make_launch_plan(batch=32, config="fewrows", **kw)
+    assert few.num_splits > 1 and not few.half_partials and few.merge_warps == 4
+    assert [merge_warps(d, True) for d in (128, 256, 512)] == [4, 1, 2]
+    assert [merge_warps(d, False) for d in (128, 256, 512)] == [4, 4, 4]
+
+
+def test_merge_of_fp16_partials_reads_at_most_128_values_a_thread():
+    from fp8mla.attention.planner import merge_block_s, merge_warps
+
+    for splits in (2, 16, 64, 512):
+        for block_d in (128, 256, 512):
+            warps = merge_warps(block_d, True)
+            s = merge_block_s(splits, block_d, warps, True)
+            assert s & (s - 1) == 0 and s * block_d <= 128 * 32 * warps
+            assert s >= min(splits, 128 * 32 * warps // block_d)

@@ -74,3 +74,62 @@ def test_merge_imports_without_gluon():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.parametrize("splits, block_d, warps", [(4, 512, 2), (16, 256, 1), (64, 128, 4)])
+def test_merge_of_fp16_partials_with_their_factor(splits, block_d, warps, device):
+    """fp16 partials as the FP8 × FP8 kernel stores them (``workspace.Partials``): ``o / l``
+    without the V scale (averages of FP8 values, up to e5m2's 57,344), the V scale beside
+    them; merged outputs far past fp16's range against the float64 merge, with an empty
+    split whose bytes are garbage."""
+    from fp8mla.attention.workspace import split_partials
+
+    g = torch.Generator().manual_seed(splits)
+    heads, D, v_scale = 4, 512, 37.5
+    stored = (torch.rand(splits, heads, D, generator=g) * 2 - 1) * 57344.0
+    stored = stored.half().float()  # what the kernel stores, exactly
+    mid_lse = torch.randn(splits, heads, generator=g) * 20.0
+    mid_lse[1, 0] = float("-inf")
+    work = torch.zeros(splits * (D + 1) * heads, dtype=torch.float32, device=device)
+    part = split_partials(work, splits, heads, D, half=True)
+    part.o[:, :heads] = stored.to(device)
+    part.o[1, 0] = float("nan")
+    part.lse[:, :heads] = mid_lse.to(device)
+    part.mult.fill_(v_scale)
+    out = torch.empty(1, heads, D, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(1, heads, device=device)
+    qo = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    _mla_merge_kernel[(D // block_d, heads, 1)](
+        part.o, part.lse, out, lse, qo, splits, heads, 1, part.o.stride(0), part.lse.stride(0),
+        out.stride(0), out.stride(1), lse.stride(0), D=D, BLOCK_D=block_d,
+        BLOCK_S=merge_block_s(splits, block_d, warps, True), WRITE_LSE=True,
+        mid_mult_ptr=part.mult, num_warps=warps,
+    )  # fmt: skip
+    want, want_lse = _merge64(stored * v_scale, mid_lse)
+    assert out.float().abs().max() > 65504
+    err = (out[0].double().cpu() - want).norm() / want.norm()
+    assert err < 4e-3  # bf16 output rounding only
+    assert torch.allclose(lse[0].double().cpu(), want_lse, rtol=0, atol=1e-4)
+
+
+def test_half_partials_views_leave_the_lse_in_place():
+    """fp16 partials take the first half of the fp32 outputs' bytes and their factors the
+    start of the second: the LSEs stay where fp32 plans have them, nothing overlaps, and a
+    re-plan of the same split count sees the same addresses (what a CUDA graph replays)."""
+    from fp8mla.attention.workspace import split_partials
+
+    work = torch.zeros(3 * 513 * 40 + 7, dtype=torch.float32)
+    wide = split_partials(work, 3, 24, 512)
+    half = split_partials(work, 3, 24, 512, half=True)
+    assert half.lse.data_ptr() == wide.lse.data_ptr() and wide.mult is None
+    assert half.mult.numel() == 1
+    assert half.o.dtype == torch.float16 and half.o.shape == wide.o.shape
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+        for t in (half.o, half.mult, half.lse)
+    )
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    end = work.data_ptr() + work.numel() * 4
+    assert spans[0][0] == work.data_ptr() and spans[-1][1] <= end
+    again = split_partials(work, 3, 10, 512, half=True)
+    assert again.mult.data_ptr() == half.mult.data_ptr() and again.o.stride() == half.o.stride()

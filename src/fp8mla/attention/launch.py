@@ -27,6 +27,7 @@ from fp8mla.attention.kernel_launcher import ArgumentBinder, KernelLauncher, ali
 from fp8mla.attention.planner import merge_block_s
 from fp8mla.attention.targets import Target, current_target
 from fp8mla.attention.variants import get_variant
+from fp8mla.attention.workspace import Partials
 from fp8mla.formats import Scales
 
 LN2_INV = 1.4426950408889634  # 1 / ln 2: softmax runs in base 2
@@ -133,7 +134,8 @@ class AttentionLaunch:
         batch: requests in the grid (the buffer capacity under CUDA graphs).
         heads, head_dim_kpe, page_size, causal, sm_scale: the batch's attention parameters.
         indices: ``(qo_indptr, kv_indptr, kv_indices, kv_len)`` int32 on the device.
-        partials: ``(mid_o, mid_lse)`` workspace views when ``plan.num_splits > 1``.
+        partials: the workspace views of the partials when ``plan.num_splits > 1`` (with
+            their factor where ``plan.half_partials``).
         kv_dtype: storage dtype of the cache.
         target: where it runs (``targets.INTERPRETER`` on the CPU).
         interpreted: Triton's interpreter runs the kernels.
@@ -150,7 +152,7 @@ class AttentionLaunch:
         causal: bool,
         sm_scale: float,
         indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-        partials: tuple[torch.Tensor, torch.Tensor] | None,
+        partials: Partials | None,
         kv_dtype: torch.dtype,
         device: torch.device,
         target: Target,
@@ -198,17 +200,23 @@ class AttentionLaunch:
             stride_lse_split=0,
         )
         if self.split:
-            mid_o, mid_lse = partials
+            if plan.half_partials != (partials.mult is not None):
+                raise ValueError("expected partials with a factor exactly for a half_partials plan")
             self.fixed.update(
-                o_ptr=mid_o,
-                lse_ptr=mid_lse,
-                stride_o_split=mid_o.stride(0),
+                o_ptr=partials.o,
+                lse_ptr=partials.lse,
+                stride_o_split=partials.o.stride(0),
                 stride_o_t=heads * 512,
                 stride_o_h=512,
-                stride_lse_split=mid_lse.stride(0),
+                stride_lse_split=partials.lse.stride(0),
                 stride_lse_t=heads,
                 WRITE_LSE=True,
             )
+            if plan.half_partials:
+                self.fixed.update(
+                    mult_ptr=partials.mult,
+                    HALF_PARTIALS=True,
+                )
         options = {"num_warps": cfg.num_warps}
         if not self.variant.gluon:
             options["num_stages"] = cfg.num_stages
@@ -230,29 +238,33 @@ class AttentionLaunch:
             nan_row(device, kv_dtype.itemsize) if "nan_row_ckv" in self.kernel.names else None
         )
         self._nan_address = self.nan_row.data_ptr() if self.nan_row is not None else 0
-        self._partial_lse_address = partials[1].data_ptr() if partials is not None else 0
+        self._partial_lse_address = partials.lse.data_ptr() if partials is not None else 0
         self.merge = None
         if self.split:
             from fp8mla.kernels.merge import _mla_merge_kernel
 
-            block_s = merge_block_s(plan.num_splits, plan.merge_block_d)
-            mid_o, mid_lse = partials
+            block_s = merge_block_s(
+                plan.num_splits, plan.merge_block_d, plan.merge_warps, plan.half_partials
+            )
             self.merge_fixed: dict[str, Any] = dict(
-                mid_o_ptr=mid_o,
-                mid_lse_ptr=mid_lse,
+                mid_o_ptr=partials.o,
+                mid_lse_ptr=partials.lse,
                 qo_indptr_ptr=qo,
                 num_splits=plan.num_splits,
                 num_heads=heads,
-                stride_mo_split=mid_o.stride(0),
-                stride_ml_split=mid_lse.stride(0),
+                stride_mo_split=partials.o.stride(0),
+                stride_ml_split=partials.lse.stride(0),
                 D=512,
                 BLOCK_D=plan.merge_block_d,
                 BLOCK_S=block_s,
                 WAIT_PRIOR=plan.merge_waits,
                 LAUNCH_NEXT=plan.attention_waits,
             )
+            # fp16 partials' factor (None: fp32 partials; every argument is bound here, as
+            # the interpreter's kernels have no defaults to fall back on)
+            self.merge_fixed["mid_mult_ptr"] = partials.mult
             merge_grid = (512 // plan.merge_block_d, plan.rows_per_request, batch)
-            merge_options = {"num_warps": 4}
+            merge_options = {"num_warps": plan.merge_warps}
             if plan.merge_waits:  # Triton launches it with the programmatic-dependency attribute
                 merge_options["launch_pdl"] = True
             self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, merge_options, index)
@@ -360,7 +372,7 @@ class AttentionLaunch:
             self.kernel.launch(self._args(vals, tensors), key)
         if self.merge is not None:
             if mkey is None or not self.merge.launch_direct(self._merge_bind(mvals), mkey):
-                mvals[:2] = [out, lse if write_lse else self.partials[1]]
+                mvals[:2] = [out, lse if write_lse else self.partials.lse]
                 self.merge.launch(dict(zip(MERGE_CALL_ARGS, mvals), **self.merge_fixed), mkey)
         if both is not None and both not in self._native:
             self._bind_native(both)

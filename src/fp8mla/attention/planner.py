@@ -312,11 +312,15 @@ def make_launch_plan(
     if config.variant == "fp8qk":
         config = _fp8qk_or_fewrows(config, chosen, max_kv_len, num_splits, q_dtype)
     rows_per_request = m_tiles * config.block_m
+    half = num_splits > 1 and get_variant(config.variant).half_partials
+    block_d = merge_block_d(rows_per_request * batch, sms)
     return LaunchPlan(
         config=config,
         m_tiles=m_tiles,
         num_splits=num_splits,
-        merge_block_d=merge_block_d(rows_per_request * batch, sms),
+        merge_block_d=block_d,
+        half_partials=half,
+        merge_warps=merge_warps(block_d, half),
         merge_waits=num_splits > 1
         and get_variant(config.variant).launches_dependents
         and (target or MEASURED).dependent_launch,
@@ -352,13 +356,25 @@ def _fewrows_tile(config: KernelConfig) -> KernelConfig:
 MERGE_VALUES_PER_PROGRAM = 8192  # partial values one merge program loads at once (64 a thread)
 
 
-def merge_block_s(num_splits: int, block_d: int) -> int:
+def merge_block_s(num_splits: int, block_d: int, warps: int = 4, half: bool = False) -> int:
     """Splits the merge reads at once for ``block_d`` columns: as many as 64 values a thread
-    allow (8192 per program), so that a narrow merge of many splits is one round trip to the
-    L2 instead of one per 16 splits (one request of 32 heads, 64 splits, 128 columns: four
+    allow (8192 per program of 4 warps; 128 fp16 values, which take half the registers until
+    they are widened), so that a narrow merge of many splits is one round trip to the L2
+    instead of one per 16 splits (one request of 32 heads, 64 splits, 128 columns: four
     dependent passes became one)."""
     pow2 = 1 << max(0, num_splits - 1).bit_length()
-    return min(pow2, max(1, MERGE_VALUES_PER_PROGRAM // block_d))
+    values = MERGE_VALUES_PER_PROGRAM * warps // 4 * (2 if half else 1)
+    return min(pow2, max(1, values // block_d))
+
+
+def merge_warps(block_d: int, half_partials: bool) -> int:
+    """Warps per merge program: 4, or with fp16 partials one per 256 columns (at least 256).
+    Triton gives each thread 16 bytes of a row, 8 fp16 values: with 4 warps a 512-column
+    program of fp16 partials spread its splits over two warps, and the sum over splits went
+    through shared memory (3.7 → 8.4 µs at 64 × 16 on the H200, NOTES round 22)."""
+    if half_partials and block_d >= 256:
+        return block_d // 256
+    return 4
 
 
 def merge_block_d(rows: int, sms: int) -> int:

@@ -49,6 +49,10 @@ class Variant:
     # one row tile per request: a program takes rows 0 … BLOCK_M - 1 of its request and no
     # grid axis carries a row-tile index, so a tile must hold all of a request's query rows
     one_row_tile: bool = False
+    # its split partials are fp16 with a multiplier per (split, row, 256-column half): the
+    # kernel stores four adjacent columns per thread (whole 32-byte sectors in fp16) and keeps
+    # the stored values within fp16's range (workspace.Partials)
+    half_partials: bool = False
 
     def load(self):
         """The ``@triton.jit`` / ``@gluon.jit`` function (imported on first use)."""
@@ -233,5 +237,6 @@ FP8QK = register(
         min_split_tokens=64,
         launches_dependents=True,
         one_row_tile=True,
+        half_partials=True,
     )
 )

@@ -223,7 +223,9 @@ class BatchMLAPagedAttentionWrapper:
         partials = None
         if plan.num_splits > 1:
             rows = state.total_tokens * state.num_heads
-            partials = split_partials(self._workspace, plan.num_splits, rows, state.head_dim_ckv)
+            partials = split_partials(
+                self._workspace, plan.num_splits, rows, state.head_dim_ckv, plan.half_partials
+            )
         return AttentionLaunch(
             plan,
             batch=state.batch,

@@ -7,7 +7,9 @@ over 128 programs. Splits are read ``BLOCK_S`` at a time in one pass with a runn
 partial outputs loaded beside their LSEs (no load waits on another but the request's row
 range). The grid is sized by the batch capacity and the rows per request the attention launch
 covers, and rows are found through ``qo_indptr``, so a CUDA graph captured once serves later
-plans whose rows fit it. A NaN partial (a bad page entry) makes the row NaN.
+plans whose rows fit it. A NaN partial (a bad page entry) makes the row NaN. With ``mid_mult_ptr`` the partial
+outputs are fp16 without the V scale, and the merged row is multiplied by the factor there
+(``attention.workspace.Partials``).
 
 With ``WAIT_PRIOR`` the merge is launched as a programmatic dependent of the attention kernel
 (``kernels/grid_dependency.py``): its programs may be resident before the attention ends; each
@@ -25,7 +27,7 @@ NEG_INF = tl.constexpr(float("-inf"))
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def _mla_merge_kernel(
-    mid_o_ptr,  # [splits, rows_cap, D] fp32, normalized partial outputs (row = token * H + head)
+    mid_o_ptr,  # [splits, rows_cap, D] fp32 (or fp16), partial outputs (row = token * H + head)
     mid_lse_ptr,  # [splits, rows_cap] fp32, base-2 partial LSE (-inf for empty splits)
     o_ptr,  # [T, H, D] output
     lse_ptr,  # [T, H] fp32
@@ -44,6 +46,7 @@ def _mla_merge_kernel(
     WRITE_LSE: tl.constexpr,
     WAIT_PRIOR: tl.constexpr = False,  # launched as the attention kernel's dependent (SM90+)
     LAUNCH_NEXT: tl.constexpr = False,  # the next grid (the next attention) may launch now
+    mid_mult_ptr=None,  # [1] fp32: the factor of fp16 partials (the V scale the kernel used)
 ):
     if LAUNCH_NEXT:
         launch_next_grid()
@@ -74,7 +77,7 @@ def _mla_merge_kernel(
             mid_o_ptr + s[:, None].to(tl.int64) * stride_mo_split + row * D + d[None, :],
             mask=s_ok[:, None],
             other=0.0,
-        )
+        ).to(tl.float32)
         nan_seen |= (lse_s != lse_s).to(tl.int32)
         live = lse_s > NEG_INF  # false for empty splits and NaN
         m_new = tl.maximum(m, tl.max(tl.where(live, lse_s, NEG_INF), axis=0))
@@ -87,6 +90,8 @@ def _mla_merge_kernel(
         m = m_new
     bad = tl.max(nan_seen, axis=0) > 0
     inv = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
+    if mid_mult_ptr is not None:  # fp16 partials: the V scale the attention kernel left out
+        inv = inv * tl.load(mid_mult_ptr)
     out = tl.where(bad, float("nan"), acc * inv)
     tl.store(
         o_ptr + tok.to(tl.int64) * stride_o_t + h * stride_o_h + d, out.to(o_ptr.dtype.element_ty)

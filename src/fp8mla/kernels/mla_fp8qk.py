@@ -27,7 +27,11 @@ gains nothing from its smaller bytes there (``benchmarks/NOTES-2026-12-01.md``, 
   registers), in two 32-token steps. The register operand fixes which (row, token) each
   thread holds; the output columns are permuted instead: accumulator row
   ``m = g + 8h + 16w + 64a + 128b`` is latent column ``π(m) = 64w + 8g + 4b + 2a + h``, so a
-  thread's 8 rows are 8 adjacent bytes of the FP8 row (and 8 adjacent outputs).
+  thread's 8 rows are 8 adjacent bytes of the FP8 row (and 8 adjacent outputs). A split's
+  partial output is stored in fp16 (``HALF_PARTIALS``: half the bytes this kernel writes and
+  the merge reads) as ``o / l`` without the V scale: an average of FP8 values, within fp16's
+  range for e4m3 and e5m2 (with token-group scales, of the fp16 ``V`` operand's values); the
+  merge multiplies by the V scale, which the kernel stores beside the partials.
 
 Shared memory for ``STAGES`` = 4: the stages 160 KB (37 KB each with the RoPE part, 1 KB of
 token-group scales where used), the query 36 KB, ``P`` 8 KB (about 190 KB: one program per
@@ -99,10 +103,10 @@ def _value_wg(
     k_stages, sc_stages, ready, empty, q_smem, qpe_smem, q_ready, p_smem, a_smem, p_ready, p_free,
     stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start, rows_total, n_begin, n_end,
     split, num_heads, num_tokens, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    stride_o_split, stride_o_t, stride_o_h,
+    stride_o_split, stride_o_t, stride_o_h, mult_ptr,
     H: gl.constexpr, BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, FP8_CVT: gl.constexpr,
-    PROBE: gl.constexpr, trace_ptr,
+    HALF_PARTIALS: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """Value warpgroup ``H``: its half of the query staging, then output columns
     ``256H + π(m)`` of ``Oᵀ += Vᵀ·Pᵀ`` in two 32-token steps per tile, ``Vᵀ`` read from the
@@ -162,7 +166,12 @@ def _value_wg(
     _stamp(trace_ptr, 1 + H, 0, 6, PROBE)
     l_i = stat_smem.index(1).slice(0, BLOCK_R).load(col_l)
     has = l_i > 0.0
-    inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
+    if HALF_PARTIALS:  # o / l stored, the V scale beside it for the merge
+        inv_l = gl.where(has, 1.0 / gl.where(has, l_i, 1.0), 0.0)
+        if H == 0:
+            gl.store(mult_ptr, v_scale)
+    else:
+        inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
     # accumulator row m = g + 8h + 16w + 64a + 128b is latent column 64w + 8g + 4b + 2a + h:
     # reordered in registers (each thread then holds 8 adjacent columns of a row), then
     # converted to the store layout (4 adjacent columns per thread, within each warp)
@@ -263,12 +272,16 @@ def _mla_attn_fp8qk_kernel(
     # launched as a programmatic dependent of the grid before it on the stream: the barriers
     # are set up, then griddepcontrol.wait before the first global read
     WAIT_PRIOR: gl.constexpr = False,
+    # the split partials in fp16 without the V scale, which goes to mult_ptr (one fp32) for
+    # the merge (attention.workspace.Partials)
+    HALF_PARTIALS: gl.constexpr = False,
     # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
     # 2 every tile from the cache's first rows (loads that hit the L2), 4 the query staged
     # from ones, not loaded (the start without the query's loads), 8 cycle stamps into
     # ``trace_ptr`` (_stamp), 16 the output's stores masked off (their bytes' cost)
     PROBE: gl.constexpr = 0,
     trace_ptr=None,
+    mult_ptr=None,
 ):
     gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows per request")
     gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile")
@@ -347,8 +360,8 @@ def _mla_attn_fp8qk_kernel(
                     p_ready, p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start,
                     rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
-                    stride_o_t, stride_o_h, 0, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES,
-                    FP8_CVT, PROBE, trace_ptr,
+                    stride_o_t, stride_o_h, mult_ptr, 0, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP,
+                    STAGES, FP8_CVT, HALF_PARTIALS, PROBE, trace_ptr,
                 ),
             ),
             (
@@ -358,8 +371,8 @@ def _mla_attn_fp8qk_kernel(
                     p_ready, p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start,
                     rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
-                    stride_o_t, stride_o_h, 1, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES,
-                    FP8_CVT, PROBE, trace_ptr,
+                    stride_o_t, stride_o_h, mult_ptr, 1, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP,
+                    STAGES, FP8_CVT, HALF_PARTIALS, PROBE, trace_ptr,
                 ),
             ),
             (

@@ -112,9 +112,10 @@ def attention_jobs(target: Target) -> list[Job]:
             dot = "tl.bfloat16" if kv == torch.bfloat16 else "tl.float16"
             tile = tile_name(cfg)
             limit, why = _spill_limit(target.name, "attention", tile)
-            outputs = [("fp32", True, False, "split"), ("bf16", False, False, "direct")]
+            part = "fp16" if kind.half_partials else "fp32"  # the split partials' dtype
+            outputs = [(part, True, False, "split"), ("bf16", False, False, "direct")]
             if kv.itemsize == 1:  # per-token-group scales (DeepSeek's fine-grained FP8)
-                outputs.append(("fp32", True, True, "split+group"))
+                outputs.append((part, True, True, "split+group"))
             for out, write_lse, group, label in outputs:
                 ptrs = dict(
                     q_nope_ptr="fp16" if cfg.q_fp16_copy and dot == "tl.float16" else "bf16",
@@ -147,6 +148,9 @@ def attention_jobs(target: Target) -> list[Job]:
                 )
                 if kind.launches_dependents and target.dependent_launch:
                     consts["WAIT_PRIOR"] = True  # launched as a programmatic dependent
+                if kind.half_partials and write_lse:  # split: fp16 partials, their factors
+                    ptrs["mult_ptr"] = "fp32"
+                    consts["HALF_PARTIALS"] = True
                 build = Build(
                     kind.kernel,
                     tuple(ptrs.items()),
@@ -163,34 +167,40 @@ def attention_jobs(target: Target) -> list[Job]:
 
 
 def merge_jobs(target: Target) -> list[Job]:
-    """The split merge as the launcher runs it: fp32 partials into a bf16 output, in each
-    column block the planner picks (``planner.merge_block_d``) reading the most splits per
+    """The split merge as the launcher runs it: fp32 partials (and, where a kernel of the
+    target writes them, fp16 partials with their factors, in the planner's warps) into a
+    bf16 output, in each column block the planner picks (``planner.merge_block_d``) reading the most splits per
     pass it allows (``planner.merge_block_s``); where a kernel of the target
     launches it as a programmatic dependent, also the build that waits for that kernel (and
     lets the next attention grid launch from its start)."""
-    from fp8mla.attention.planner import MAX_SPLITS, merge_block_s
+    from fp8mla.attention.planner import MAX_SPLITS, merge_block_s, merge_warps
     from fp8mla.attention.variants import REGISTRY
 
-    waits = target.dependent_launch and any(
-        v.launches_dependents and v.supports(target, torch.float8_e4m3fn, 32, 64) is None
-        for v in REGISTRY.values()
-    )
-    ptrs = dict(
-        mid_o_ptr="fp32", mid_lse_ptr="fp32", o_ptr="bf16", lse_ptr="fp32", qo_indptr_ptr="i32"
-    )  # fmt: skip
+    fp8_few = [
+        v for v in REGISTRY.values() if v.supports(target, torch.float8_e4m3fn, 32, 64) is None
+    ]
+    waits = target.dependent_launch and any(v.launches_dependents for v in fp8_few)
+    halves = [False] + ([True] if any(v.half_partials for v in fp8_few) else [])
     jobs = []
-    for block_d in (128, 256, 512):
-        for write_lse, wait in ((True, False), (False, False), (True, True)):
-            if wait and not waits:
-                continue
-            block_s = merge_block_s(MAX_SPLITS, block_d)  # the most splits a pass reads
-            consts = (("D", 512), ("BLOCK_D", block_d), ("BLOCK_S", block_s),
-                      ("WRITE_LSE", write_lse))  # fmt: skip
-            consts += (("WAIT_PRIOR", wait), ("LAUNCH_NEXT", wait))
-            build = Build(MERGE, tuple(ptrs.items()), consts, 4, None)
-            variant = f"{block_d} cols, bf16 out" + (" + LSE" if write_lse else "")
-            variant += ", waits for the attention" if wait else ""
-            jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
+    for half in halves:
+        ptrs = dict(mid_o_ptr="fp16" if half else "fp32", mid_lse_ptr="fp32", o_ptr="bf16",
+                    lse_ptr="fp32", qo_indptr_ptr="i32")  # fmt: skip
+        if half:
+            ptrs["mid_mult_ptr"] = "fp32"
+        for block_d in (128, 256, 512):
+            for write_lse, wait in ((True, False), (False, False), (True, True)):
+                if wait and not waits:
+                    continue
+                warps = merge_warps(block_d, half)
+                block_s = merge_block_s(MAX_SPLITS, block_d, warps, half)  # most a pass reads
+                consts = (("D", 512), ("BLOCK_D", block_d), ("BLOCK_S", block_s),
+                          ("WRITE_LSE", write_lse))  # fmt: skip
+                consts += (("WAIT_PRIOR", wait), ("LAUNCH_NEXT", wait))
+                build = Build(MERGE, tuple(ptrs.items()), consts, warps)
+                variant = f"{block_d} cols, bf16 out" + (" + LSE" if write_lse else "")
+                variant += ", fp16 partials" if half else ""
+                variant += ", waits for the attention" if wait else ""
+                jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
     return jobs
 
 

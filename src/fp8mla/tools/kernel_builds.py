@@ -85,8 +85,10 @@ def compile_build(build: Build, target: Target):
         raise RuntimeError(f"{build.kernel} is interpreted: import it with TRITON_INTERPRET unset")
     ptrs = dict(build.pointers)
     consts = {k: _constexpr_value(v) for k, v in build.constexprs}
-    for p in fn.params:  # constexprs left to their defaults, as a launch leaves them
-        if p.is_constexpr and p.name not in consts and p.has_default:
+    for p in fn.params:  # constexprs left to their defaults, as a launch leaves them (and
+        # optional pointers left None: Triton makes a None argument a constexpr)
+        unset = p.name not in consts and p.name not in ptrs and p.has_default
+        if unset and (p.is_constexpr or p.default is None):
             consts[p.name] = p.default
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
