@@ -333,7 +333,10 @@ class BatchMLAPagedAttentionWrapper:
                 under a CUDA graph a float is fixed at capture, a device tensor is read at
                 every replay).
             ckv_scale_arr: ``[num_pages, page_size, 4]`` fp32 per-token, per-128-channel
-                scales of the latent part (FP8 caches).
+                scales of the latent part (FP8 caches). The kernels apply them to the tile
+                before the tensor cores, in fp16: a dequantized value (FP8 value × its
+                scale) must lie within fp16's range (|x| ≤ 65,504), or the rows that read it
+                come out inf or NaN.
 
         Returns:
             ``out`` ``[tokens, H, 512]`` in the query dtype, and ``lse`` if ``return_lse``.
