@@ -133,3 +133,23 @@ def test_half_partials_views_leave_the_lse_in_place():
     assert spans[0][0] == work.data_ptr() and spans[-1][1] <= end
     again = split_partials(work, 3, 10, 512, half=True)
     assert again.mult.data_ptr() == half.mult.data_ptr() and again.o.stride() == half.o.stride()
+
+
+def test_empty_rows_of_fp16_partials_stay_zero(device):
+    """A row whose every split is empty is 0 whatever the factor's bytes (the workspace is
+    uninitialized until an attention grid writes it)."""
+    from fp8mla.attention.workspace import split_partials
+
+    splits, heads, D = 2, 2, 512
+    work = torch.full((splits * (D + 1) * heads,), float("nan"), device=device)
+    part = split_partials(work, splits, heads, D, half=True)
+    part.lse[:, 0] = float("-inf")  # row 0: no split has a token
+    out = torch.empty(1, heads, D, dtype=torch.bfloat16, device=device)
+    qo = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    _mla_merge_kernel[(1, heads, 1)](
+        part.o, part.lse, out, out, qo, splits, heads, 1, part.o.stride(0), part.lse.stride(0),
+        out.stride(0), out.stride(1), 0, D=D, BLOCK_D=D, BLOCK_S=2, WRITE_LSE=False,
+        mid_mult_ptr=part.mult, num_warps=2,
+    )  # fmt: skip
+    assert torch.equal(out[0, 0], torch.zeros_like(out[0, 0]))
+    assert torch.isnan(out[0, 1]).all()  # a NaN partial of a live split: NaN, as with fp32

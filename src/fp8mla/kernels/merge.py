@@ -7,14 +7,15 @@ over 128 programs. Splits are read ``BLOCK_S`` at a time in one pass with a runn
 partial outputs loaded beside their LSEs (no load waits on another but the request's row
 range). The grid is sized by the batch capacity and the rows per request the attention launch
 covers, and rows are found through ``qo_indptr``, so a CUDA graph captured once serves later
-plans whose rows fit it. A NaN partial (a bad page entry) makes the row NaN. With ``mid_mult_ptr`` the partial
-outputs are fp16 without the V scale, and the merged row is multiplied by the factor there
-(``attention.workspace.Partials``).
+plans whose rows fit it. A NaN partial (a bad page entry) makes the row NaN. With
+``mid_mult_ptr`` the partial outputs are fp16 without the V scale, and the merged row is
+multiplied by the factor there (``attention.workspace.Partials``).
 
 With ``WAIT_PRIOR`` the merge is launched as a programmatic dependent of the attention kernel
-(``kernels/grid_dependency.py``): its programs may be resident before the attention ends; each
-reads the plan's ``qo_indptr`` (written before the attention kernel, which is launched without
-the attribute and so starts after all earlier work) and waits for the partials only then.
+(``kernels/grid_dependency.py``): its programs may be resident before the attention ends, and
+each waits for the attention grid before its first global read (so this grid ends only after
+that one, which the next grid, itself a dependent, relies on). With ``LAUNCH_NEXT`` it lets the
+next grid launch from its start.
 """
 
 import triton
@@ -91,7 +92,7 @@ def _mla_merge_kernel(
     bad = tl.max(nan_seen, axis=0) > 0
     inv = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
     if mid_mult_ptr is not None:  # fp16 partials: the V scale the attention kernel left out
-        inv = inv * tl.load(mid_mult_ptr)
+        inv = tl.where(total > 0.0, inv * tl.load(mid_mult_ptr), 0.0)  # an empty row stays 0
     out = tl.where(bad, float("nan"), acc * inv)
     tl.store(
         o_ptr + tok.to(tl.int64) * stride_o_t + h * stride_o_h + d, out.to(o_ptr.dtype.element_ty)
