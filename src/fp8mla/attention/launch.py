@@ -126,6 +126,59 @@ MERGE_CALL_ARGS = ("o_ptr", "lse_ptr", "num_tokens", "stride_o_t", "stride_o_h",
                    "WRITE_LSE")  # fmt: skip
 
 
+def _partial_outputs(plan: LaunchPlan, partials: Partials, heads: int) -> dict[str, Any]:
+    """The attention kernel's output arguments of a split plan: the workspace's partials
+    (fp16 ones with their factor where ``plan.half_partials``)."""
+    if plan.half_partials != (partials.mult is not None):
+        raise ValueError("expected partials with a factor exactly for a half_partials plan")
+    args: dict[str, Any] = dict(
+        o_ptr=partials.o,
+        lse_ptr=partials.lse,
+        stride_o_split=partials.o.stride(0),
+        stride_o_t=heads * 512,
+        stride_o_h=512,
+        stride_lse_split=partials.lse.stride(0),
+        stride_lse_t=heads,
+        WRITE_LSE=True,
+    )
+    if plan.half_partials:
+        args.update(mult_ptr=partials.mult, HALF_PARTIALS=True)
+    return args
+
+
+def _merge_launch(
+    plan: LaunchPlan, partials: Partials, qo: torch.Tensor, heads: int, batch: int, index: int
+) -> tuple[KernelLauncher, dict[str, Any]]:
+    """The split merge of ``plan``: its launcher and the arguments bound at plan()."""
+    from fp8mla.kernels.merge import _mla_merge_kernel
+
+    block_s = merge_block_s(
+        plan.num_splits, plan.merge_block_d, plan.merge_warps, plan.half_partials
+    )
+    fixed: dict[str, Any] = dict(
+        mid_o_ptr=partials.o,
+        mid_lse_ptr=partials.lse,
+        qo_indptr_ptr=qo,
+        num_splits=plan.num_splits,
+        num_heads=heads,
+        stride_mo_split=partials.o.stride(0),
+        stride_ml_split=partials.lse.stride(0),
+        D=512,
+        BLOCK_D=plan.merge_block_d,
+        BLOCK_S=block_s,
+        WAIT_PRIOR=plan.merge_waits,
+        LAUNCH_NEXT=plan.attention_waits,
+        # fp16 partials' factor (None: fp32 partials; every argument is bound here, as the
+        # interpreter's kernels have no defaults to fall back on)
+        mid_mult_ptr=partials.mult,
+    )
+    grid = (512 // plan.merge_block_d, plan.rows_per_request, batch)
+    options = {"num_warps": plan.merge_warps}
+    if plan.merge_waits:  # Triton launches it with the programmatic-dependency attribute
+        options["launch_pdl"] = True
+    return KernelLauncher(_mla_merge_kernel, grid, options, index), fixed
+
+
 class AttentionLaunch:
     """The attention launch of one plan (and the merge when it splits the KV).
 
@@ -200,23 +253,7 @@ class AttentionLaunch:
             stride_lse_split=0,
         )
         if self.split:
-            if plan.half_partials != (partials.mult is not None):
-                raise ValueError("expected partials with a factor exactly for a half_partials plan")
-            self.fixed.update(
-                o_ptr=partials.o,
-                lse_ptr=partials.lse,
-                stride_o_split=partials.o.stride(0),
-                stride_o_t=heads * 512,
-                stride_o_h=512,
-                stride_lse_split=partials.lse.stride(0),
-                stride_lse_t=heads,
-                WRITE_LSE=True,
-            )
-            if plan.half_partials:
-                self.fixed.update(
-                    mult_ptr=partials.mult,
-                    HALF_PARTIALS=True,
-                )
+            self.fixed.update(_partial_outputs(plan, partials, heads))
         options = {"num_warps": cfg.num_warps}
         if not self.variant.gluon:
             options["num_stages"] = cfg.num_stages
@@ -241,33 +278,7 @@ class AttentionLaunch:
         self._partial_lse_address = partials.lse.data_ptr() if partials is not None else 0
         self.merge = None
         if self.split:
-            from fp8mla.kernels.merge import _mla_merge_kernel
-
-            block_s = merge_block_s(
-                plan.num_splits, plan.merge_block_d, plan.merge_warps, plan.half_partials
-            )
-            self.merge_fixed: dict[str, Any] = dict(
-                mid_o_ptr=partials.o,
-                mid_lse_ptr=partials.lse,
-                qo_indptr_ptr=qo,
-                num_splits=plan.num_splits,
-                num_heads=heads,
-                stride_mo_split=partials.o.stride(0),
-                stride_ml_split=partials.lse.stride(0),
-                D=512,
-                BLOCK_D=plan.merge_block_d,
-                BLOCK_S=block_s,
-                WAIT_PRIOR=plan.merge_waits,
-                LAUNCH_NEXT=plan.attention_waits,
-            )
-            # fp16 partials' factor (None: fp32 partials; every argument is bound here, as
-            # the interpreter's kernels have no defaults to fall back on)
-            self.merge_fixed["mid_mult_ptr"] = partials.mult
-            merge_grid = (512 // plan.merge_block_d, plan.rows_per_request, batch)
-            merge_options = {"num_warps": plan.merge_warps}
-            if plan.merge_waits:  # Triton launches it with the programmatic-dependency attribute
-                merge_options["launch_pdl"] = True
-            self.merge = KernelLauncher(_mla_merge_kernel, merge_grid, merge_options, index)
+            self.merge, self.merge_fixed = _merge_launch(plan, partials, qo, heads, batch, index)
             self._merge_bind = ArgumentBinder(self.merge, self.merge_fixed, MERGE_CALL_ARGS)
         call = (
             CALL_ARGS
