@@ -245,7 +245,7 @@ def _score_wg(
                                           PROBE, trace_ptr)  # fmt: skip
             _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
             # (the second pair started before the handoff instead spilled 64 B and measured
-            # no faster: benchmarks/NOTES.md, round 18)
+            # no faster: benchmarks/NOTES-2026-12-01-rounds-18-21.md, round 18)
             s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero,
                                nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY,
                                PROBE)  # fmt: skip
