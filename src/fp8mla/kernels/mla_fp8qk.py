@@ -177,22 +177,41 @@ def _value_wg(
     # converted to the store layout (4 adjacent columns per thread, within each warp)
     out = gl.reshape(o * inv_l[None, :], [2, 2, 4, 2, 8, BLOCK_R])  # [b, a, w, h, g, n]
     out = gl.reshape(gl.permute(out, (2, 4, 0, 1, 3, 5)), [HALF, BLOCK_R])
-    # each store instruction: 16 lanes × 16 bytes = one row's 256 contiguous bytes, two rows
-    # (whole 32-byte sectors; 16 bytes per lane at a 32-byte stride half-filled each sector
-    # and took twice the L2 writes)
-    if BLOCK_R == 32:
-        o_st: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8], [0, 16]],
-            lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
-            warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
-        )  # fmt: skip
+    if o_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        # fp16 partials or a 16-bit output: each thread's 8 adjacent columns of a row are
+        # 16 contiguous bytes, and a store instruction's lanes write 4 rows × 128 contiguous
+        # bytes (whole sectors) from where the reorder left them: only the registers' order
+        # changes (n: j, t, k of the accumulator; columns: h, a, b in registers, g in lanes)
+        if BLOCK_R == 32:
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8], [0, 16]],
+                lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        else:
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8]],
+                lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        out = gl.convert_layout(out, o_st, assert_trivial=True)
     else:
-        o_st: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8]],
-            lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
-            warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
-        )  # fmt: skip
-    out = gl.convert_layout(out, o_st)
+        # fp32: each store instruction: 16 lanes × 16 bytes = one row's 256 contiguous bytes,
+        # two rows (whole 32-byte sectors; 16 bytes per lane at a 32-byte stride half-filled
+        # each sector and took twice the L2 writes)
+        if BLOCK_R == 32:
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8], [0, 16]],
+                lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        else:
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8]],
+                lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        out = gl.convert_layout(out, o_st)
     _stamp(trace_ptr, 1 + H, 1, 6, PROBE)
     r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_st))
     tok = q_start + r // num_heads
