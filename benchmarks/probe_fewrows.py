@@ -28,6 +28,7 @@ import os
 
 import torch
 
+from fp8mla.attention import planner
 from fp8mla.attention.targets import Target
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
@@ -68,6 +69,16 @@ VARIANTS: dict[str, dict[str, int]] = {
     "merge-at-end": {"LAUNCH_DEPENDENTS": 0},
     # the FP8 x FP8 kernel's merge scheduled from its start (default: after its last tile is scored)
     "merge-early": {"KERNEL": "fp8qk", "LAUNCH_DEPENDENTS": 1},
+    # fewer splits than the planner's (one request of 32 heads: 64 splits of one tile each)
+    "fewrows-32splits": {"KERNEL": "fewrows", "SPLITS": 32},
+    "fp8qk-32splits": {"KERNEL": "fp8qk", "SPLITS": 32},
+    "fp8qk-16splits": {"KERNEL": "fp8qk", "SPLITS": 16},
+    # the split merge in other warps and columns per program than the planner's
+    "merge-1warp": {"MERGE_WARPS": 1},
+    "merge-2warps": {"MERGE_WARPS": 2},
+    "merge-8warps": {"MERGE_WARPS": 8},
+    "merge-64cols": {"MERGE_BLOCK_D": 64},
+    "merge-256cols": {"MERGE_BLOCK_D": 256},
 }
 
 
@@ -77,14 +88,32 @@ def variant_runner(inp, options: dict[str, int | str]):
     options = dict(options)
     kernel = options.pop("KERNEL", None)
     plain = options.pop("MERGE_AFTER", 0)
+    plan_kw: dict[str, object] = {"kernel_config": kernel} if kernel else {}
+    if "SPLITS" in options:
+        plan_kw["num_splits"] = options.pop("SPLITS")
+    merge_opts = {k[6:]: options.pop(k) for k in list(options) if k.startswith("MERGE_")}
+    saved = planner.merge_warps, planner.merge_block_d
+    if "WARPS" in merge_opts:
+        warps = merge_opts.pop("WARPS")
+        planner.merge_warps = lambda *a: warps
+    if "BLOCK_D" in merge_opts:
+        block_d = merge_opts.pop("BLOCK_D")
+        planner.merge_block_d = lambda *a: block_d
     dependent = Target.dependent_launch
     if plain:  # every target plans an ordinary merge launch
         Target.dependent_launch = property(lambda self: False)
     try:  # a named variant runs in its table tile, never swapped for another kernel
-        w = I.planned_wrapper(inp, inp.pool.dtype, **({"kernel_config": kernel} if kernel else {}))
+        w = I.planned_wrapper(inp, inp.pool.dtype, **plan_kw)
     finally:
         Target.dependent_launch = dependent
+        planner.merge_warps, planner.merge_block_d = saved
     launch = w._launch
+    if merge_opts:  # the merge's compile-time options, bound before the first run
+        from fp8mla.attention.kernel_launcher import ArgumentBinder
+        from fp8mla.attention.launch import MERGE_CALL_ARGS
+
+        launch.merge_fixed.update(merge_opts)
+        launch._merge_bind = ArgumentBinder(launch.merge, launch.merge_fixed, MERGE_CALL_ARGS)
     if launch.variant.name not in ("fewrows", "fp8qk"):
         raise SystemExit(f"{inp.case.name}: planned {launch.variant.name}, not a few-row kernel")
     launch.kernel.options.update(options)
