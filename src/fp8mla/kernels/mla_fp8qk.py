@@ -99,6 +99,65 @@ def _value_operand(
 
 
 @gluon.jit
+def _store_output(
+    o, o_ptr, q_start, rows_total, split, num_heads, num_tokens, stride_o_split, stride_o_t,
+    stride_o_h, H: gl.constexpr, BLOCK_R: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+):  # fmt: skip
+    """Value warpgroup ``H``'s output ``Oᵀ [256, R]`` (accumulator layout, already scaled) into
+    columns ``256H …`` of the rows' outputs (split ``split``'s partials, or the output)."""
+    # accumulator row m = g + 8h + 16w + 64a + 128b is latent column 64w + 8g + 4b + 2a + h:
+    # reordered in registers (each thread then holds 8 adjacent columns of a row), then
+    # converted to the store layout (4 adjacent columns per thread, within each warp)
+    out = gl.reshape(o, [2, 2, 4, 2, 8, BLOCK_R])  # [b, a, w, h, g, n]
+    out = gl.reshape(gl.permute(out, (2, 4, 0, 1, 3, 5)), [HALF, BLOCK_R])
+    if o_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        # fp16 partials or a 16-bit output: each thread's 8 adjacent columns of a row are
+        # 16 contiguous bytes, and a store instruction's lanes write 4 rows × 128 contiguous
+        # bytes (whole sectors) from where the reorder left them: only the registers' order
+        # changes (n: j, t, k of the accumulator; columns: h, a, b in registers, g in lanes)
+        if BLOCK_R == 32:
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8], [0, 16]],
+                lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        else:
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8]],
+                lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        out = gl.convert_layout(out, o_st, assert_trivial=True)
+    else:
+        # fp32: each store instruction: 16 lanes × 16 bytes = one row's 256 contiguous bytes,
+        # two rows (whole 32-byte sectors; 16 bytes per lane at a 32-byte stride half-filled
+        # each sector and took twice the L2 writes)
+        if BLOCK_R == 32:
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8], [0, 16]],
+                lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        else:
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8]],
+                lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        out = gl.convert_layout(out, o_st)
+    _stamp(trace_ptr, 1 + H, 1, 6, PROBE)
+    r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_st))
+    tok = q_start + r // num_heads
+    r_ok = (r < rows_total) & (tok < num_tokens)
+    if PROBE & 16:  # measurement only: the stores issued, none writes (what their bytes cost)
+        r_ok = r_ok & (num_tokens < 0)  # (a runtime value: the stores stay in the code)
+    base = o_ptr + split * stride_o_split + tok.to(gl.int64) * stride_o_t
+    base += (r % num_heads) * stride_o_h + H * HALF
+    col = gl.arange(0, HALF, layout=gl.SliceLayout(1, o_st))
+    gl.store(base[None, :] + col[:, None], out.to(o_ptr.dtype.element_ty), mask=r_ok[None, :])
+
+
+@gluon.jit
 def _value_wg(
     k_stages, sc_stages, ready, empty, q_smem, qpe_smem, q_ready, p_smem, a_smem, p_ready, p_free,
     stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start, rows_total, n_begin, n_end,
@@ -172,56 +231,10 @@ def _value_wg(
             gl.store(mult_ptr, v_scale)
     else:
         inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
-    # accumulator row m = g + 8h + 16w + 64a + 128b is latent column 64w + 8g + 4b + 2a + h:
-    # reordered in registers (each thread then holds 8 adjacent columns of a row), then
-    # converted to the store layout (4 adjacent columns per thread, within each warp)
-    out = gl.reshape(o * inv_l[None, :], [2, 2, 4, 2, 8, BLOCK_R])  # [b, a, w, h, g, n]
-    out = gl.reshape(gl.permute(out, (2, 4, 0, 1, 3, 5)), [HALF, BLOCK_R])
-    if o_ptr.dtype.element_ty.primitive_bitwidth == 16:
-        # fp16 partials or a 16-bit output: each thread's 8 adjacent columns of a row are
-        # 16 contiguous bytes, and a store instruction's lanes write 4 rows × 128 contiguous
-        # bytes (whole sectors) from where the reorder left them: only the registers' order
-        # changes (n: j, t, k of the accumulator; columns: h, a, b in registers, g in lanes)
-        if BLOCK_R == 32:
-            o_st: gl.constexpr = gl.DistributedLinearLayout(
-                reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8], [0, 16]],
-                lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
-                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
-            )  # fmt: skip
-        else:
-            o_st: gl.constexpr = gl.DistributedLinearLayout(
-                reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8]],
-                lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
-                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
-            )  # fmt: skip
-        out = gl.convert_layout(out, o_st, assert_trivial=True)
-    else:
-        # fp32: each store instruction: 16 lanes × 16 bytes = one row's 256 contiguous bytes,
-        # two rows (whole 32-byte sectors; 16 bytes per lane at a 32-byte stride half-filled
-        # each sector and took twice the L2 writes)
-        if BLOCK_R == 32:
-            o_st: gl.constexpr = gl.DistributedLinearLayout(
-                reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8], [0, 16]],
-                lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
-                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
-            )  # fmt: skip
-        else:
-            o_st: gl.constexpr = gl.DistributedLinearLayout(
-                reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8]],
-                lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
-                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
-            )  # fmt: skip
-        out = gl.convert_layout(out, o_st)
-    _stamp(trace_ptr, 1 + H, 1, 6, PROBE)
-    r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_st))
-    tok = q_start + r // num_heads
-    r_ok = (r < rows_total) & (tok < num_tokens)
-    if PROBE & 16:  # measurement only: the stores issued, none writes (what their bytes cost)
-        r_ok = r_ok & (num_tokens < 0)  # (a runtime value: the stores stay in the code)
-    base = o_ptr + split * stride_o_split + tok.to(gl.int64) * stride_o_t
-    base += (r % num_heads) * stride_o_h + H * HALF
-    col = gl.arange(0, HALF, layout=gl.SliceLayout(1, o_st))
-    gl.store(base[None, :] + col[:, None], out.to(o_ptr.dtype.element_ty), mask=r_ok[None, :])
+    _store_output(
+        o * inv_l[None, :], o_ptr, q_start, rows_total, split, num_heads, num_tokens,
+        stride_o_split, stride_o_t, stride_o_h, H, BLOCK_R, PROBE, trace_ptr,
+    )  # fmt: skip
     _stamp(trace_ptr, 1 + H, 0, 7, PROBE)
 
 
