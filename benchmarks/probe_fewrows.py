@@ -77,8 +77,11 @@ VARIANTS: dict[str, dict[str, int]] = {
     "merge-1warp": {"MERGE_WARPS": 1},
     "merge-2warps": {"MERGE_WARPS": 2},
     "merge-8warps": {"MERGE_WARPS": 8},
+    "merge-4warps": {"MERGE_WARPS": 4},
     "merge-64cols": {"MERGE_BLOCK_D": 64},
+    "merge-128cols": {"MERGE_BLOCK_D": 128},
     "merge-256cols": {"MERGE_BLOCK_D": 256},
+    "merge-512cols": {"MERGE_BLOCK_D": 512},
 }
 
 
