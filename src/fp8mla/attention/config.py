@@ -60,7 +60,7 @@ class LaunchPlan:
     # stream (SM90+): its programs may be scheduled before that grid ends, set up, and wait
     # for it before their first global read; the split merge lets the next grid launch early
     attention_waits: bool = False
-    # the split partials in fp16 with multipliers (workspace.Partials), half the bytes the
+    # the split partials in fp16 with their factor (workspace.Partials), half the bytes the
     # attention kernel writes and the merge reads
     half_partials: bool = False
     merge_warps: int = 4  # warps per program of the split merge

@@ -49,9 +49,9 @@ class Variant:
     # one row tile per request: a program takes rows 0 … BLOCK_M - 1 of its request and no
     # grid axis carries a row-tile index, so a tile must hold all of a request's query rows
     one_row_tile: bool = False
-    # its split partials are fp16 with a multiplier per (split, row, 256-column half): the
-    # kernel stores four adjacent columns per thread (whole 32-byte sectors in fp16) and keeps
-    # the stored values within fp16's range (workspace.Partials)
+    # its split partials are fp16: the kernel stores o / l without the V scale (averages of
+    # FP8 values, within fp16's range) and the V scale beside them as one factor for the
+    # merge (workspace.Partials)
     half_partials: bool = False
 
     def load(self):

@@ -106,8 +106,8 @@ def _store_output(
     """Value warpgroup ``H``'s output ``Oᵀ [256, R]`` (accumulator layout, already scaled) into
     columns ``256H …`` of the rows' outputs (split ``split``'s partials, or the output)."""
     # accumulator row m = g + 8h + 16w + 64a + 128b is latent column 64w + 8g + 4b + 2a + h:
-    # reordered in registers (each thread then holds 8 adjacent columns of a row), then
-    # converted to the store layout (4 adjacent columns per thread, within each warp)
+    # reordered in registers (each thread then holds 8 adjacent columns of a row), then put
+    # in the store layout: 16-bit values as they are, fp32 4 adjacent columns per thread
     out = gl.reshape(o, [2, 2, 4, 2, 8, BLOCK_R])  # [b, a, w, h, g, n]
     out = gl.reshape(gl.permute(out, (2, 4, 0, 1, 3, 5)), [HALF, BLOCK_R])
     if o_ptr.dtype.element_ty.primitive_bitwidth == 16:
