@@ -63,6 +63,10 @@ VARIANTS: dict[str, dict[str, int]] = {
     "probe-fp8qk-cached-nomath": {"KERNEL": "fp8qk", "PROBE": 3},
     "probe-fp8qk-nostore": {"KERNEL": "fp8qk", "PROBE": 16},  # the output stores masked off
     "probe-fp8qk-noqload": {"KERNEL": "fp8qk", "PROBE": 4},  # the query not loaded (ones)
+    # one consumer's products left out: the value warpgroups' (V loads and P·V), the score
+    # warpgroup's (Q·Kᵀ but the RoPE part): which one slows the copier's pace
+    "probe-fp8qk-novalue": {"KERNEL": "fp8qk", "PROBE": 32},
+    "probe-fp8qk-noscore": {"KERNEL": "fp8qk", "PROBE": 64},
     # the split merge launched after the attention kernel ends, not as its programmatic dependent
     "merge-after": {"MERGE_AFTER": 1},
     # the merge a programmatic dependent, launched when the attention grid ends (no early trigger)

@@ -189,7 +189,7 @@ def _value_wg(
         st = j % STAGES
         b = j % 2
         mbarrier.wait(ready.index(st), (j // STAGES) & 1)
-        if PROBE & 1:  # measurement only: the tile taken without its products
+        if PROBE & 33:  # measurement only: the tile taken without its products
             mbarrier.wait(p_ready.index(b), (j // 2) & 1)
             _stamp(trace_ptr, 1 + H, j, 0, PROBE)
             _BARRIER()
@@ -310,7 +310,8 @@ def _mla_attn_fp8qk_kernel(
     # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
     # 2 every tile from the cache's first rows (loads that hit the L2), 4 the query staged
     # from ones, not loaded (the start without the query's loads), 8 cycle stamps into
-    # ``trace_ptr`` (_stamp), 16 the output's stores masked off (their bytes' cost)
+    # ``trace_ptr`` (_stamp), 16 the output's stores masked off (their bytes' cost), 32 the
+    # value warpgroups take each tile without their products, 64 the score warpgroup does
     PROBE: gl.constexpr = 0,
     trace_ptr=None,
     mult_ptr=None,
