@@ -67,6 +67,8 @@ VARIANTS: dict[str, dict[str, int]] = {
     # warpgroup's (Q·Kᵀ but the RoPE part): which one slows the copier's pace
     "probe-fp8qk-novalue": {"KERNEL": "fp8qk", "PROBE": 32},
     "probe-fp8qk-noscore": {"KERNEL": "fp8qk", "PROBE": 64},
+    # the value warpgroups' products on a zero operand: their tensor work without V's loads
+    "probe-fp8qk-nov": {"KERNEL": "fp8qk", "PROBE": 128},
     # the split merge launched after the attention kernel ends, not as its programmatic dependent
     "merge-after": {"MERGE_AFTER": 1},
     # the merge a programmatic dependent, launched when the attention grid ends (no early trigger)

@@ -78,10 +78,13 @@ SC_HALF = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))  # [32 
 @gluon.jit
 def _value_operand(
     k_stages, sc_stages, st, kh: gl.constexpr, H: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-    FP8_CVT: gl.constexpr, a_l: gl.constexpr,
+    FP8_CVT: gl.constexpr, a_l: gl.constexpr, PROBE: gl.constexpr = 0,
 ):  # fmt: skip
     """``Vᵀ`` of tokens ``32kh … 32kh + 31`` of stage ``st``, latent columns ``256H + π(m)``,
-    as wgmma's fp16 register operand ``[256, 32]`` (token-group scales applied)."""
+    as wgmma's fp16 register operand ``[256, 32]`` (token-group scales applied; zeros with
+    ``PROBE`` bit 128, a measurement of the products without the operand's loads)."""
+    if PROBE & 128:
+        return gl.zeros([HALF, HALF_N], gl.float16, a_l)
     v8 = k_stages.index(st).slice(H * HALF, HALF, dim=1).slice(kh * HALF_N, HALF_N, dim=0)
     v = T._fp8_bytes_to_f16(v8.load(V_LOAD).to(gl.uint8, bitcast=True), FP8_CVT)  # exact
     if TOKEN_GROUP:  # this warpgroup's two groups: columns 0-127 and 128-255
@@ -199,20 +202,20 @@ def _value_wg(
         else:
             if not TOKEN_GROUP:  # the first half's operand needs only the stage: built
                 # while P is on its way (with the group scales, its registers would spill)
-                a0 = _value_operand(k_stages, sc_stages, st, 0, H, TOKEN_GROUP, FP8_CVT, a_l)
+                a0 = _value_operand(k_stages, sc_stages, st, 0, H, TOKEN_GROUP, FP8_CVT, a_l, PROBE)
             mbarrier.wait(p_ready.index(b), (j // 2) & 1)
             _stamp(trace_ptr, 1 + H, j, 0, PROBE)
             alpha = a_smem.index(b).slice(0, BLOCK_R).load(col_l)
             o = o * alpha[None, :]
             if TOKEN_GROUP:
-                a0 = _value_operand(k_stages, sc_stages, st, 0, H, TOKEN_GROUP, FP8_CVT, a_l)
+                a0 = _value_operand(k_stages, sc_stages, st, 0, H, TOKEN_GROUP, FP8_CVT, a_l, PROBE)
             o = warpgroup_mma(a0, p_smem.index(2 * b).slice(0, BLOCK_R, dim=0).permute((1, 0)), o,
                               is_async=True)  # fmt: skip
             # the first half's products done before the second half's operand is built: its
             # registers are free again, so 136 per value warpgroup suffice and ptxas does not
             # serialize the kernel's wgmma (C7512) with the score warpgroup's four sums
             o = warpgroup_mma_wait(0, deps=[o, a0])[0]
-            a1 = _value_operand(k_stages, sc_stages, st, 1, H, TOKEN_GROUP, FP8_CVT, a_l)
+            a1 = _value_operand(k_stages, sc_stages, st, 1, H, TOKEN_GROUP, FP8_CVT, a_l, PROBE)
             _BARRIER()
             mbarrier.arrive(empty.index(st))  # the stage's bytes are in registers
             o = warpgroup_mma(a1, p_smem.index(2 * b + 1).slice(0, BLOCK_R, dim=0).permute((1, 0)),
@@ -311,7 +314,8 @@ def _mla_attn_fp8qk_kernel(
     # 2 every tile from the cache's first rows (loads that hit the L2), 4 the query staged
     # from ones, not loaded (the start without the query's loads), 8 cycle stamps into
     # ``trace_ptr`` (_stamp), 16 the output's stores masked off (their bytes' cost), 32 the
-    # value warpgroups take each tile without their products, 64 the score warpgroup does
+    # value warpgroups take each tile without their products, 64 the score warpgroup does,
+    # 128 the value warpgroups' products run on a zero operand (no V loads or conversion)
     PROBE: gl.constexpr = 0,
     trace_ptr=None,
     mult_ptr=None,
