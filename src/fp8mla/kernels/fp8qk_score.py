@@ -22,6 +22,9 @@ from fp8mla.kernels.mla_wgmma import _store_lse
 RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
 HALF_N = gl.constexpr(32)  # tokens per P·V step of the value warpgroups
 NEG_INF = gl.constexpr(float("-inf"))
+# measurement only: the PROBE bits that take each tile without the score warpgroup's products
+# (1: no products at all, 64: the score warpgroup's alone; kernels/mla_fp8qk.py)
+NO_SCORE_PRODUCTS = gl.constexpr(1 | 64)
 
 # S's accumulator [64, 64] as [32 query rows, 64 tokens] once the hi/lo rows are added: each
 # thread holds 16 tokens of one query row (the quad's four lanes hold the row's 64)
@@ -65,7 +68,7 @@ def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.conste
     kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
     pt = pe_stages.index(st).permute((1, 0))
     acc_pe = warpgroup_mma(qpe_smem, pt, s_zero, use_acc=False, is_async=True)
-    if (PROBE & 65) or not FIRST_PAIR:  # no latent products yet
+    if (PROBE & NO_SCORE_PRODUCTS) or not FIRST_PAIR:  # no latent products yet
         a0 = s_zero
         a1 = s_zero
     elif PARTS == 1:
@@ -102,7 +105,7 @@ def _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale, 
     started (the RoPE part, and the first latent pair where ``FIRST_PAIR``; else that pair
     is started here once the RoPE part is done), and the remaining latent pair's products
     started (``PARTS == 4``; else none: returned as ``s_zero``)."""
-    if PROBE & 65:  # measurement only: the tile taken without its products
+    if PROBE & NO_SCORE_PRODUCTS:  # measurement only: the tile taken without its products
         acc_pe = warpgroup_mma_wait(0, deps=[acc_pe])
         s = gl.zeros([RQ, BLOCK_N], gl.float32, layout=S_ROWS)
     elif PARTS == 1:
@@ -122,7 +125,8 @@ def _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale, 
                     TOKEN_GROUP)  # fmt: skip
     a2 = s_zero
     a3 = s_zero
-    if PARTS == 4 and not (PROBE & 65):  # the second pair, once the first pair's are read
+    # the second pair, once the first pair's are read
+    if PARTS == 4 and not (PROBE & NO_SCORE_PRODUCTS):
         kt = k_stages.index(st).permute((1, 0))
         a2, a3 = _latent_pair(q_smem, kt, 2, D_CKV // PARTS, s_zero)
     return s, a2, a3
@@ -133,7 +137,7 @@ def _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS: gl.constexpr,
            TOKEN_GROUP: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
     """``S [32 query rows, 64 tokens]`` of stage ``st``: ``s`` from :func:`_s_mid` plus the
     second latent pair where ``PARTS == 4``."""
-    if PARTS == 4 and not (PROBE & 65):
+    if PARTS == 4 and not (PROBE & NO_SCORE_PRODUCTS):
         s = _s_pair(a2, a3, s, sc_stages, st, 2, nope_scale, TOKEN_GROUP)
     return s
 

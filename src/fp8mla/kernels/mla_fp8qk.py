@@ -58,6 +58,9 @@ from fp8mla.kernels.grid_dependency import launch_dependents, wait_prior
 from fp8mla.kernels.mla_wgmma import _request_span
 
 HALF = gl.constexpr(256)  # output columns per value warpgroup
+# measurement only: the PROBE bits that take each tile without the value warpgroups' products
+# (1: no products at all, 32: the value warpgroups' alone)
+NO_VALUE_PRODUCTS = gl.constexpr(1 | 32)
 
 # Half a value tile [32 tokens, 256 latent columns] as the value warpgroups read it: 8 adjacent
 # bytes per thread and token (the register operand's rows m8, m64, m128), its tokens as the
@@ -192,7 +195,7 @@ def _value_wg(
         st = j % STAGES
         b = j % 2
         mbarrier.wait(ready.index(st), (j // STAGES) & 1)
-        if PROBE & 33:  # measurement only: the tile taken without its products
+        if PROBE & NO_VALUE_PRODUCTS:  # measurement only: the tile taken without its products
             mbarrier.wait(p_ready.index(b), (j // 2) & 1)
             _stamp(trace_ptr, 1 + H, j, 0, PROBE)
             _BARRIER()
