@@ -32,7 +32,7 @@ import sysconfig
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +134,10 @@ def fields_module() -> Any:
         return None
 
 
+@cache
 def dtype_code(dtype: Any) -> int:
-    """``dtype``'s code in the C++ accessor (PyTorch's ScalarType), -1 without it."""
+    """``dtype``'s code in the C++ accessor (PyTorch's ScalarType), -1 without it (looked up
+    once per dtype)."""
     import torch
 
     mod = fields_module()

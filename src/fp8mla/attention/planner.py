@@ -312,7 +312,8 @@ def make_launch_plan(
     if config.variant == "fp8qk":
         config = _fp8qk_or_fewrows(config, chosen, max_kv_len, num_splits, q_dtype)
     rows_per_request = m_tiles * config.block_m
-    half = num_splits > 1 and get_variant(config.variant).half_partials
+    variant = get_variant(config.variant)
+    half = num_splits > 1 and variant.half_partials
     block_d = merge_block_d(rows_per_request * batch, sms)
     return LaunchPlan(
         config=config,
@@ -322,9 +323,9 @@ def make_launch_plan(
         half_partials=half,
         merge_warps=merge_warps(block_d, half),
         merge_waits=num_splits > 1
-        and get_variant(config.variant).launches_dependents
+        and variant.launches_dependents
         and (target or MEASURED).dependent_launch,
-        attention_waits=get_variant(config.variant).launches_dependents
+        attention_waits=variant.launches_dependents
         and (target or MEASURED).dependent_launch
         and os.environ.get("FP8MLA_DEPENDENT_LAUNCH", "1") != "0",
     )
