@@ -59,7 +59,7 @@ def test_long_chunks_take_the_wide_tiles():
     spec2 = choose_config(2 * 16, torch.float8_e4m3fn, h200)  # 2 tokens × 16 heads: 32 rows
     assert (spec2.block_m, spec2.variant) == (32, "fp8qk")
     assert choose_config(16, torch.float8_e4m3fn, h200).block_m == 16
-    assert choose_config(4096 * 128, torch.bfloat16, h200).variant == "wgmma"
+    assert choose_config(4096 * 128, torch.bfloat16, h200).variant == "pingpong"
     assert choose_config(4096 * 128, torch.bfloat16, cuda_target(100)).variant == "vsplit"
     assert choose_config(64, torch.bfloat16, h200).block_m == 64
     assert choose_config(40 * 4, torch.float8_e4m3fn, INTERPRETER).variant == "vsplit"

@@ -16,6 +16,7 @@ from fp8mla.attention.planner import (
     FEWROWS_TILE_32,
     FP8QK_TILE_16,
     FP8QK_TILE_32,
+    PINGPONG_TILE,
     WGMMA_TILE,
     selectable_configs,
 )
@@ -41,6 +42,8 @@ def orientation(kind: str, rows: int) -> KernelConfig:
         pytest.skip(f"the {kind} kernel runs on SM90 GPUs only")
     if kind == "wgmma":
         return WGMMA_TILE
+    if kind == "pingpong":
+        return PINGPONG_TILE
     if kind == "fewrows":
         if rows > 32:
             pytest.skip("the fewrows kernel serves at most 32 rows per request")
@@ -54,7 +57,7 @@ def orientation(kind: str, rows: int) -> KernelConfig:
 
 
 def test_every_variant_is_tested():
-    assert set(REGISTRY) == {"rows", "vsplit", "wgmma", "fewrows", "fp8qk"}
+    assert set(REGISTRY) == {"rows", "vsplit", "wgmma", "pingpong", "fewrows", "fp8qk"}
 
 
 KERNELS = pytest.mark.parametrize("kernel", sorted(REGISTRY))

@@ -14,6 +14,7 @@ from fp8mla.attention.planner import (
     FEWROWS_TILE_32,
     FP8QK_TILE_16,
     FP8QK_TILE_32,
+    PINGPONG_TILE,
     SM90_TABLE,
     TABLES,
     TRITON_TABLE,
@@ -50,12 +51,12 @@ def test_sm90_table():
         assert choose_config(32, dtype, t) == FP8QK_TILE_32
         for rows in (33, 64, 128, 4096 * 128):  # many rows: the wgmma kernel
             assert choose_config(rows, dtype, t) == WGMMA_TILE
-    # 16-bit KV: the same Gluon kernels, copying the tiles instead of converting them
+    # 16-bit KV: Gluon kernels copying the tiles instead of converting them
     for dtype in (torch.bfloat16, torch.float16):
         assert choose_config(16, dtype, t) == FEWROWS_TILE_16
         assert choose_config(32, dtype, t) == FEWROWS_TILE_32
-        for rows in (33, 64, 128):
-            assert choose_config(rows, dtype, t) == WGMMA_TILE
+        for rows in (33, 64, 128):  # many rows: the ping-pong kernel
+            assert choose_config(rows, dtype, t) == PINGPONG_TILE
 
 
 def test_sm100_takes_the_triton_tiles():

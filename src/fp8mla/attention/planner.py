@@ -87,6 +87,11 @@ TRITON_TABLE = ConfigTable(
 # cp.async: 64 x 128 x 4096 181 vs 435 us for the Triton tile,
 # benchmarks/NOTES-2026-12-01.md round 14).
 WGMMA_TILE = KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")
+# SM90 16-bit pools above 32 rows: two consumer warpgroups on alternate 32-token tiles
+# (kernels/mla_pingpong.py; bf16 pool, same run: 64 x 128 x 4096 153.3 vs 181.4 us for the
+# wgmma kernel, 8 x 128 x 16384 85.0 vs 100.0, extend 4096 over 32768 at 128 heads 506 vs 454
+# TFLOP/s; benchmarks/NOTES.md round 25).
+PINGPONG_TILE = KernelConfig(64, 32, 4, 1, variant="pingpong", fp8_cvt="ptx")
 # SM90 up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N (FP8 32 x 32 x 4096:
 # 75 vs 122 us for the 16-row Triton tile, in the same run; bf16 pool 51.5 vs 82.0 us).
 FEWROWS_TILE_16 = KernelConfig(16, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
@@ -103,8 +108,8 @@ SM90_TABLE = dataclasses.replace(
     few_fp8=FP8QK_TILE_32,
     tiny_16bit=FEWROWS_TILE_16,
     few_16bit=FEWROWS_TILE_32,
-    many_16bit=WGMMA_TILE,
-    wide_16bit=WGMMA_TILE,
+    many_16bit=PINGPONG_TILE,
+    wide_16bit=PINGPONG_TILE,
     many_fp8=WGMMA_TILE,
     wide_fp8=WGMMA_TILE,
     fallback=TRITON_TABLE,

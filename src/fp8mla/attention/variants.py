@@ -162,6 +162,15 @@ def _tile_64x64_8(config: KernelConfig) -> str | None:
     return None
 
 
+def _tile_64x32_4(config: KernelConfig) -> str | None:
+    if (config.block_m, config.block_n, config.num_warps) != (64, 32, 4):
+        return (
+            f"takes 64 × 32 tiles and 4 warps, got {config.block_m} × {config.block_n} and "
+            f"{config.num_warps} warps"
+        )
+    return None
+
+
 def _tile_few(config: KernelConfig) -> str | None:
     if config.block_m not in (16, 32) or config.block_n != 64 or config.num_warps != 4:
         return (
@@ -205,6 +214,20 @@ WGMMA = register(
         check_tile=_tile_64x64_8,
         gluon=True,
         mark="g",
+    )
+)
+PINGPONG = register(
+    Variant(
+        name="pingpong",
+        kernel="fp8mla.kernels.mla_pingpong:_mla_attn_pingpong_kernel",
+        summary="Gluon, SM90; two consumer warpgroups take alternate 32-token KV tiles (one's "
+        "softmax beside the other's products), each holding half of the output columns; a "
+        "producer warpgroup converts FP8 tiles into fp16 shared memory or copies 16-bit tiles "
+        "(many rows)",
+        supports=_sm90_rope,
+        check_tile=_tile_64x32_4,
+        gluon=True,
+        mark="p",
     )
 )
 FEWROWS = register(

@@ -415,7 +415,7 @@ def _mla_attn_fewrows_kernel(
                         k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries,
                         num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
                         stride_ckv_s, stride_kpe_p, stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV,
-                        D_KPE, PRODUCER_WARPS,
+                        D_KPE, PRODUCER_WARPS, NUM_BUF,
                     ),
                 ),
             ],

@@ -171,19 +171,33 @@ def _prefetch_l2(ptrs):
 
 
 @gluon.jit
+def _store_chunk(k_dst, x, sa, ok, c: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+                 FP8_CVT: gl.constexpr):  # fmt: skip
+    """FP8 bytes ``x`` of latent chunk ``c`` → fp16 (times their tokens' group scale with
+    ``TOKEN_GROUP``) into the shared tile ``k_dst``."""
+    k = _fp8_to_f16(x, FP8_CVT)
+    if TOKEN_GROUP:
+        sc = gl.load(sa + c, mask=ok, other=0.0)
+        k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
+    k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
+
+
+@gluon.jit
 def _kv_producer(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
     num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
-    TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, NBUF: gl.constexpr,
+    WHOLE_TILE: gl.constexpr,
 ):  # fmt: skip
     """The producer: each KV tile of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared tile
-    ``j % NUM_BUF`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the NaN row),
+    ``j % NBUF`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the NaN row),
     with ``TOKEN_GROUP`` each 128 columns times their tokens' group scale; ``ready`` is signalled when a tile is in place, ``empty`` is
     waited for before a buffer is overwritten.
 
     Its loads are latency-bound (one warpgroup, 96 registers), so: the RoPE bytes are loaded
-    with the first latent chunk, each chunk's bytes while the previous chunk is converted, and
+    with the first latent chunk, each chunk's bytes while the previous chunk is converted (all
+    four chunks at once with ``WHOLE_TILE``: 32-token tiles hold them in 32 registers), and
     the next tile's latent rows are prefetched into the L2 meanwhile (measured on the H200:
     without the prefetch and early RoPE load, the consumers waited for this warpgroup)."""
     # 16 bytes per thread, 8 threads per 128-byte row chunk, 4 rows per warp
@@ -204,12 +218,16 @@ def _kv_producer(
     raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
     for j in range(n_tiles):
         n0 = n_begin + j * BLOCK_N
-        buf = j % NUM_BUF
+        buf = j % NBUF
         pos = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = pos < n_end
         slot = pages.to(gl.int64)
         rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
         x = _load_chunk(ckv_ptr, rows, ok, 0, ld)
+        if WHOLE_TILE:  # every chunk's loads in flight at once
+            x1 = _load_chunk(ckv_ptr, rows, ok, 1, ld)
+            x2 = _load_chunk(ckv_ptr, rows, ok, 2, ld)
+            x3 = _load_chunk(ckv_ptr, rows, ok, 3, ld)
         pe_pos = gl.convert_layout(pos, pe_rows_l)
         pe_rows = _cache_rows(
             gl.convert_layout(slot, pe_rows_l), pe_pos, gl.convert_layout(bad, pe_rows_l),
@@ -227,21 +245,28 @@ def _kv_producer(
         next_rows = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_ckv_p
         next_rows += (next_pos % PAGE_SIZE) * stride_ckv_s
         _prefetch_l2(ckv_ptr + next_rows[:, None] + seg_end[None, :])
+        sa = scale_arr_ptr  # (the token-group scales' pointers, where used)
         if TOKEN_GROUP:
             sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
-        # the consumers are done with this buffer (tile j - NUM_BUF); passes at once at first
-        mbarrier.wait(empty.index(buf), ((j // NUM_BUF) & 1) ^ 1)
+        # the consumers are done with this buffer (tile j - NBUF); passes at once at first
+        mbarrier.wait(empty.index(buf), ((j // NBUF) & 1) ^ 1)
         k_dst = k_bufs.index(buf)
-        for c in gl.static_range(D_CKV // CHUNK):
-            if c + 1 < D_CKV // CHUNK:
-                x_next = _load_chunk(ckv_ptr, rows, ok, c + 1, ld)
-            k = _fp8_to_f16(x, FP8_CVT)
-            if TOKEN_GROUP:
-                sc = gl.load(sa + c, mask=ok, other=0.0)
-                k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
-            k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
-            if c + 1 < D_CKV // CHUNK:
-                x = x_next
+        if WHOLE_TILE:
+            _store_chunk(k_dst, x, sa, ok, 0, TOKEN_GROUP, FP8_CVT)
+            _store_chunk(k_dst, x1, sa, ok, 1, TOKEN_GROUP, FP8_CVT)
+            _store_chunk(k_dst, x2, sa, ok, 2, TOKEN_GROUP, FP8_CVT)
+            _store_chunk(k_dst, x3, sa, ok, 3, TOKEN_GROUP, FP8_CVT)
+        else:
+            for c in gl.static_range(D_CKV // CHUNK):
+                if c + 1 < D_CKV // CHUNK:
+                    x_next = _load_chunk(ckv_ptr, rows, ok, c + 1, ld)
+                k = _fp8_to_f16(x, FP8_CVT)
+                if TOKEN_GROUP:
+                    sc = gl.load(sa + c, mask=ok, other=0.0)
+                    k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
+                k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
+                if c + 1 < D_CKV // CHUNK:
+                    x = x_next
         kpe_bufs.index(buf).store(_fp8_to_f16(xp, FP8_CVT))
         # all four warps' stores are visible to wgmma before one thread signals
         fence_async_shared()
@@ -254,11 +279,11 @@ def _kv_copier(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
     nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
     stride_kpe_s, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
-    D_KPE: gl.constexpr, P_WARPS: gl.constexpr,
+    D_KPE: gl.constexpr, P_WARPS: gl.constexpr, NBUF: gl.constexpr,
 ):  # fmt: skip
-    """The producer for 16-bit pools (both SM90 kernels): each tile of ``[n_begin, n_end)``
+    """The producer for 16-bit pools (the SM90 kernels): each tile of ``[n_begin, n_end)``
     copied as it is into shared buffer
-    ``j % 2`` by ``cp.async`` (no registers, no conversion; tokens past ``n_end`` as 0, a bad
+    ``j % NBUF`` by ``cp.async`` (no registers, no conversion; tokens past ``n_end`` as 0, a bad
     page entry's token as the launcher's 16-bit NaN row). Two tiles in flight: tile ``j`` is
     requested before tile ``j - 1`` is waited for and handed over."""
     # 16 bytes (8 elements) per thread, 8 threads per 128-byte row chunk, 4 rows per warp
@@ -270,7 +295,7 @@ def _kv_copier(
     pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
     raw, in_list = _load_entries(page_base, n_entries, pos, pos < n_end, PAGE_SIZE)
     for j in range(n_tiles):
-        buf = j % NUM_BUF
+        buf = j % NBUF
         pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
         pages, bad = _check_entries(raw, in_list, pos < n_end, num_pages)
         ok = (pos < n_end)[:, None]
@@ -281,8 +306,8 @@ def _kv_copier(
         # their latency passes behind this tile's copies instead of before them
         nxt = pos + BLOCK_N
         raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
-        # the consumers are done with this buffer (tile j - 2); passes at once at first
-        mbarrier.wait(empty.index(buf), ((j // NUM_BUF) & 1) ^ 1)
+        # the consumers are done with this buffer (tile j - NBUF); passes at once at first
+        mbarrier.wait(empty.index(buf), ((j // NBUF) & 1) ^ 1)
         k_dst = k_bufs.index(buf)
         for c in gl.static_range(D_CKV // C16):
             _ASYNC_LOAD(
@@ -295,12 +320,12 @@ def _kv_copier(
             async_copy.wait_group(1)
             fence_async_shared()
             _BARRIER()
-            mbarrier.arrive(ready.index((j - 1) % NUM_BUF))
+            mbarrier.arrive(ready.index((j - 1) % NBUF))
     if n_tiles > 0:
         async_copy.wait_group(0)
         fence_async_shared()
         _BARRIER()
-        mbarrier.arrive(ready.index((n_tiles - 1) % NUM_BUF))
+        mbarrier.arrive(ready.index((n_tiles - 1) % NBUF))
 
 
 @gluon.jit
@@ -309,26 +334,34 @@ def _stage_query(
     pe_factor,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
     BLOCK_M: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, DOT_DTYPE: gl.constexpr,
+    ROW0: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr,
 ):  # fmt: skip
-    """The tile's query rows (row = token × heads + head) into shared memory in the dot dtype,
-    ``q_pe`` times ``pe_factor``; rows past ``rows_total`` as 0."""
-    q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
-    pe_ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
-    r = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_ld))
+    """Rows ``[ROW0, ROW0 + ROWS)`` of the tile's query rows (row = token × heads + head) into
+    the same rows of shared memory in the dot dtype, ``q_pe`` times ``pe_factor``; rows past
+    ``rows_total`` as 0. Run by ``WARPS`` warps (a partition's)."""
+    q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
+    pe_ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    if ROWS == BLOCK_M:
+        q_dst = q_smem
+        qpe_dst = qpe_smem
+    else:
+        q_dst = q_smem.slice(ROW0, ROWS, dim=0)
+        qpe_dst = qpe_smem.slice(ROW0, ROWS, dim=0)
+    r = m_tile * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_ld))
     r_ok = (r < rows_total) & (q_start + r // num_heads < num_tokens)
     q_rows = q_nope_ptr + (q_start + r // num_heads).to(gl.int64) * stride_qn_t
     q_rows += (r % num_heads) * stride_qn_h
     for c in gl.static_range(D_CKV // CHUNK):
         d = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld))
         q = gl.load(q_rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
-        q_smem.slice(c * CHUNK, CHUNK, dim=1).store(q.to(DOT_DTYPE))
-    rp = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, pe_ld))
+        q_dst.slice(c * CHUNK, CHUNK, dim=1).store(q.to(DOT_DTYPE))
+    rp = m_tile * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, pe_ld))
     rp_ok = (rp < rows_total) & (q_start + rp // num_heads < num_tokens)
     qp_rows = q_pe_ptr + (q_start + rp // num_heads).to(gl.int64) * stride_qp_t
     qp_rows += (rp % num_heads) * stride_qp_h
     e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
     qp = gl.load(qp_rows[:, None] + e[None, :], mask=rp_ok[:, None], other=0.0)
-    qpe_smem.store((qp.to(gl.float32) * pe_factor).to(DOT_DTYPE))
+    qpe_dst.store((qp.to(gl.float32) * pe_factor).to(DOT_DTYPE))
     fence_async_shared()
     _BARRIER()
 
@@ -358,7 +391,7 @@ def _attn_consumer(
     _stage_query(
         q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads,
         num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV, D_KPE,
-        DOT_DTYPE,
+        DOT_DTYPE, 0, BLOCK_M, 8,
     )  # fmt: skip
 
     rs = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
@@ -539,7 +572,7 @@ def _mla_attn_wgmma_kernel(
                         k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries,
                         num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
                         stride_ckv_s, stride_kpe_p, stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV,
-                        D_KPE, PRODUCER_WARPS,
+                        D_KPE, PRODUCER_WARPS, NUM_BUF,
                     ),
                 ),
             ],
@@ -567,7 +600,7 @@ def _mla_attn_wgmma_kernel(
                         k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
                         n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
                         stride_sa_p, stride_sa_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP,
-                        FP8_CVT,
+                        FP8_CVT, NUM_BUF, False,
                     ),
                 ),
             ],

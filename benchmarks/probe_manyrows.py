@@ -1,0 +1,125 @@
+"""The SM90 many-row kernels (``wgmma``: both consumer warpgroups on every tile;
+``pingpong``: alternate tiles) on the many-row cases, in one GPU run, alternated A/B/A/B:
+error against the float64 reference (4 requests), CUDA-graph µs (replays over rotated token
+placements, as ``fp8mla bench`` times small cases), TFLOP/s; FlashInfer's FP8 and bf16-pool
+paths in the same run when ``FP8MLA_FLASHINFER`` names its folder.
+
+    python benchmarks/probe_manyrows.py --json OUT/probe.json [--variants wgmma pingpong]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+from fp8mla.attention.planner import PINGPONG_TILE, WGMMA_TILE
+from fp8mla.bench import impls as I
+from fp8mla.bench.cases import Case
+from fp8mla.bench.inputs import build_inputs, random_pool
+from fp8mla.bench.measure import copy_bandwidth_tbps, flops, time_graph
+from fp8mla.bench.runner import placements, reference_subset
+from fp8mla.testing import rel_err
+
+CASES = {
+    c.name: c
+    for c in (
+        Case(64, 128, 4096),
+        Case(8, 128, 16384),
+        Case(64, 64, 4096),
+        Case(1, 128, 32768 + 4096, qo_len=4096),
+    )
+}
+# name: (tile, the kernel's compile-time options overridden)
+VARIANTS = {
+    "wgmma": (WGMMA_TILE, {}),
+    "pingpong": (PINGPONG_TILE, {}),
+    # the FP8 producer loading one 128-column chunk ahead instead of the whole 32-token tile
+    "pingpong-chunked": (PINGPONG_TILE, {"WHOLE_TILE": False}),
+}
+
+
+def fp8mla_run(inp, pool: torch.Tensor, variant: tuple) -> I.Runner:
+    """fp8mla in the variant's tile and options on ``pool`` (the FP8 pool, or a bf16 pool of
+    its values)."""
+    config, options = variant
+    w = I.planned_wrapper(inp, pool.dtype, kernel_config=config)
+    w._launch.kernel.options.update(options)
+    ckv, kpe = inp.paged(pool)
+    out = torch.empty_like(inp.q_nope)
+    kw = dict(ckv_scale=inp.scale, kpe_scale=inp.scale) if pool.dtype.itemsize == 1 else {}
+    return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, **kw)
+
+
+def graph_us(runs) -> float:
+    return time_graph(lambda rs=runs: [r() for r in rs], reps=20).us_median / len(runs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--cases", nargs="+", default=list(CASES))
+    ap.add_argument("--kv-dtypes", nargs="+", default=["float8_e4m3fn", "bfloat16"])
+    ap.add_argument("--rounds", type=int, default=2, help="A/B rounds per case")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    copy = copy_bandwidth_tbps(dev)
+    fi = (
+        I.load_flashinfer(os.environ["FP8MLA_FLASHINFER"])
+        if "FP8MLA_FLASHINFER" in os.environ
+        else None
+    )
+    cases = [CASES[n] for n in args.cases]
+    fp8_pool = random_pool(max(c.slots_needed() for c in cases), torch.float8_e4m3fn, dev)
+    bf16_pool = fp8_pool.to(torch.bfloat16)
+    rows: list[dict] = []
+
+    def add(rec):
+        rows.append(rec)
+        print(json.dumps(rec), flush=True)
+
+    for case in cases:
+        inputs = [build_inputs(case, dev, seed=i, pool=fp8_pool) for i in range(placements(case))]
+        ref, ref_rows = reference_subset(inputs[0], 4)
+        fl = flops(case)
+        for kv_name in args.kv_dtypes:
+            pool = fp8_pool if kv_name == "float8_e4m3fn" else bf16_pool
+            base = dict(case=case.name, kv=kv_name)
+            if fi is not None:
+                for fi_name in ("flashinfer-fp8", "flashinfer-bf16kv"):
+                    if (fi_name == "flashinfer-fp8") != (kv_name == "float8_e4m3fn"):
+                        continue
+                    try:
+                        runs = [I.flashinfer_wrapper(x, pool, fi) for x in inputs]
+                    except I.Unavailable as exc:
+                        add(dict(base, variant=fi_name, error=str(exc)))
+                        continue
+                    us = graph_us(runs)
+                    add(
+                        dict(base, variant=fi_name, us=round(us, 2), tflops=round(fl / us / 1e6, 1))
+                    )
+            for rnd in range(args.rounds):
+                for name in args.variants:
+                    runs = [fp8mla_run(x, pool, VARIANTS[name]) for x in inputs]
+                    out = runs[0]()
+                    torch.cuda.synchronize()
+                    err = rel_err(out[ref_rows].float(), ref) if rnd == 0 else None
+                    us = graph_us(runs)
+                    add(dict(base, variant=name, round=rnd, us=round(us, 2),
+                             tflops=round(fl / us / 1e6, 1), rel_err=err and float(f"{err:.2e}")))  # fmt: skip
+                    del runs
+        del inputs
+    with open(args.json, "w") as f:
+        json.dump(dict(copy_tbps=copy, rows=rows), f, indent=1)
+    print(f"\ncopy {copy:.2f} TB/s; µs per call (CUDA graph), TFLOP/s, rel err")
+    for r in rows:
+        print(f"{r['case']:<36} {r['kv']:<14} {r['variant']:<18} {r.get('round', ''):>2} "
+              f"{r.get('us', r.get('error', ''))!s:>9} {r.get('tflops', '')!s:>7} {r.get('rel_err') or ''}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,418 @@
+"""Hopper (SM90) MLA attention for many query rows, in Gluon: two consumer warpgroups take
+alternate KV tiles, so one's softmax runs while the other's products keep the tensor cores busy.
+
+The wgmma kernel (``kernels/mla_wgmma.py``) has both consumer warpgroups compute every step's
+``S = Q·Kᵀ`` together, split by tokens: each reads the whole query tile from shared memory
+(twice the query bytes per step), and the step runs Q·Kᵀ → row maxima across the two → ``P``
+→ P·V with the tensor cores idle during the softmax (``benchmarks/NOTES-2026-12-01.md``,
+round 14: ~4,700 cycles a 64-token step at 64 × 128 heads, ~3,000 of them shared-memory reads).
+Here one program owns 64 query rows and runs three warpgroups:
+
+* a **producer** (``mla_wgmma._kv_producer`` for FP8 pools, converting to fp16;
+  ``_kv_copier`` for 16-bit pools, by ``cp.async``) fills ``NBUF`` = 4 shared buffers of
+  ``BLOCK_N`` = 32 tokens;
+* two **consumer** warpgroups (``ROLE`` 0: the default partition, 1: a worker). Tile ``j`` is
+  *owned* by warpgroup ``j % 2``: it computes ``S_j [64, 32] = Q·K_jᵀ`` alone (the query read
+  once per tile), its online softmax from the running maximum the other published for tile
+  ``j - 1``, and publishes tile ``j``'s maximum, rescale factor and ``P_j`` (fp16) in shared
+  memory. Each warpgroup accumulates 256 of the 512 output columns over *every* tile:
+  ``O = O·α_j + P_j·V_j``, with ``P_j`` as wgmma's register operand on its own tiles and read
+  from shared memory on the other's. Each owned tile's products start before the other's
+  tile is applied, so its ``S`` lands while that P·V runs, and its softmax runs while the
+  other warpgroup's products run.
+
+Ordering, with one ``P`` buffer and one statistics slot: ``P_j`` is written by tile ``j``'s
+owner and read only by the other warpgroup, which owns tile ``j + 1`` and writes ``P_{j+1}``
+only after its read of ``P_j`` completed; the statistics likewise. A KV buffer is free
+once both warpgroups' products of its tile are done (``empty`` counts two arrivals). Each
+warpgroup sums the rows of its own tiles' ``P`` (rescaled by every tile's factor); the two
+sums are added once, after the loop. Nothing is in flight across a loop iteration's end
+(ptxas would serialize every wgmma otherwise).
+
+Shared memory: the query 72 KB, four fp16 KV buffers 144 KB, ``P`` 4 KB, the statistics
+1 KB (about 221 KB: one program per SM). Same arguments and results as
+``_mla_attn_rows_kernel``; ``BLOCK_M`` 64 and ``BLOCK_N`` 32, launched with 4 warps (the other
+partitions' 8 warps come on top), a 64-dim RoPE part. Gluon has no interpreter: SM90 only.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fp8mla.kernels.mla_wgmma import (
+    _BARRIER,
+    NEG_INF,
+    _kv_copier,
+    _kv_producer,
+    _request_span,
+    _stage_query,
+    _store_lse,
+)
+
+NBUF = gl.constexpr(4)  # KV buffers of BLOCK_N tokens
+PRODUCER_WARPS = gl.constexpr(4)
+PRODUCER_REGS = gl.constexpr(80)  # per thread; each consumer warpgroup 208
+CONSUMER_REGS = gl.constexpr(192)
+
+
+@gluon.jit
+def _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero):
+    """Start ``S_j = Q·K_jᵀ`` (latent and RoPE parts, two wgmma groups) once tile ``j`` is in
+    its buffer."""
+    buf = j % NBUF
+    mbarrier.wait(ready.index(buf), (j // NBUF) & 1)
+    s = warpgroup_mma(
+        q_smem, k_bufs.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True
+    )
+    return warpgroup_mma(qpe_smem, kpe_bufs.index(buf).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _apply_remote(o, l_i, r, k_bufs, p_smem, stat_smem, stat_bar, V0: gl.constexpr,
+                  HALF: gl.constexpr, s_rows: gl.constexpr, o_rows: gl.constexpr):  # fmt: skip
+    """Tile ``r``, owned by the other warpgroup: wait for its statistics, rescale ``O`` and the
+    row sums by its factor and start ``O += P_r·V_r`` (``P_r`` from shared memory, this
+    warpgroup's ``HALF`` columns from ``V0``). Returns the product in flight, the row sums and
+    tile ``r``'s running maximum."""
+    mbarrier.wait(stat_bar, r & 1)
+    m_r = stat_smem.index(0).load(s_rows)
+    alpha = stat_smem.index(1).load(s_rows)
+    o = o * gl.convert_layout(alpha, o_rows)[:, None]
+    v = k_bufs.index(r % NBUF).slice(V0, HALF, dim=1)
+    return warpgroup_mma(p_smem, v, o, is_async=True), l_i * alpha, m_r
+
+
+@gluon.jit
+def _finish_remote(o, r, empty):
+    """Wait for the other warpgroup's tile ``r`` to be applied, then release its buffer (this
+    warpgroup's share) and, with it, the ``P`` buffer and statistics slot."""
+    o = warpgroup_mma_wait(0, deps=[o])
+    _BARRIER()
+    mbarrier.arrive(empty.index(r % NBUF))
+    return o
+
+
+@gluon.jit
+def _softmax_tile(s, m_prev, l_i, n0, n_end, causal_limit, qk_scale, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
+    """The online softmax of one tile's scores from the running maximum ``m_prev``: ``P``
+    (fp32), the rescale factor, the new maximum and the row sums with this tile's added. A bad
+    page entry's token (the NaN row) turns its rows NaN."""
+    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    visible = (pos < n_end)[None, :]
+    if CAUSAL:
+        visible = visible & (pos[None, :] <= causal_limit[:, None])
+    s = gl.where(visible, s * qk_scale, NEG_INF)
+    m_new = gl.maximum(m_prev, gl.max(s, axis=1))
+    m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = gl.exp2(m_prev - m_use)
+    p = gl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _publish(p16, alpha, m_new, p_smem, stat_smem, stat_bar):
+    """Tile statistics and ``P`` (the dot dtype) for the other warpgroup."""
+    stat_smem.index(0).store(m_new)
+    stat_smem.index(1).store(alpha)
+    p_smem.store(p16)
+    fence_async_shared()
+    _BARRIER()
+    mbarrier.arrive(stat_bar)
+
+
+@gluon.jit
+def _own_tile(o, l_i, m_i, j, REMOTE: gl.constexpr, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
+              empty, p_smem, stat_smem, stat_bar, s_zero, n_begin, n_end, causal_limit,
+              qk_scale, V0: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr, DOT_DTYPE: gl.constexpr, s_layout: gl.constexpr,
+              o_layout: gl.constexpr):  # fmt: skip
+    """Tile ``j``, owned by this warpgroup (after the other's tile ``j - 1`` where ``REMOTE``):
+    its scores start, the other's tile is applied while they run, the softmax runs while that
+    product does, then ``P_j`` is published and applied from registers."""
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero)
+    if REMOTE:
+        o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0,
+                                    HALF, s_rows, o_rows)  # fmt: skip
+        s = warpgroup_mma_wait(1, deps=[s])
+    else:
+        s = warpgroup_mma_wait(0, deps=[s])
+    p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_begin + j * BLOCK_N, n_end, causal_limit,
+                                       qk_scale, BLOCK_N, CAUSAL, s_layout)  # fmt: skip
+    p16 = p.to(DOT_DTYPE)
+    if REMOTE:
+        o = _finish_remote(o, j - 1, empty)
+    else:
+        _BARRIER()
+    _publish(p16, alpha, m_i, p_smem, stat_smem, stat_bar)
+    o = o * gl.convert_layout(alpha, o_rows)[:, None]
+    p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+    v = k_bufs.index(j % NBUF).slice(V0, HALF, dim=1)
+    o = warpgroup_mma_wait(0, deps=[warpgroup_mma(p_op, v, o, is_async=True)])
+    _BARRIER()
+    mbarrier.arrive(empty.index(j % NBUF))
+    return o, l_i, m_i
+
+
+@gluon.jit
+def _pp_consumer(
+    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem, stat_smem, stat_bar,
+    l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
+    kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor, v_scale,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
+    stride_lse_split, stride_lse_t,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+    CAUSAL: gl.constexpr, DOT_DTYPE: gl.constexpr, WRITE_LSE: gl.constexpr, ROLE: gl.constexpr,
+):  # fmt: skip
+    """Consumer warpgroup ``ROLE``: stages its half of the query rows, owns tiles
+    ``ROLE, ROLE + 2, …``, applies every tile to output columns ``[256·ROLE, 256·ROLE + 256)``,
+    and stores them as ``O / l`` times the value scale (``ROLE`` 0 also the base-2 LSE)."""
+    HALF: gl.constexpr = D_CKV // 2
+    V0: gl.constexpr = ROLE * HALF
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16]
+    )
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    _stage_query(
+        q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads,
+        num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV,
+        D_KPE, DOT_DTYPE, ROLE * (BLOCK_M // 2), BLOCK_M // 2, 4,
+    )  # fmt: skip
+    mbarrier.arrive(q_ready)
+    mbarrier.wait(q_ready, 0)  # both halves staged
+
+    rs = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
+    causal_limit = kv_len - qo_len + rs // num_heads
+    m_i = gl.full([BLOCK_M], NEG_INF, gl.float32, layout=s_rows)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
+    o = gl.zeros([BLOCK_M, HALF], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    if ROLE == 0:
+        if n_tiles > 0:  # tile 0: nothing before it
+            o, l_i, m_i = _own_tile(
+                o, l_i, m_i, 0, False, q_smem, qpe_smem, k_bufs, kpe_bufs, ready, empty,
+                p_smem, stat_smem, stat_bar, s_zero, n_begin, n_end, causal_limit, qk_scale, V0,
+                HALF, BLOCK_N, CAUSAL, DOT_DTYPE, s_layout, o_layout,
+            )  # fmt: skip
+    for j in range(2 - ROLE, n_tiles, 2):
+        o, l_i, m_i = _own_tile(
+            o, l_i, m_i, j, True, q_smem, qpe_smem, k_bufs, kpe_bufs, ready, empty, p_smem,
+            stat_smem, stat_bar, s_zero, n_begin, n_end, causal_limit, qk_scale, V0, HALF,
+            BLOCK_N, CAUSAL, DOT_DTYPE, s_layout, o_layout,
+        )  # fmt: skip
+    last = n_tiles - 1
+    if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
+        o, l_i, m_i = _apply_remote(o, l_i, last, k_bufs, p_smem, stat_smem, stat_bar, V0, HALF,
+                                    s_rows, o_rows)  # fmt: skip
+        o = _finish_remote(o, last, empty)
+
+    # the row sums of both warpgroups' tiles
+    l_smem.index(ROLE).store(l_i)
+    _BARRIER()
+    mbarrier.arrive(l_bar)
+    mbarrier.wait(l_bar, 0)
+    l_i = l_i + l_smem.index(1 - ROLE).load(s_rows)
+
+    has = l_i > 0.0
+    inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
+    ro = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
+    ro_ok = (ro < rows_total) & (q_start + ro // num_heads < num_tokens)
+    o_rows_ptr = o_ptr + split * stride_o_split
+    o_rows_ptr += (q_start + ro // num_heads).to(gl.int64) * stride_o_t
+    o_rows_ptr += (ro % num_heads) * stride_o_h
+    dcol = V0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    out = o * gl.convert_layout(inv_l, o_rows)[:, None]
+    gl.store(
+        o_rows_ptr[:, None] + dcol[None, :], out.to(o_ptr.dtype.element_ty), mask=ro_ok[:, None]
+    )
+    if WRITE_LSE and ROLE == 0:
+        _store_lse(m_i, l_i, lse_ptr, split, q_start, rs, rows_total, num_heads, num_tokens,
+                   stride_lse_split, stride_lse_t)  # fmt: skip
+
+
+@gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
+def _mla_attn_pingpong_kernel(
+    q_nope_ptr,
+    q_pe_ptr,
+    ckv_ptr,
+    kpe_ptr,
+    scale_arr_ptr,
+    ckv_scale_ptr,
+    kpe_scale_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    kv_len_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    stride_ckv_p,
+    stride_ckv_s,
+    stride_kpe_p,
+    stride_kpe_s,
+    stride_sa_p,
+    stride_sa_s,
+    stride_o_split,
+    stride_o_t,
+    stride_o_h,
+    stride_lse_split,
+    stride_lse_t,
+    num_heads,
+    num_tokens,
+    num_pages,
+    num_indices,
+    nan_row_ckv,
+    nan_row_kpe,
+    sm_scale_log2,
+    ckv_scale_val,
+    kpe_scale_val,
+    PAGE_SIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D_CKV: gl.constexpr,
+    D_KPE: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr,
+    CKV_SCALE_PTR: gl.constexpr,
+    KPE_SCALE_PTR: gl.constexpr,
+    DOT_DTYPE: gl.constexpr,
+    WRITE_LSE: gl.constexpr,
+    FP8_CVT: gl.constexpr,
+    WHOLE_TILE: gl.constexpr = True,
+):
+    gl.static_assert(BLOCK_M == 64 and BLOCK_N == 32, "64 query rows × 32 KV tokens per tile")
+    gl.static_assert(D_CKV == 512, "the latent dimension is 512")
+    gl.static_assert(D_KPE == 64, "the RoPE dimension is 64")
+    gl.static_assert(gl.num_warps() == 4, "one consumer warpgroup in the default partition")
+    IS16: gl.constexpr = ckv_ptr.dtype.element_ty.primitive_bitwidth == 16
+    gl.static_assert(not (IS16 and TOKEN_GROUP), "token-group scales come with FP8 KV")
+
+    sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    p_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    vec_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    q_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_CKV], sh)
+    qpe_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_KPE], sh)
+    k_bufs = gl.allocate_shared_memory(DOT_DTYPE, [NBUF, BLOCK_N, D_CKV], sh)
+    kpe_bufs = gl.allocate_shared_memory(DOT_DTYPE, [NBUF, BLOCK_N, D_KPE], sh)
+    p_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, BLOCK_N], p_sh)
+    stat_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_sh)  # maximum, factor
+    l_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_sh)
+    ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    stat_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    for i in gl.static_range(NBUF):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    mbarrier.init(q_ready, count=2)
+    mbarrier.init(stat_bar, count=1)
+    mbarrier.init(l_bar, count=2)
+
+    m_tile = gl.program_id(0)
+    b = gl.program_id(1)
+    split = gl.program_id(2)
+    (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
+     pe_factor, v_scale) = _request_span(
+        qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
+        ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
+        BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    )  # fmt: skip
+
+    if IS16:
+        gl.warp_specialize(
+            [
+                (
+                    _pp_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
+                    ),
+                ),
+                (
+                    _pp_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
+                    ),
+                ),
+                (
+                    _kv_copier,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries,
+                        num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+                        stride_ckv_s, stride_kpe_p, stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV,
+                        D_KPE, PRODUCER_WARPS, NBUF,
+                    ),
+                ),
+            ],
+            [4, PRODUCER_WARPS],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    _pp_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
+                    ),
+                ),
+                (
+                    _pp_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
+                    ),
+                ),
+                (
+                    _kv_producer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr,
+                        page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
+                        stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
+                        stride_sa_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE,
+                    ),
+                ),
+            ],
+            [4, PRODUCER_WARPS],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
