@@ -146,8 +146,9 @@ class BatchMLAPagedAttentionWrapper:
 
         ``num_splits`` and ``kernel_config`` (keyword-only, fp8mla extensions) override the
         planner's KV split count per request and its kernel: a :class:`KernelConfig`, or a
-        variant name (``"rows"``, ``"vsplit"``, ``"wgmma"``, ``"fewrows"``, ``"fp8qk"``: see
-        ``fp8mla.attention.variants``) run in its table tile; for tuning and tests."""
+        variant name (``"rows"``, ``"vsplit"``, ``"wgmma"``, ``"pingpong"``, ``"fewrows"``,
+        ``"fp8qk"``: see ``fp8mla.attention.variants``) run in its table tile; for tuning and
+        tests."""
         del use_profiler  # accepted for compatibility; fp8mla has no in-kernel profiler
         if not 1 <= num_heads <= MAX_HEADS:
             raise ValueError(f"expected num_heads in [1, {MAX_HEADS}], got {num_heads}")

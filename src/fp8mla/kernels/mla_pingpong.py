@@ -56,8 +56,8 @@ from fp8mla.kernels.mla_wgmma import (
 
 NBUF = gl.constexpr(4)  # KV buffers of BLOCK_N tokens
 PRODUCER_WARPS = gl.constexpr(4)
-PRODUCER_REGS = gl.constexpr(80)  # per thread; each consumer warpgroup 208
-CONSUMER_REGS = gl.constexpr(192)
+PRODUCER_REGS = gl.constexpr(80)  # per thread; consumer 0 (the default partition) 232
+CONSUMER_REGS = gl.constexpr(192)  # consumer 1
 
 
 @gluon.jit
@@ -78,22 +78,25 @@ def _apply_remote(o, l_i, r, k_bufs, p_smem, stat_smem, stat_bar, V0: gl.constex
     """Tile ``r``, owned by the other warpgroup: wait for its statistics, rescale ``O`` and the
     row sums by its factor and start ``O += P_r·V_r`` (``P_r`` from shared memory, this
     warpgroup's ``HALF`` columns from ``V0``). Returns the product in flight, the row sums and
-    tile ``r``'s running maximum."""
+    tile ``r``'s running maximum. Tile -1 (before warpgroup 0's first tile) is the slot's
+    initial state: maximum -inf, factor 1 and ``P`` 0 (times tile 0's values, so a NaN row
+    there still turns the output NaN, as it does anyway)."""
     mbarrier.wait(stat_bar, r & 1)
     m_r = stat_smem.index(0).load(s_rows)
     alpha = stat_smem.index(1).load(s_rows)
     o = o * gl.convert_layout(alpha, o_rows)[:, None]
-    v = k_bufs.index(r % NBUF).slice(V0, HALF, dim=1)
+    v = k_bufs.index(gl.maximum(r, 0) % NBUF).slice(V0, HALF, dim=1)
     return warpgroup_mma(p_smem, v, o, is_async=True), l_i * alpha, m_r
 
 
 @gluon.jit
 def _finish_remote(o, r, empty):
     """Wait for the other warpgroup's tile ``r`` to be applied, then release its buffer (this
-    warpgroup's share) and, with it, the ``P`` buffer and statistics slot."""
+    warpgroup's share; tile -1 holds none) and, with it, the ``P`` buffer and statistics
+    slot."""
     o = warpgroup_mma_wait(0, deps=[o])
     _BARRIER()
-    mbarrier.arrive(empty.index(r % NBUF))
+    mbarrier.arrive(empty.index(gl.maximum(r, 0) % NBUF), pred=r >= 0)
     return o
 
 
@@ -127,30 +130,24 @@ def _publish(p16, alpha, m_new, p_smem, stat_smem, stat_bar):
 
 
 @gluon.jit
-def _own_tile(o, l_i, m_i, j, REMOTE: gl.constexpr, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
+def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
               empty, p_smem, stat_smem, stat_bar, s_zero, n_begin, n_end, causal_limit,
               qk_scale, V0: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, DOT_DTYPE: gl.constexpr, s_layout: gl.constexpr,
               o_layout: gl.constexpr):  # fmt: skip
-    """Tile ``j``, owned by this warpgroup (after the other's tile ``j - 1`` where ``REMOTE``):
-    its scores start, the other's tile is applied while they run, the softmax runs while that
-    product does, then ``P_j`` is published and applied from registers."""
+    """Tile ``j``, owned by this warpgroup, after the other's tile ``j - 1``: its scores start,
+    the other's tile is applied while they run, the softmax runs while that product does,
+    then ``P_j`` is published and applied from registers."""
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero)
-    if REMOTE:
-        o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0,
-                                    HALF, s_rows, o_rows)  # fmt: skip
-        s = warpgroup_mma_wait(1, deps=[s])
-    else:
-        s = warpgroup_mma_wait(0, deps=[s])
+    o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0, HALF,
+                                s_rows, o_rows)  # fmt: skip
+    s = warpgroup_mma_wait(1, deps=[s])
     p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_begin + j * BLOCK_N, n_end, causal_limit,
                                        qk_scale, BLOCK_N, CAUSAL, s_layout)  # fmt: skip
     p16 = p.to(DOT_DTYPE)
-    if REMOTE:
-        o = _finish_remote(o, j - 1, empty)
-    else:
-        _BARRIER()
+    o = _finish_remote(o, j - 1, empty)
     _publish(p16, alpha, m_i, p_smem, stat_smem, stat_bar)
     o = o * gl.convert_layout(alpha, o_rows)[:, None]
     p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
@@ -200,18 +197,17 @@ def _pp_consumer(
     o = gl.zeros([BLOCK_M, HALF], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
-    if ROLE == 0:
-        if n_tiles > 0:  # tile 0: nothing before it
-            o, l_i, m_i = _own_tile(
-                o, l_i, m_i, 0, False, q_smem, qpe_smem, k_bufs, kpe_bufs, ready, empty,
-                p_smem, stat_smem, stat_bar, s_zero, n_begin, n_end, causal_limit, qk_scale, V0,
-                HALF, BLOCK_N, CAUSAL, DOT_DTYPE, s_layout, o_layout,
-            )  # fmt: skip
-    for j in range(2 - ROLE, n_tiles, 2):
+    if ROLE == 0:  # the statistics slot and P as "tile -1" (see _apply_remote)
+        stat_smem.index(0).store(m_i)
+        stat_smem.index(1).store(gl.full([BLOCK_M], 1.0, gl.float32, layout=s_rows))
+        p_smem.store(s_zero.to(DOT_DTYPE))
+        fence_async_shared()
+        _BARRIER()
+    for j in range(ROLE, n_tiles, 2):
         o, l_i, m_i = _own_tile(
-            o, l_i, m_i, j, True, q_smem, qpe_smem, k_bufs, kpe_bufs, ready, empty, p_smem,
-            stat_smem, stat_bar, s_zero, n_begin, n_end, causal_limit, qk_scale, V0, HALF,
-            BLOCK_N, CAUSAL, DOT_DTYPE, s_layout, o_layout,
+            o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready, empty, p_smem, stat_smem,
+            stat_bar, s_zero, n_begin, n_end, causal_limit, qk_scale, V0, HALF, BLOCK_N, CAUSAL,
+            DOT_DTYPE, s_layout, o_layout,
         )  # fmt: skip
     last = n_tiles - 1
     if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
