@@ -8,7 +8,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from fp8mla.kernels.mla_wgmma import (
+from fp8mla.kernels.kv_fill import (
+    _BARRIER,
     _cache_rows,
     _check_entries,
     _fp8_to_f16,
@@ -16,8 +17,6 @@ from fp8mla.kernels.mla_wgmma import (
     _page_entries,
     _prefetch_l2,
 )
-
-_BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
 BLOCK_N = gl.constexpr(64)  # KV tokens per tile: wgmma's M
 CHUNK = gl.constexpr(128)  # latent columns per load / conversion step

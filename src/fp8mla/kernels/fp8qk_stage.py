@@ -10,7 +10,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
-from fp8mla.kernels.mla_wgmma import _ASYNC_LOAD, _cache_rows, _check_entries, _load_entries
+from fp8mla.kernels.kv_fill import _ASYNC_LOAD, _cache_rows, _check_entries, _load_entries
 
 E4M3_MAX = gl.constexpr(448.0)
 LO_GAIN = gl.constexpr(16.0)  # lo = (q·s − hi) × 16: e4m3's 3 mantissa bits, one step down

@@ -44,7 +44,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, CHUNK, _producer, _stamp
 from fp8mla.kernels.grid_dependency import launch_dependents, wait_prior
-from fp8mla.kernels.mla_wgmma import _kv_copier, _request_span, _store_lse
+from fp8mla.kernels.kv_fill import _kv_copier
+from fp8mla.kernels.mla_wgmma import _request_span, _store_lse
 
 HALF = gl.constexpr(256)  # output columns per consumer warpgroup
 NEG_INF = gl.constexpr(float("-inf"))

@@ -8,8 +8,8 @@ The wgmma kernel (``kernels/mla_wgmma.py``) has both consumer warpgroups compute
 round 14: ~4,700 cycles a 64-token step at 64 × 128 heads, ~3,000 of them shared-memory reads).
 Here one program owns 64 query rows and runs three warpgroups:
 
-* a **producer** (``mla_wgmma._kv_producer`` for FP8 pools, converting to fp16;
-  ``_kv_copier`` for 16-bit pools, by ``cp.async``) fills ``NBUF`` = 4 shared buffers of
+* a **producer** (``kv_fill._kv_producer`` for FP8 pools, converting to fp16;
+  ``kv_fill._kv_copier`` for 16-bit pools, by ``cp.async``) fills ``NBUF`` = 4 shared buffers of
   ``BLOCK_N`` = 32 tokens;
 * two **consumer** warpgroups (``ROLE`` 0: the default partition, 1: a worker). Tile ``j`` is
   *owned* by warpgroup ``j % 2``: it computes ``S_j [64, 32] = Q·K_jᵀ`` alone (the query read
@@ -44,15 +44,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fp8mla.kernels.mla_wgmma import (
-    _BARRIER,
-    NEG_INF,
-    _kv_copier,
-    _kv_producer,
-    _request_span,
-    _stage_query,
-    _store_lse,
-)
+from fp8mla.kernels.kv_fill import _BARRIER, _kv_copier, _kv_producer
+from fp8mla.kernels.mla_wgmma import NEG_INF, _request_span, _stage_query, _store_lse
 
 NBUF = gl.constexpr(4)  # KV buffers of BLOCK_N tokens
 PRODUCER_WARPS = gl.constexpr(4)
@@ -156,6 +149,31 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
     _BARRIER()
     mbarrier.arrive(empty.index(j % NBUF))
     return o, l_i, m_i
+
+
+@gluon.jit
+def _pp_producer(
+    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
+    num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE: gl.constexpr,
+    BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+    FP8_CVT: gl.constexpr, WHOLE_TILE: gl.constexpr,
+):  # fmt: skip
+    """The producer warpgroup: 16-bit tiles copied by ``cp.async`` (``kv_fill._kv_copier``),
+    FP8 tiles converted to fp16 (``kv_fill._kv_producer``), into the ``NBUF`` buffers."""
+    if ckv_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        _kv_copier(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
+            nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+            stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
+        )  # fmt: skip
+    else:
+        _kv_producer(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+            n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+            stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
+            BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE,
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -332,83 +350,44 @@ def _mla_attn_pingpong_kernel(
         BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
 
-    if IS16:
-        gl.warp_specialize(
-            [
+    # (the two consumers' argument tuples spelled out: Triton 3.6's Gluon cannot build one
+    # tuple holding the dot dtype and extend it by the role)
+    gl.warp_specialize(
+        [
+            (
+                _pp_consumer,
                 (
-                    _pp_consumer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
-                    ),
+                    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                    stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                    m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                    num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                    stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                    stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                    D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
                 ),
+            ),
+            (
+                _pp_consumer,
                 (
-                    _pp_consumer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
-                    ),
+                    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                    stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                    m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                    num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                    stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                    stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                    D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
                 ),
+            ),
+            (
+                _pp_producer,
                 (
-                    _kv_copier,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries,
-                        num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
-                        stride_ckv_s, stride_kpe_p, stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV,
-                        D_KPE, PRODUCER_WARPS, NBUF,
-                    ),
+                    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+                    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+                    stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+                    PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, WHOLE_TILE,
                 ),
-            ],
-            [4, PRODUCER_WARPS],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
-    else:
-        gl.warp_specialize(
-            [
-                (
-                    _pp_consumer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
-                    ),
-                ),
-                (
-                    _pp_consumer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
-                    ),
-                ),
-                (
-                    _kv_producer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr,
-                        page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
-                        stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
-                        stride_sa_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE,
-                    ),
-                ),
-            ],
-            [4, PRODUCER_WARPS],
-            [CONSUMER_REGS, PRODUCER_REGS],
-        )  # fmt: skip
+            ),
+        ],
+        [4, PRODUCER_WARPS],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )  # fmt: skip
