@@ -53,6 +53,17 @@ def fp8mla_run(inp, pool: torch.Tensor, variant: tuple) -> I.Runner:
     return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, **kw)
 
 
+def flashinfer_row(fi, inputs, pool: torch.Tensor, fl: int, base: dict) -> dict:
+    """FlashInfer on ``pool`` (its FP8 path on the FP8 pool, its bf16 path on the bf16 one)."""
+    name = "flashinfer-fp8" if pool.dtype.itemsize == 1 else "flashinfer-bf16kv"
+    try:
+        runs = [I.flashinfer_wrapper(x, pool, fi) for x in inputs]
+    except I.Unavailable as exc:
+        return dict(base, variant=name, error=str(exc))
+    us = graph_us(runs)
+    return dict(base, variant=name, us=round(us, 2), tflops=round(fl / us / 1e6, 1))
+
+
 def graph_us(runs) -> float:
     return time_graph(lambda rs=runs: [r() for r in rs], reps=20).us_median / len(runs)
 
@@ -89,18 +100,7 @@ def main() -> int:
             pool = fp8_pool if kv_name == "float8_e4m3fn" else bf16_pool
             base = dict(case=case.name, kv=kv_name)
             if fi is not None:
-                for fi_name in ("flashinfer-fp8", "flashinfer-bf16kv"):
-                    if (fi_name == "flashinfer-fp8") != (kv_name == "float8_e4m3fn"):
-                        continue
-                    try:
-                        runs = [I.flashinfer_wrapper(x, pool, fi) for x in inputs]
-                    except I.Unavailable as exc:
-                        add(dict(base, variant=fi_name, error=str(exc)))
-                        continue
-                    us = graph_us(runs)
-                    add(
-                        dict(base, variant=fi_name, us=round(us, 2), tflops=round(fl / us / 1e6, 1))
-                    )
+                add(flashinfer_row(fi, inputs, pool, fl, base))
             for rnd in range(args.rounds):
                 for name in args.variants:
                     runs = [fp8mla_run(x, pool, VARIANTS[name]) for x in inputs]
