@@ -265,8 +265,11 @@ def test_batch_157_on_gpu(kv_dtype, page_size):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("qo_len", [1, 4])
-def test_cuda_graph_replay_with_changing_lengths(qo_len):
+def test_cuda_graph_replay_with_changing_lengths(qo_len, kv_dtype):
+    """One capture, replayed after re-plans with new lengths (on SM90: 16 rows per request take
+    the few-row kernels, 64 rows the wgmma kernel for FP8 and the ping-pong kernel for bf16)."""
     from fp8mla import BatchMLAPagedAttentionWrapper
 
     batch_size, heads, page_size, max_pages = 8, 16, 16, 4096
@@ -285,6 +288,7 @@ def test_cuda_graph_replay_with_changing_lengths(qo_len):
         qo_lens=qo_len,
         page_size=page_size,
         pool_pages=max_pages,
+        kv_dtype=kv_dtype,
         device="cuda",
         generator=gen(21),
     )
@@ -299,7 +303,7 @@ def test_cuda_graph_replay_with_changing_lengths(qo_len):
             True,
             SM_SCALE,
             torch.bfloat16,
-            torch.float8_e4m3fn,
+            kv_dtype,
         )
 
     plan(first)
@@ -319,6 +323,7 @@ def test_cuda_graph_replay_with_changing_lengths(qo_len):
             qo_lens=qo_len,
             page_size=page_size,
             pool_pages=max_pages,
+            kv_dtype=kv_dtype,
             device="cuda",
             generator=gen(22 + step),
         )
