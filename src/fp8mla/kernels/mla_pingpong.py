@@ -45,7 +45,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels.kv_fill import _BARRIER, _kv_copier, _kv_producer
-from fp8mla.kernels.mla_wgmma import NEG_INF, _request_span, _stage_query, _store_lse
+from fp8mla.kernels.mla_wgmma import (
+    NEG_INF,
+    _request_span,
+    _stage_query,
+    _store_lse,
+    _store_rows,
+)
 
 NBUF = gl.constexpr(4)  # KV buffers of BLOCK_N tokens
 PRODUCER_WARPS = gl.constexpr(4)
@@ -242,16 +248,8 @@ def _pp_consumer(
 
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
-    ro = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
-    ro_ok = (ro < rows_total) & (q_start + ro // num_heads < num_tokens)
-    o_rows_ptr = o_ptr + split * stride_o_split
-    o_rows_ptr += (q_start + ro // num_heads).to(gl.int64) * stride_o_t
-    o_rows_ptr += (ro % num_heads) * stride_o_h
-    dcol = V0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-    out = o * gl.convert_layout(inv_l, o_rows)[:, None]
-    gl.store(
-        o_rows_ptr[:, None] + dcol[None, :], out.to(o_ptr.dtype.element_ty), mask=ro_ok[:, None]
-    )
+    _store_rows(o, inv_l, o_ptr, V0, m_tile, q_start, rows_total, num_heads, num_tokens, split,
+                stride_o_split, stride_o_t, stride_o_h, BLOCK_M, o_layout)  # fmt: skip
     if WRITE_LSE and ROLE == 0:
         _store_lse(m_i, l_i, lse_ptr, split, q_start, rs, rows_total, num_heads, num_tokens,
                    stride_lse_split, stride_lse_t)  # fmt: skip

@@ -103,6 +103,27 @@ def _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_
 
 
 @gluon.jit
+def _store_rows(o, inv_l, o_ptr, col0, m_tile, q_start, rows_total, num_heads, num_tokens,
+                split, stride_o_split, stride_o_t, stride_o_h, BLOCK_M: gl.constexpr,
+                layout: gl.constexpr):  # fmt: skip
+    """A row tile's output columns ``[col0, col0 + width)``, ``o [BLOCK_M, width]`` (in
+    ``layout``) times the rows' ``inv_l``, into ``o [splits, T, H, 512]`` at ``split`` in the
+    output's dtype (row = token × heads + head); rows past ``rows_total`` or the last token
+    not written."""
+    rows_l: gl.constexpr = gl.SliceLayout(1, layout)
+    ro = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_l)
+    ro_ok = (ro < rows_total) & (q_start + ro // num_heads < num_tokens)
+    o_rows_ptr = o_ptr + split * stride_o_split
+    o_rows_ptr += (q_start + ro // num_heads).to(gl.int64) * stride_o_t
+    o_rows_ptr += (ro % num_heads) * stride_o_h
+    dcol = col0 + gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, layout))
+    out = o * gl.convert_layout(inv_l, rows_l)[:, None]
+    gl.store(
+        o_rows_ptr[:, None] + dcol[None, :], out.to(o_ptr.dtype.element_ty), mask=ro_ok[:, None]
+    )
+
+
+@gluon.jit
 def _stage_query(
     q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads, num_tokens,
     pe_factor,
@@ -225,16 +246,8 @@ def _attn_consumer(
     l_i = gl.convert_layout(gl.sum(l_part, axis=1), s_rows)
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
-    ro = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
-    ro_ok = (ro < rows_total) & (q_start + ro // num_heads < num_tokens)
-    o_rows_ptr = o_ptr + split * stride_o_split
-    o_rows_ptr += (q_start + ro // num_heads).to(gl.int64) * stride_o_t
-    o_rows_ptr += (ro % num_heads) * stride_o_h
-    dcol = gl.arange(0, D_CKV, layout=gl.SliceLayout(0, o_layout))
-    out = o * gl.convert_layout(inv_l, o_rows)[:, None]
-    gl.store(
-        o_rows_ptr[:, None] + dcol[None, :], out.to(o_ptr.dtype.element_ty), mask=ro_ok[:, None]
-    )
+    _store_rows(o, inv_l, o_ptr, 0, m_tile, q_start, rows_total, num_heads, num_tokens, split,
+                stride_o_split, stride_o_t, stride_o_h, BLOCK_M, o_layout)  # fmt: skip
     if WRITE_LSE:
         lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
         lse = gl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
