@@ -153,22 +153,18 @@ def _sm90_fp8_few(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) ->
     return _sm90_rope_few(target, kv_dtype, rows, kpe)
 
 
-def _tile_64x64_8(config: KernelConfig) -> str | None:
-    if (config.block_m, config.block_n, config.num_warps) != (64, 64, 8):
-        return (
-            f"takes 64 × 64 tiles and 8 warps, got {config.block_m} × {config.block_n} and "
-            f"{config.num_warps} warps"
-        )
-    return None
+def _fixed_tile(block_m: int, block_n: int, warps: int) -> TileRule:
+    """The rule of a kernel written for one tile shape and warp count."""
 
+    def rule(config: KernelConfig) -> str | None:
+        if (config.block_m, config.block_n, config.num_warps) != (block_m, block_n, warps):
+            return (
+                f"takes {block_m} × {block_n} tiles and {warps} warps, got {config.block_m} × "
+                f"{config.block_n} and {config.num_warps} warps"
+            )
+        return None
 
-def _tile_64x32_4(config: KernelConfig) -> str | None:
-    if (config.block_m, config.block_n, config.num_warps) != (64, 32, 4):
-        return (
-            f"takes 64 × 32 tiles and 4 warps, got {config.block_m} × {config.block_n} and "
-            f"{config.num_warps} warps"
-        )
-    return None
+    return rule
 
 
 def _tile_few(config: KernelConfig) -> str | None:
@@ -211,7 +207,7 @@ WGMMA = register(
         "(or copies 16-bit tiles by cp.async), two consumer warpgroups split the columns of "
         "Q·Kᵀ and of the output (many rows)",
         supports=_sm90_rope,
-        check_tile=_tile_64x64_8,
+        check_tile=_fixed_tile(64, 64, 8),
         gluon=True,
         mark="g",
     )
@@ -225,7 +221,7 @@ PINGPONG = register(
         "producer warpgroup converts FP8 tiles into fp16 shared memory or copies 16-bit tiles "
         "(many rows)",
         supports=_sm90_rope,
-        check_tile=_tile_64x32_4,
+        check_tile=_fixed_tile(64, 32, 4),
         gluon=True,
         mark="p",
     )
