@@ -169,10 +169,10 @@ def attention_jobs(target: Target) -> list[Job]:
 def merge_jobs(target: Target) -> list[Job]:
     """The split merge as the launcher runs it: fp32 partials (and, where a kernel of the
     target writes them, fp16 partials with their factors, in the planner's warps) into a
-    bf16 output, in each column block the planner picks (``planner.merge_block_d``) reading the most splits per
-    pass it allows (``planner.merge_block_s``); where a kernel of the target
-    launches it as a programmatic dependent, also the build that waits for that kernel (and
-    lets the next attention grid launch from its start)."""
+    bf16 output, in each column block the planner picks (``planner.merge_block_d``) reading
+    the most splits per pass it allows (``planner.merge_block_s``); where a kernel of the
+    target launches it as a programmatic dependent, also the build that waits for that kernel
+    (and lets the next attention grid launch from its start)."""
     from fp8mla.attention.planner import MAX_SPLITS, merge_block_s, merge_warps
     from fp8mla.attention.variants import REGISTRY
 
