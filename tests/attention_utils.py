@@ -85,6 +85,30 @@ def reference(batch: PagedBatch, *, causal=False):
     )
 
 
+def reference_rows(batch, req: int, first: int, count: int):
+    """float64 reference of query tokens ``[first, first + count)`` of request ``req`` under
+    bottom-right causal masking: the same rows as a request of ``count`` tokens whose KV ends
+    where the last of them stops seeing."""
+    qo = batch.qo_indptr.tolist()
+    q0, qo_len = qo[req] + first, qo[req + 1] - qo[req]
+    kv_len = int(batch.kv_len[req]) - (qo_len - first - count)
+    pages = batch.kv_indices[int(batch.kv_indptr[req]) : int(batch.kv_indptr[req + 1])]
+    i32 = dict(dtype=torch.int32, device=batch.kv_len.device)
+    return mla_reference(
+        batch.q_nope[q0 : q0 + count],
+        batch.q_pe[q0 : q0 + count],
+        batch.ckv,
+        batch.kpe,
+        torch.tensor([0, count], **i32),
+        torch.tensor([0, pages.numel()], **i32),
+        pages,
+        torch.tensor([kv_len], **i32),
+        sm_scale=SM_SCALE,
+        causal=True,
+        **batch.scale_kwargs(),
+    )
+
+
 def assert_matches_reference(batch: PagedBatch, out, lse, *, causal=False) -> float:
     ref_out, ref_lse = reference(batch, causal=causal)
     assert out.dtype == batch.q_nope.dtype and out.shape == ref_out.shape

@@ -15,6 +15,7 @@ from attention_utils import (
     SM_SCALE,
     assert_matches_reference,
     out_tolerance,
+    reference_rows,
     run_wrapper,
 )
 
@@ -78,30 +79,6 @@ def test_long_chunk_over_long_prefix_on_gpu(heads):
     )
     out, lse = run_wrapper(batch, causal=True)
     assert_matches_reference(batch, out, lse, causal=True)
-
-
-def reference_rows(batch, req: int, first: int, count: int):
-    """float64 reference of query tokens ``[first, first + count)`` of request ``req`` under
-    bottom-right causal masking: the same rows as a request of ``count`` tokens whose KV ends
-    where the last of them stops seeing."""
-    qo = batch.qo_indptr.tolist()
-    q0, qo_len = qo[req] + first, qo[req + 1] - qo[req]
-    kv_len = int(batch.kv_len[req]) - (qo_len - first - count)
-    pages = batch.kv_indices[int(batch.kv_indptr[req]) : int(batch.kv_indptr[req + 1])]
-    i32 = dict(dtype=torch.int32, device=batch.kv_len.device)
-    return mla_reference(
-        batch.q_nope[q0 : q0 + count],
-        batch.q_pe[q0 : q0 + count],
-        batch.ckv,
-        batch.kpe,
-        torch.tensor([0, count], **i32),
-        torch.tensor([0, pages.numel()], **i32),
-        pages,
-        torch.tensor([kv_len], **i32),
-        sm_scale=SM_SCALE,
-        causal=True,
-        **batch.scale_kwargs(),
-    )
 
 
 def test_reference_rows_are_the_full_references_rows():

@@ -43,6 +43,11 @@ class PlanState:
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor
     kv_len: torch.Tensor
+    num_entries: int = 0  # page-table entries of the batch (kv_indptr[-1])
+    # per request: query tokens, and KV tokens (the page-table bound when lengths stay on the
+    # device); for the planner's cost of staging FP8 KV
+    qo_lens: tuple[int, ...] = ()
+    kv_tokens: tuple[int, ...] = ()
 
     # -- run-time checks (host-side metadata only: no device sync) --
     def check_run(
@@ -228,14 +233,17 @@ def build_plan_state(
             f"expected kv_indices of length >= kv_indptr[-1] = {nnz}, got {kv_indices.numel()}"
         )
     max_qo = max_kv = 0
+    qo_lens, kv_tokens = [], []
     for b in range(batch):
         n, pages = qo[b + 1] - qo[b], kvp[b + 1] - kvp[b]
         if n < 0 or pages < 0:
             raise ValueError(
                 f"expected non-decreasing qo_indptr and kv_indptr, got a decrease at request {b}"
             )
+        qo_lens.append(n)
         if kl is None:  # the page table bounds the length
             max_qo, max_kv = max(max_qo, n), max(max_kv, pages * page_size)
+            kv_tokens.append(pages * page_size)
             continue
         length = kl[b]
         if length < 0:
@@ -251,6 +259,7 @@ def build_plan_state(
                 f"must be in the cache), got qo_len {n} > kv_len {length}"
             )
         max_qo, max_kv = max(max_qo, n), max(max_kv, length)
+        kv_tokens.append(length)
     max_page: int | None = None
     if kv_indices.device.type == "cpu":  # free to read; device ids are bounded by the kernels
         max_page = -1
@@ -312,4 +321,7 @@ def build_plan_state(
         kv_indptr=dev_kvp,
         kv_indices=dev_idx,
         kv_len=dev_len,
+        num_entries=nnz,
+        qo_lens=tuple(qo_lens),
+        kv_tokens=tuple(kv_tokens),
     )

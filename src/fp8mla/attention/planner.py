@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,9 @@ class ConfigTable:
     tiny_fp8: KernelConfig | None = None
     tiny_16bit: KernelConfig | None = None
     fallback: ConfigTable | None = None
+    # FP8 pools are staged in fp16 (attention/stage.py) and run by the 16-bit kernel when the
+    # batch's row tiles read each staged KV token at least this many times (None: never)
+    stage_min_reuse: int | None = None
 
     def pick(self, rows: int, kv_dtype: torch.dtype) -> KernelConfig:
         fp8 = kv_dtype.itemsize == 1
@@ -113,6 +117,11 @@ SM90_TABLE = dataclasses.replace(
     many_fp8=WGMMA_TILE,
     wide_fp8=WGMMA_TILE,
     fallback=TRITON_TABLE,
+    # FP8 batches whose 64-row tiles read each KV token >= 16 times staged in fp16 for the
+    # ping-pong kernel (H200, same run: extend 4,096 over 32,768 at 128 heads 89.5 → 77.5 ms,
+    # 444 → 512 TFLOP/s; 8 × 64 tokens × 16 heads over 8,192, reuse 16: 358 → 330 µs; reuse
+    # 8: 353 → 366, slower; the speculative batch, reuse 1: 42 → 70 µs; NOTES.md round 26)
+    stage_min_reuse=16,
 )
 # The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
 # quote). Rule: the H200 choice where it fits the target's shared memory without spilling more
@@ -212,6 +221,24 @@ def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[Ker
             if config.variant == "fp8qk":
                 out.append(_fewrows_tile(config))
     return list(dict.fromkeys(out))
+
+
+def stage_reuse(
+    qo_lens: Sequence[int], kv_tokens: Sequence[int], heads: int, block_m: int, staged: int
+) -> float:
+    """Row tiles that read each staged KV token, on average: each request's row tiles
+    (``ceil(qo_len × heads / block_m)``, a tile per program) times its KV tokens, summed, over
+    the ``staged`` tokens (page-table entries × page size)."""
+    reads = sum(-(-q * heads // block_m) * k for q, k in zip(qo_lens, kv_tokens))
+    return reads / staged if staged else 0.0
+
+
+def stage_fp8(target: Target | None, kv_dtype: torch.dtype, reuse: float) -> bool:
+    """Whether an FP8 batch whose row tiles read each KV token ``reuse`` times (see
+    :func:`stage_reuse`) runs faster staged in fp16 on ``target``: its table's
+    ``stage_min_reuse``."""
+    least = config_table(target).stage_min_reuse
+    return kv_dtype.itemsize == 1 and least is not None and reuse >= least
 
 
 def tile_for_variant(

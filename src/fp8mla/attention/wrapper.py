@@ -25,6 +25,7 @@ from fp8mla.attention.kernel_launcher import KernelLauncher, current_stream
 from fp8mla.attention.launch import AttentionLaunch
 from fp8mla.attention.plan_state import PlanState, build_plan_state
 from fp8mla.attention.planner import device_sm_count, make_launch_plan
+from fp8mla.attention.stage import STAGE_DTYPE, KVStage, make_stage, split_workspace
 from fp8mla.attention.targets import launch_target
 from fp8mla.attention.workspace import split_capacity, split_partials
 from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, Q_DTYPES, Scales
@@ -106,6 +107,7 @@ class BatchMLAPagedAttentionWrapper:
             self._graph_buffers = bufs  # type: ignore[assignment]
         self._plan: PlanState | None = None
         self._launch: AttentionLaunch | None = None
+        self._stage: KVStage | None = None  # the plan's FP8 pages staged in fp16, if any
         # run()'s common case as one C call (attention/native.py), by kind: an LSE or not,
         # plus 2 for scales read from device tensors; made after a run() of the plan has bound
         # its kernels, dropped by the next plan()
@@ -133,6 +135,7 @@ class BatchMLAPagedAttentionWrapper:
         *,
         num_splits: int | None = None,
         kernel_config: KernelConfig | str | None = None,
+        stage_kv: bool | None = None,
     ) -> None:
         """Describe the batch: B requests, request b owning query tokens
         ``qo_indptr[b]:qo_indptr[b+1]`` and KV pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
@@ -148,7 +151,17 @@ class BatchMLAPagedAttentionWrapper:
         planner's KV split count per request and its kernel: a :class:`KernelConfig`, or a
         variant name (``"rows"``, ``"vsplit"``, ``"wgmma"``, ``"pingpong"``, ``"fewrows"``,
         ``"fp8qk"``: see ``fp8mla.attention.variants``) run in its table tile; for tuning and
-        tests."""
+        tests.
+
+        ``stage_kv`` (keyword-only): an FP8 batch whose row tiles read each KV token many
+        times (long extend chunks: a 4,096-token chunk at 128 heads is 8,192 tiles of 64
+        rows) runs faster when ``run()`` first converts its pages once into fp16 in the float
+        workspace and the 16-bit kernel reads those (``fp8mla.attention.stage``; the same
+        function: FP8 values are exact in fp16). None lets the planner decide: where its
+        target has measured the gain, without CUDA graphs, when the staged pages (entries ×
+        page size × 1,152 bytes) fit the workspace. True forces it (``ValueError`` when the
+        cache is not FP8, under CUDA graphs, or when the workspace is too small), False
+        forbids it."""
         del use_profiler  # accepted for compatibility; fp8mla has no in-kernel profiler
         if not 1 <= num_heads <= MAX_HEADS:
             raise ValueError(f"expected num_heads in [1, {MAX_HEADS}], got {num_heads}")
@@ -186,17 +199,29 @@ class BatchMLAPagedAttentionWrapper:
             device=self.device,
             graph_buffers=self._graph_buffers,
         )
-        launch = None
+        launch = stage = None
         if self._backend == "triton":
-            launch = self._make_launch(state, num_splits, kernel_config)
-        self._plan, self._launch = state, launch
+            stage = make_stage(
+                state, stage_kv, self._workspace, graph=self._use_cuda_graph,
+                device=self.device,
+            )  # fmt: skip
+            launch = self._make_launch(state, num_splits, kernel_config, stage)
+        self._plan, self._launch, self._stage = state, launch, stage
         self._fast = [None] * 4  # the new plan's C path is bound by its first run()
 
     def _make_launch(
-        self, state: PlanState, num_splits: int | None, config: KernelConfig | str | None
+        self,
+        state: PlanState,
+        num_splits: int | None,
+        config: KernelConfig | str | None,
+        stage: KVStage | None = None,
     ) -> AttentionLaunch:
         interp = interpreted()
         target = launch_target(self.device, interp)
+        workspace, kv_dtype, kv_indices = self._workspace, state.kv_dtype, state.kv_indices
+        if stage is not None:  # the 16-bit kernel over the staged pages, partials in front
+            workspace = split_workspace(self._workspace, stage.nbytes)[0]
+            kv_dtype, kv_indices = STAGE_DTYPE, stage.indices
         if self._use_cuda_graph and self._graph is not None:
             plan = self._graph_fit(state)
         else:
@@ -209,11 +234,11 @@ class BatchMLAPagedAttentionWrapper:
                 sms=device_sm_count(self.device),
                 max_splits_by_workspace=max(
                     1,
-                    split_capacity(self._workspace, 1, state.head_dim_ckv)
+                    split_capacity(workspace, 1, state.head_dim_ckv)
                     // max(1, state.total_tokens * state.num_heads),
                 ),
                 target=target,
-                kv_dtype=state.kv_dtype,
+                kv_dtype=kv_dtype,
                 num_splits=num_splits,
                 config=config,
                 head_dim_kpe=state.head_dim_kpe,
@@ -225,7 +250,7 @@ class BatchMLAPagedAttentionWrapper:
         if plan.num_splits > 1:
             rows = state.total_tokens * state.num_heads
             partials = split_partials(
-                self._workspace, plan.num_splits, rows, state.head_dim_ckv, plan.half_partials
+                workspace, plan.num_splits, rows, state.head_dim_ckv, plan.half_partials
             )
         return AttentionLaunch(
             plan,
@@ -235,9 +260,9 @@ class BatchMLAPagedAttentionWrapper:
             page_size=state.page_size,
             causal=state.causal,
             sm_scale=state.sm_scale,
-            indices=(state.qo_indptr, state.kv_indptr, state.kv_indices, state.kv_len),
+            indices=(state.qo_indptr, state.kv_indptr, kv_indices, state.kv_len),
             partials=partials,
-            kv_dtype=state.kv_dtype,
+            kv_dtype=kv_dtype,
             device=self.device,
             target=target,
             interpreted=interp,
@@ -376,10 +401,14 @@ class BatchMLAPagedAttentionWrapper:
         if self._launch is None:
             _run_reference(st, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
         elif st.total_tokens and st.batch:
+            if self._stage is not None:  # the FP8 pages in fp16, per-token scales applied
+                ckv_cache, kpe_cache = self._stage(ckv_cache, kpe_cache, scales.ckv_arr)
+                scales = Scales(scales.ckv, scales.kpe)
             self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
             tensors = isinstance(scales.ckv, torch.Tensor) and isinstance(scales.kpe, torch.Tensor)
             kind = (lse is not None) + 2 * tensors
-            if self._fast[kind] is None and not self._debug and scales.ckv_arr is None:
+            plain = scales.ckv_arr is None and self._stage is None
+            if self._fast[kind] is None and not self._debug and plain:
                 self._bind_fast(lse is not None, tensors)
         return (out, lse) if return_lse else out
 

@@ -6,8 +6,8 @@ GPU target Triton supports, on a CPU.
 For each target of :data:`fp8mla.attention.targets.TARGETS` it builds the attention kernel in
 each variant and tile the planner can pick (``fp8mla.attention.variants``, read from the one
 registry) (per KV dtype, with the FP8 decoding the launcher uses there, writing
-split partials and direct outputs), the split merge, and the KV-write kernel for every storage
-dtype and scale mode. A build fails on a compile error, on spills above its limit or on shared
+split partials and direct outputs), the split merge, the KV-write kernel for every storage
+dtype and scale mode, and the FP8 → fp16 staging of long extend batches. A build fails on a compile error, on spills above its limit or on shared
 memory over the target's per-block limit. ``tests/test_compile_matrix.py`` runs it in CI.
 """
 
@@ -47,6 +47,7 @@ CVT_NAMES = {
 }
 MERGE = "fp8mla.kernels.merge:_mla_merge_kernel"
 KV_WRITE = "fp8mla.kernels.kv_write:_kv_write_kernel"
+KV_STAGE = "fp8mla.kernels.kv_stage:_stage_kv_kernel"
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Job:
     """One row of the matrix before it is built."""
 
     target: str
-    kernel: str  # "attention", "merge", "kv_write"
+    kernel: str  # "attention", "merge", "kv_write", "kv_stage"
     variant: str
     build: Build
     spill_limit: int
@@ -238,13 +239,48 @@ def kv_write_jobs(target: Target) -> list[Job]:
     return jobs
 
 
+def kv_stage_jobs(target: Target) -> list[Job]:
+    """The FP8 → fp16 staging of a plan's pages (``attention/stage.py``) for both FP8
+    dtypes and scale modes, with the target's FP8 decoding."""
+    from fp8mla.attention.launch import fp8_conversion
+    from fp8mla.kernels.kv_stage import STAGE_TOKENS
+
+    jobs = []
+    for kv in KV_DTYPES:
+        if kv.itemsize != 1:
+            continue
+        cvt = fp8_conversion(kv, torch.device("cuda"), False, "ptx", target)
+        kv_ptr = "u8" if cvt else TORCH_TO_TRITON[str(kv).split(".")[-1]]
+        for token_group in (False, True):
+            ptrs = dict(
+                ckv_ptr=kv_ptr,
+                kpe_ptr=kv_ptr,
+                scale_arr_ptr="fp32" if token_group else kv_ptr,
+                out_ptr="fp16",
+                kv_indices_ptr="i32",
+            )
+            consts = dict(
+                PAGE_SIZE=1,
+                D_CKV=512,
+                D_KPE=64,
+                TOKENS=STAGE_TOKENS,
+                TOKEN_GROUP=token_group,
+                FP8_CVT=cvt,
+            )
+            build = Build(KV_STAGE, tuple(ptrs.items()), tuple(consts.items()), 4, None)
+            scale = "token-group" if token_group else "tensor"
+            variant = f"{SHORT[kv]} {scale} scale {CVT_NAMES[cvt]}"
+            jobs.append(Job(target.name, "kv_stage", variant, build, SPILL_LIMIT))
+    return jobs
+
+
 def all_jobs(targets: list[str] | None = None) -> list[Job]:
     """Every build of the matrix, in table order; pure host arithmetic (nothing compiles)."""
     names = targets or list(TARGETS)
     jobs = []
     for name in names:
         t = TARGETS[name]
-        jobs += attention_jobs(t) + merge_jobs(t) + kv_write_jobs(t)
+        jobs += attention_jobs(t) + merge_jobs(t) + kv_write_jobs(t) + kv_stage_jobs(t)
     return jobs
 
 

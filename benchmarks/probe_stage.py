@@ -1,0 +1,130 @@
+"""FP8 pools read directly against staged once in fp16 (``plan(stage_kv=...)``), over batches
+whose row tiles read each KV token from once to thousands of times, in one GPU run: error
+against the float64 reference (4 requests), µs per call (CUDA-graph replays over rotated
+placements as ``fp8mla bench`` times small cases; ``do_bench`` for extend chunks), the
+staging kernel alone, the reuse the planner computes, a bf16 pool through fp8mla, and
+FlashInfer's bf16-pool path when ``FP8MLA_FLASHINFER`` names its folder. Sets the SM90
+table's ``stage_min_reuse``.
+
+    python benchmarks/probe_stage.py --json OUT/stage.json [--cases ...] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+from fp8mla.attention.planner import stage_reuse
+from fp8mla.bench import impls as I
+from fp8mla.bench.cases import Case
+from fp8mla.bench.inputs import build_inputs, random_pool
+from fp8mla.bench.measure import flops, time_cuda, time_graph
+from fp8mla.bench.runner import placements, reference_subset
+from fp8mla.testing import rel_err
+
+E = 32768 + 4096
+CASES = {
+    c.name: c
+    for c in (
+        Case(1, 128, E, qo_len=4096),  # the issue's extend goal: 8,192 tiles a token
+        Case(1, 32, E, qo_len=4096),  # 2,048
+        Case(1, 16, 8192 + 1024, qo_len=1024),  # 256
+        Case(4, 16, 8192 + 256, qo_len=256),  # 64
+        Case(8, 16, 8192 + 64, qo_len=64),  # 16
+        Case(16, 16, 8192 + 32, qo_len=32, page_size=64),  # 8
+        Case(8, 128, 8192 + 32, qo_len=32),  # 64
+        Case(8, 16, 8192, qo_len=4),  # speculative: 1
+        Case(64, 128, 4096),  # decode at 128 heads: 2
+    )
+}
+
+
+def runner(inp, pool: torch.Tensor, **plan_kw) -> tuple[I.Runner, object]:
+    w = I.planned_wrapper(inp, pool.dtype, **plan_kw)
+    ckv, kpe = inp.paged(pool)
+    out = torch.empty_like(inp.q_nope)
+    kw = dict(ckv_scale=inp.scale, kpe_scale=inp.scale) if pool.dtype.itemsize == 1 else {}
+    return (lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, **kw)), w
+
+
+def timed_us(runs) -> float:
+    if len(runs) == 1:
+        return time_cuda(runs[0]).us_median
+    return time_graph(lambda rs=runs: [r() for r in rs], reps=20).us_median / len(runs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--cases", nargs="+", default=list(CASES))
+    ap.add_argument("--rounds", type=int, default=2, help="A/B rounds per case")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    fi = I.load_flashinfer(os.environ["FP8MLA_FLASHINFER"]) if "FP8MLA_FLASHINFER" in os.environ else None  # fmt: skip
+    cases = [CASES[n] for n in args.cases]
+    fp8_pool = random_pool(max(c.slots_needed() for c in cases), torch.float8_e4m3fn, dev)
+    bf16_pool = fp8_pool.to(torch.bfloat16)
+    rows: list[dict] = []
+
+    def add(rec):
+        rows.append(rec)
+        print(json.dumps(rec), flush=True)
+
+    for case in cases:
+        inputs = [build_inputs(case, dev, seed=i, pool=fp8_pool) for i in range(placements(case))]
+        ref, ref_rows = reference_subset(inputs[0], 4)
+        fl = flops(case)
+        q = [case.qo_len] * case.batch
+        reuse = stage_reuse(q, [case.context] * case.batch, case.heads, 64,
+                            case.batch * -(-case.context // case.page_size) * case.page_size)  # fmt: skip
+        base = dict(case=case.name, reuse=round(reuse, 1))
+        if fi is not None:
+            try:
+                runs = [I.flashinfer_wrapper(x, bf16_pool, fi) for x in inputs]
+                us = timed_us(runs)
+                add(dict(base, variant="flashinfer-bf16kv", us=round(us, 2), tflops=round(fl / us / 1e6, 1)))  # fmt: skip
+            except I.Unavailable as exc:
+                add(dict(base, variant="flashinfer-bf16kv", error=str(exc)))
+        variants = {
+            "fp8-direct": (fp8_pool, dict(stage_kv=False)),
+            "fp8-staged": (fp8_pool, dict(stage_kv=True)),
+            "fp8-planner": (fp8_pool, {}),
+            "bf16kv": (bf16_pool, {}),
+        }
+        for rnd in range(args.rounds):
+            for name, (pool, kw) in variants.items():
+                try:
+                    made = [runner(x, pool, **kw) for x in inputs]
+                except ValueError as exc:  # e.g. the staged pages do not fit the workspace
+                    add(dict(base, variant=name, round=rnd, error=str(exc)[:80]))
+                    continue
+                runs = [m[0] for m in made]
+                out = runs[0]()
+                torch.cuda.synchronize()
+                err = rel_err(out[ref_rows].float(), ref) if rnd == 0 else None
+                us = timed_us(runs)
+                rec = dict(base, variant=name, round=rnd, us=round(us, 2),
+                           tflops=round(fl / us / 1e6, 1), rel_err=err and float(f"{err:.2e}"),
+                           staged=made[0][1]._stage is not None)  # fmt: skip
+                stage = made[0][1]._stage
+                if stage is not None and rnd == 0:  # the conversion alone
+                    ckv, kpe = inputs[0].paged(pool)
+                    rec["stage_us"] = round(time_cuda(lambda s=stage, c=ckv, k=kpe: s(c, k, None)).us_median, 2)  # fmt: skip
+                add(rec)
+                del made, runs
+        del inputs
+    with open(args.json, "w") as f:
+        json.dump(dict(rows=rows), f, indent=1)
+    print("\nµs per call, TFLOP/s, rel err, staging kernel alone")
+    for r in rows:
+        print(f"{r['case']:<34} {r['reuse']:>7} {r['variant']:<18} {r.get('round', ''):>2} "
+              f"{r.get('us', r.get('error', ''))!s:>10} {r.get('tflops', '')!s:>7} "
+              f"{r.get('rel_err') or '':>8} {r.get('stage_us', '')}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
