@@ -48,6 +48,10 @@ class ConfigTable:
     # FP8 pools are staged in fp16 (attention/stage.py) and run by the 16-bit kernel when the
     # batch's row tiles read each staged KV token at least this many times (None: never)
     stage_min_reuse: int | None = None
+    # FP8 requests of more than FEW_ROWS query rows run as up to this many parts of whole
+    # query tokens (attention/row_split.py) where the parts' few-row tile is a one-row-tile
+    # kernel (0: never)
+    split_rows_parts: int = 0
 
     def pick(self, rows: int, kv_dtype: torch.dtype) -> KernelConfig:
         fp8 = kv_dtype.itemsize == 1
@@ -122,6 +126,11 @@ SM90_TABLE = dataclasses.replace(
     # 444 → 512 TFLOP/s; 8 × 64 tokens × 16 heads over 8,192, reuse 16: 358 → 330 µs; reuse
     # 8: 353 → 366, slower; the speculative batch, reuse 1: 42 → 70 µs; NOTES.md round 26)
     stage_min_reuse=16,
+    # speculative rows of FP8 pools as parts for the FP8 × FP8 kernel (H200, same run, CUDA
+    # graph: 8 × 4 tokens × 16 heads × 8,192 42.5 → 33.8 µs, 32 × 2 × 32 × 4,096 62.6 → 55.5,
+    # 32 × 4 × 32 × 4,096 (4 parts) 104.5 → 93.7; 16-bit pools lose as parts, 39.3 → 47.3 µs
+    # for the few-row kernel against the ping-pong one: NOTES.md round 26)
+    split_rows_parts=4,
 )
 # The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
 # quote). Rule: the H200 choice where it fits the target's shared memory without spilling more
@@ -239,6 +248,28 @@ def stage_fp8(target: Target | None, kv_dtype: torch.dtype, reuse: float) -> boo
     ``stage_min_reuse``."""
     least = config_table(target).stage_min_reuse
     return kv_dtype.itemsize == 1 and least is not None and reuse >= least
+
+
+def row_split_tokens(
+    target: Target | None,
+    kv_dtype: torch.dtype,
+    num_heads: int,
+    max_qo_len: int,
+    head_dim_kpe: int = 64,
+) -> int | None:
+    """Query tokens per part when FP8 requests of ``max_qo_len`` tokens (speculative decode:
+    2–8 tokens of 16–32 heads, 33–128 rows) run as parts of whole tokens that the few-row
+    kernels hold (``attention/row_split.py``), or None: where ``target``'s table allows that
+    many parts and gives the parts' rows a one-row-tile kernel."""
+    parts_max = config_table(target).split_rows_parts
+    rows = max_qo_len * num_heads
+    if parts_max == 0 or kv_dtype.itemsize != 1 or rows <= FEW_ROWS or num_heads > FEW_ROWS:
+        return None
+    tokens = FEW_ROWS // num_heads
+    if -(-max_qo_len // tokens) > parts_max:
+        return None
+    config = choose_config(tokens * num_heads, kv_dtype, target, head_dim_kpe)
+    return tokens if get_variant(config.variant).one_row_tile else None
 
 
 def tile_for_variant(

@@ -25,6 +25,7 @@ from fp8mla.attention.kernel_launcher import KernelLauncher, current_stream
 from fp8mla.attention.launch import AttentionLaunch
 from fp8mla.attention.plan_state import PlanState, build_plan_state
 from fp8mla.attention.planner import device_sm_count, make_launch_plan
+from fp8mla.attention.row_split import RowSplit, make_row_split, parts_of, split_requests
 from fp8mla.attention.stage import STAGE_DTYPE, KVStage, make_stage, split_workspace
 from fp8mla.attention.targets import launch_target
 from fp8mla.attention.workspace import split_capacity, split_partials
@@ -43,6 +44,8 @@ class _GraphLaunch:
     launch: LaunchPlan
     signature: tuple  # heads, dims, page size, causal, sm_scale, dtypes
     total_tokens: int
+    rows_cap: int  # query rows per request
+    split: RowSplit | None = None  # the parts' fixed buffers, when requests run as parts
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -136,6 +139,7 @@ class BatchMLAPagedAttentionWrapper:
         num_splits: int | None = None,
         kernel_config: KernelConfig | str | None = None,
         stage_kv: bool | None = None,
+        split_rows: bool | None = None,
     ) -> None:
         """Describe the batch: B requests, request b owning query tokens
         ``qo_indptr[b]:qo_indptr[b+1]`` and KV pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
@@ -161,7 +165,13 @@ class BatchMLAPagedAttentionWrapper:
         target has measured the gain, without CUDA graphs, when the staged pages (entries ×
         page size × 1,152 bytes) fit the workspace. True forces it (``ValueError`` when the
         cache is not FP8, under CUDA graphs, or when the workspace is too small), False
-        forbids it."""
+        forbids it.
+
+        ``split_rows`` (keyword-only): requests of more query rows than the few-row kernels
+        hold (speculative decode: 4 tokens × 16 heads) run as parts of whole query tokens
+        over the same pages (``fp8mla.attention.row_split``; the same rows, exactly). None
+        lets the planner decide (where its target measured the gain), True forces it (at
+        most 32 heads), False forbids it; a ``kernel_config`` runs the requests whole."""
         del use_profiler  # accepted for compatibility; fp8mla has no in-kernel profiler
         if not 1 <= num_heads <= MAX_HEADS:
             raise ValueError(f"expected num_heads in [1, {MAX_HEADS}], got {num_heads}")
@@ -205,7 +215,7 @@ class BatchMLAPagedAttentionWrapper:
                 state, stage_kv, self._workspace, graph=self._use_cuda_graph,
                 device=self.device,
             )  # fmt: skip
-            launch = self._make_launch(state, num_splits, kernel_config, stage)
+            launch = self._make_launch(state, num_splits, kernel_config, stage, split_rows)
         self._plan, self._launch, self._stage = state, launch, stage
         self._fast = [None] * 4  # the new plan's C path is bound by its first run()
 
@@ -215,6 +225,7 @@ class BatchMLAPagedAttentionWrapper:
         num_splits: int | None,
         config: KernelConfig | str | None,
         stage: KVStage | None = None,
+        split_rows: bool | None = None,
     ) -> AttentionLaunch:
         interp = interpreted()
         target = launch_target(self.device, interp)
@@ -224,11 +235,19 @@ class BatchMLAPagedAttentionWrapper:
             kv_dtype, kv_indices = STAGE_DTYPE, stage.indices
         if self._use_cuda_graph and self._graph is not None:
             plan = self._graph_fit(state)
+            split = self._graph.split
+            if split is not None:  # the captured parts' buffers, refilled
+                split_requests(state, split.tokens, into=split)
         else:
+            split = None
+            if stage is None and config is None:
+                split = make_row_split(
+                    state, split_rows, target, kv_dtype, graph=self._use_cuda_graph
+                )
             plan = make_launch_plan(
-                batch=state.batch,
+                batch=split.batch if split else state.batch,
                 num_heads=state.num_heads,
-                max_qo_len=state.max_qo_len,
+                max_qo_len=min(split.tokens, state.max_qo_len) if split else state.max_qo_len,
                 # CUDA-graph plans do not depend on lengths, which change between replays
                 max_kv_len=None if self._use_cuda_graph else state.max_kv_len,
                 sms=device_sm_count(self.device),
@@ -245,22 +264,28 @@ class BatchMLAPagedAttentionWrapper:
                 q_dtype=state.q_dtype,
             )
             if self._use_cuda_graph:
-                self._graph = _GraphLaunch(plan, _signature(state), state.total_tokens)
+                rows_cap = plan.rows_per_request
+                if split is not None:
+                    rows_cap = parts_of(state, split.tokens) * split.tokens * state.num_heads
+                self._graph = _GraphLaunch(
+                    plan, _signature(state), state.total_tokens, rows_cap, split
+                )
         partials = None
         if plan.num_splits > 1:
             rows = state.total_tokens * state.num_heads
             partials = split_partials(
                 workspace, plan.num_splits, rows, state.head_dim_ckv, plan.half_partials
             )
+        indices = (state.qo_indptr, state.kv_indptr, kv_indices, state.kv_len)
         return AttentionLaunch(
             plan,
-            batch=state.batch,
+            batch=split.batch if split else state.batch,
             heads=state.num_heads,
             head_dim_kpe=state.head_dim_kpe,
             page_size=state.page_size,
             causal=state.causal,
             sm_scale=state.sm_scale,
-            indices=(state.qo_indptr, state.kv_indptr, kv_indices, state.kv_len),
+            indices=split.indices if split else indices,
             partials=partials,
             kv_dtype=kv_dtype,
             device=self.device,
@@ -281,9 +306,9 @@ class BatchMLAPagedAttentionWrapper:
                     f"{got}; use one wrapper per captured shape"
                 )
         rows = state.max_qo_len * state.num_heads
-        if rows > g.launch.rows_per_request:
+        if rows > g.rows_cap:
             raise ValueError(
-                f"expected at most {g.launch.rows_per_request} query rows per request under "
+                f"expected at most {g.rows_cap} query rows per request under "
                 f"CUDA graphs (fixed by the first plan: {g.launch.config.variant} "
                 f"{g.launch.config.block_m}-row tiles), got {rows} "
                 f"({state.max_qo_len} tokens × {state.num_heads} heads); plan the largest "
