@@ -27,7 +27,7 @@ from fp8mla.testing import rel_err
 
 E = 32768 + 4096
 CASES = {
-    c.name: c
+    c.name + (f"@{c.page_size}" if c.page_size != 1 else ""): c
     for c in (
         Case(1, 128, E, qo_len=4096),  # the extend goal: 8,192 tiles a token
         Case(1, 32, E, qo_len=4096),  # 2,048
@@ -38,7 +38,16 @@ CASES = {
         Case(8, 128, 8192 + 32, qo_len=32),  # 64
         Case(8, 16, 8192, qo_len=4),  # speculative: 1
         Case(64, 128, 4096),  # decode at 128 heads: 2
+        Case(1, 128, E, qo_len=4096, page_size=64),  # the extend goal in pages of 64
     )
+}
+
+
+VARIANTS = {  # name: (pool, plan() overrides)
+    "fp8-direct": ("float8_e4m3fn", dict(stage_kv=False)),
+    "fp8-staged": ("float8_e4m3fn", dict(stage_kv=True)),
+    "fp8-planner": ("float8_e4m3fn", {}),
+    "bf16kv": ("bfloat16", {}),
 }
 
 
@@ -61,6 +70,7 @@ def main() -> int:
     ap.add_argument("--json", required=True)
     ap.add_argument("--cases", nargs="+", default=list(CASES))
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds per case")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     args = ap.parse_args()
     dev = torch.device("cuda")
     fi = I.load_flashinfer(os.environ["FP8MLA_FLASHINFER"]) if "FP8MLA_FLASHINFER" in os.environ else None  # fmt: skip
@@ -80,7 +90,7 @@ def main() -> int:
         q = [case.qo_len] * case.batch
         reuse = stage_reuse(q, [case.context] * case.batch, case.heads, 64,
                             case.batch * -(-case.context // case.page_size) * case.page_size)  # fmt: skip
-        base = dict(case=case.name, reuse=round(reuse, 1))
+        base = dict(case=case.name, page_size=case.page_size, reuse=round(reuse, 1))
         if fi is not None:
             try:
                 runs = [I.flashinfer_wrapper(x, bf16_pool, fi) for x in inputs]
@@ -88,14 +98,10 @@ def main() -> int:
                 add(dict(base, variant="flashinfer-bf16kv", us=round(us, 2), tflops=round(fl / us / 1e6, 1)))  # fmt: skip
             except I.Unavailable as exc:
                 add(dict(base, variant="flashinfer-bf16kv", error=str(exc)))
-        variants = {
-            "fp8-direct": (fp8_pool, dict(stage_kv=False)),
-            "fp8-staged": (fp8_pool, dict(stage_kv=True)),
-            "fp8-planner": (fp8_pool, {}),
-            "bf16kv": (bf16_pool, {}),
-        }
+        pools = {"float8_e4m3fn": fp8_pool, "bfloat16": bf16_pool}
         for rnd in range(args.rounds):
-            for name, (pool, kw) in variants.items():
+            for name in args.variants:
+                pool, kw = pools[VARIANTS[name][0]], VARIANTS[name][1]
                 try:
                     made = [runner(x, pool, **kw) for x in inputs]
                 except ValueError as exc:  # e.g. the staged pages do not fit the workspace
@@ -120,7 +126,7 @@ def main() -> int:
         json.dump(dict(rows=rows), f, indent=1)
     print("\nµs per call, TFLOP/s, rel err, staging kernel alone")
     for r in rows:
-        print(f"{r['case']:<34} {r['reuse']:>7} {r['variant']:<18} {r.get('round', ''):>2} "
+        print(f"{r['case']:<34} {r['page_size']:>3} {r['reuse']:>7} {r['variant']:<18} {r.get('round', ''):>2} "
               f"{r.get('us', r.get('error', ''))!s:>10} {r.get('tflops', '')!s:>7} "
               f"{r.get('rel_err') or '':>8} {r.get('stage_us', '')}")  # fmt: skip
     return 0
