@@ -10,18 +10,17 @@ paths in the same run when ``FP8MLA_FLASHINFER`` names its folder.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 
 from fp8mla.attention.planner import PINGPONG_TILE, WGMMA_TILE
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
-from fp8mla.bench.inputs import build_inputs, random_pool
+from fp8mla.bench.inputs import build_inputs
 from fp8mla.bench.measure import copy_bandwidth_tbps, flops, time_graph
 from fp8mla.bench.runner import placements, reference_subset
 from fp8mla.testing import rel_err
+from probe_common import Pools, Rows
 
 CASES = {
     c.name: c
@@ -78,26 +77,18 @@ def main() -> int:
     args = ap.parse_args()
     dev = torch.device("cuda")
     copy = copy_bandwidth_tbps(dev)
-    fi = (
-        I.load_flashinfer(os.environ["FP8MLA_FLASHINFER"])
-        if "FP8MLA_FLASHINFER" in os.environ
-        else None
-    )
     cases = [CASES[n] for n in args.cases]
-    fp8_pool = random_pool(max(c.slots_needed() for c in cases), torch.float8_e4m3fn, dev)
-    bf16_pool = fp8_pool.to(torch.bfloat16)
-    rows: list[dict] = []
-
-    def add(rec):
-        rows.append(rec)
-        print(json.dumps(rec), flush=True)
+    pools = Pools.for_cases(cases, dev)
+    fi = pools.flashinfer
+    log = Rows()
+    add = log.add
 
     for case in cases:
-        inputs = [build_inputs(case, dev, seed=i, pool=fp8_pool) for i in range(placements(case))]
+        inputs = [build_inputs(case, dev, seed=i, pool=pools.fp8) for i in range(placements(case))]
         ref, ref_rows = reference_subset(inputs[0], 4)
         fl = flops(case)
         for kv_name in args.kv_dtypes:
-            pool = fp8_pool if kv_name == "float8_e4m3fn" else bf16_pool
+            pool = pools.of(kv_name)
             base = dict(case=case.name, kv=kv_name)
             if fi is not None:
                 add(flashinfer_row(fi, inputs, pool, fl, base))
@@ -112,10 +103,9 @@ def main() -> int:
                              tflops=round(fl / us / 1e6, 1), rel_err=err and float(f"{err:.2e}")))  # fmt: skip
                     del runs
         del inputs
-    with open(args.json, "w") as f:
-        json.dump(dict(copy_tbps=copy, rows=rows), f, indent=1)
+    log.write(args.json, copy_tbps=copy)
     print(f"\ncopy {copy:.2f} TB/s; µs per call (CUDA graph), TFLOP/s, rel err")
-    for r in rows:
+    for r in log.rows:
         print(f"{r['case']:<36} {r['kv']:<14} {r['variant']:<18} {r.get('round', ''):>2} "
               f"{r.get('us', r.get('error', ''))!s:>9} {r.get('tflops', '')!s:>7} {r.get('rel_err') or ''}")  # fmt: skip
     return 0

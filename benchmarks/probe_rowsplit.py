@@ -11,17 +11,15 @@ the one-token decode of the same batch, FP8 and bf16 pools, FlashInfer's bf16-po
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
-from fp8mla.bench.inputs import build_inputs, random_pool
-from fp8mla.bench.measure import time_graph
+from fp8mla.bench.inputs import build_inputs
 from fp8mla.bench.runner import placements, reference_subset
 from fp8mla.testing import rel_err
+from probe_common import Pools, Rows, fp8mla_runner, timed_us
 
 CASES = {
     c.name: c
@@ -37,18 +35,6 @@ CASES = {
 VARIANTS = {"whole": dict(split_rows=False), "parts": dict(split_rows=True), "planner": {}}
 
 
-def runner(inp, pool: torch.Tensor, **plan_kw) -> tuple[I.Runner, object]:
-    w = I.planned_wrapper(inp, pool.dtype, **plan_kw)
-    ckv, kpe = inp.paged(pool)
-    out = torch.empty_like(inp.q_nope)
-    kw = dict(ckv_scale=inp.scale, kpe_scale=inp.scale) if pool.dtype.itemsize == 1 else {}
-    return (lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, **kw)), w
-
-
-def graph_us(runs) -> float:
-    return time_graph(lambda rs=runs: [r() for r in rs], reps=20).us_median / len(runs)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
@@ -57,49 +43,44 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds per case")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    fi = I.load_flashinfer(os.environ["FP8MLA_FLASHINFER"]) if "FP8MLA_FLASHINFER" in os.environ else None  # fmt: skip
     cases = [CASES[n] for n in args.cases]
-    fp8_pool = random_pool(max(c.slots_needed() for c in cases), torch.float8_e4m3fn, dev)
-    bf16_pool = fp8_pool.to(torch.bfloat16)
-    rows: list[dict] = []
-
-    def add(rec):
-        rows.append(rec)
-        print(json.dumps(rec), flush=True)
+    pools = Pools.for_cases(cases, dev)
+    log = Rows()
+    add = log.add
 
     for case in cases:
         one = Case(case.batch, case.heads, case.context)  # the one-token decode of the batch
         for kv_name in args.kv_dtypes:
-            pool = fp8_pool if kv_name == "float8_e4m3fn" else bf16_pool
+            pool = pools.of(kv_name)
             base = dict(case=case.name, kv=kv_name)
-            inputs = [build_inputs(case, dev, seed=i, pool=fp8_pool) for i in range(placements(case))]  # fmt: skip
+            inputs = [build_inputs(case, dev, seed=i, pool=pools.fp8) for i in range(placements(case))]  # fmt: skip
             ref, ref_rows = reference_subset(inputs[0], 4)
-            if fi is not None and kv_name == "bfloat16":
+            if pools.flashinfer is not None and kv_name == "bfloat16":
                 try:
-                    us = graph_us([I.flashinfer_wrapper(x, bf16_pool, fi) for x in inputs])
+                    fi = pools.flashinfer
+                    us = timed_us([I.flashinfer_wrapper(x, pools.bf16, fi) for x in inputs])
                     add(dict(base, variant="flashinfer-bf16kv", us=round(us, 2)))
                 except I.Unavailable as exc:
                     add(dict(base, variant="flashinfer-bf16kv", error=str(exc)[:80]))
-            singles = [build_inputs(one, dev, seed=i, pool=fp8_pool) for i in range(placements(one))]  # fmt: skip
-            us = graph_us([runner(x, pool)[0] for x in singles])
+            singles = [build_inputs(one, dev, seed=i, pool=pools.fp8) for i in range(placements(one))]  # fmt: skip
+            us = timed_us([fp8mla_runner(x, pool)[0] for x in singles])
             add(dict(base, variant="one-token decode", us=round(us, 2)))
             for rnd in range(args.rounds):
                 for name, kw in VARIANTS.items():
-                    made = [runner(x, pool, **kw) for x in inputs]
+                    made = [fp8mla_runner(x, pool, **kw) for x in inputs]
                     runs = [m[0] for m in made]
                     out = runs[0]()
                     torch.cuda.synchronize()
                     err = rel_err(out[ref_rows].float(), ref) if rnd == 0 else None
                     launch = made[0][1]._launch
-                    add(dict(base, variant=name, round=rnd, us=round(graph_us(runs), 2),
+                    add(dict(base, variant=name, round=rnd, us=round(timed_us(runs), 2),
                              rel_err=err and float(f"{err:.2e}"), kernel=launch.plan.config.variant,
                              grid=list(launch.kernel.grid)))  # fmt: skip
                     del made, runs
             del inputs, singles
-    with open(args.json, "w") as f:
-        json.dump(dict(rows=rows), f, indent=1)
+    log.write(args.json)
     print("\nµs per call (CUDA graph), rel err, kernel, grid")
-    for r in rows:
+    for r in log.rows:
         print(f"{r['case']:<32} {r['kv']:<14} {r['variant']:<18} {r.get('round', ''):>2} "
               f"{r.get('us', r.get('error', ''))!s:>9} {r.get('rel_err') or '':>8} "
               f"{r.get('kernel', '')} {r.get('grid', '')}")  # fmt: skip

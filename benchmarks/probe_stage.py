@@ -12,18 +12,17 @@ table's ``stage_min_reuse``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 
 from fp8mla.attention.planner import stage_reuse
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
-from fp8mla.bench.inputs import build_inputs, random_pool
-from fp8mla.bench.measure import flops, time_cuda, time_graph
+from fp8mla.bench.inputs import build_inputs
+from fp8mla.bench.measure import flops, time_cuda
 from fp8mla.bench.runner import placements, reference_subset
 from fp8mla.testing import rel_err
+from probe_common import Pools, Rows, fp8mla_runner, timed_us
 
 E = 32768 + 4096
 CASES = {
@@ -51,20 +50,6 @@ VARIANTS = {  # name: (pool, plan() overrides)
 }
 
 
-def runner(inp, pool: torch.Tensor, **plan_kw) -> tuple[I.Runner, object]:
-    w = I.planned_wrapper(inp, pool.dtype, **plan_kw)
-    ckv, kpe = inp.paged(pool)
-    out = torch.empty_like(inp.q_nope)
-    kw = dict(ckv_scale=inp.scale, kpe_scale=inp.scale) if pool.dtype.itemsize == 1 else {}
-    return (lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, **kw)), w
-
-
-def timed_us(runs) -> float:
-    if len(runs) == 1:
-        return time_cuda(runs[0]).us_median
-    return time_graph(lambda rs=runs: [r() for r in rs], reps=20).us_median / len(runs)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
@@ -73,37 +58,31 @@ def main() -> int:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     args = ap.parse_args()
     dev = torch.device("cuda")
-    fi = I.load_flashinfer(os.environ["FP8MLA_FLASHINFER"]) if "FP8MLA_FLASHINFER" in os.environ else None  # fmt: skip
     cases = [CASES[n] for n in args.cases]
-    fp8_pool = random_pool(max(c.slots_needed() for c in cases), torch.float8_e4m3fn, dev)
-    bf16_pool = fp8_pool.to(torch.bfloat16)
-    rows: list[dict] = []
-
-    def add(rec):
-        rows.append(rec)
-        print(json.dumps(rec), flush=True)
+    pools = Pools.for_cases(cases, dev)
+    log = Rows()
+    add = log.add
 
     for case in cases:
-        inputs = [build_inputs(case, dev, seed=i, pool=fp8_pool) for i in range(placements(case))]
+        inputs = [build_inputs(case, dev, seed=i, pool=pools.fp8) for i in range(placements(case))]
         ref, ref_rows = reference_subset(inputs[0], 4)
         fl = flops(case)
         q = [case.qo_len] * case.batch
         reuse = stage_reuse(q, [case.context] * case.batch, case.heads, 64,
                             case.batch * -(-case.context // case.page_size) * case.page_size)  # fmt: skip
         base = dict(case=case.name, page_size=case.page_size, reuse=round(reuse, 1))
-        if fi is not None:
+        if pools.flashinfer is not None:
             try:
-                runs = [I.flashinfer_wrapper(x, bf16_pool, fi) for x in inputs]
+                runs = [I.flashinfer_wrapper(x, pools.bf16, pools.flashinfer) for x in inputs]
                 us = timed_us(runs)
                 add(dict(base, variant="flashinfer-bf16kv", us=round(us, 2), tflops=round(fl / us / 1e6, 1)))  # fmt: skip
             except I.Unavailable as exc:
                 add(dict(base, variant="flashinfer-bf16kv", error=str(exc)))
-        pools = {"float8_e4m3fn": fp8_pool, "bfloat16": bf16_pool}
         for rnd in range(args.rounds):
             for name in args.variants:
-                pool, kw = pools[VARIANTS[name][0]], VARIANTS[name][1]
+                pool, kw = pools.of(VARIANTS[name][0]), VARIANTS[name][1]
                 try:
-                    made = [runner(x, pool, **kw) for x in inputs]
+                    made = [fp8mla_runner(x, pool, **kw) for x in inputs]
                 except ValueError as exc:  # e.g. the staged pages do not fit the workspace
                     add(dict(base, variant=name, round=rnd, error=str(exc)[:80]))
                     continue
@@ -122,8 +101,8 @@ def main() -> int:
                 add(rec)
                 del made, runs
         del inputs
-    with open(args.json, "w") as f:
-        json.dump(dict(rows=rows), f, indent=1)
+    log.write(args.json)
+    rows = log.rows
     print("\nµs per call, TFLOP/s, rel err, staging kernel alone")
     for r in rows:
         print(f"{r['case']:<34} {r['page_size']:>3} {r['reuse']:>7} {r['variant']:<18} {r.get('round', ''):>2} "

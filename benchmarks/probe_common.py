@@ -1,0 +1,68 @@
+"""What the A/B probes (``probe_manyrows.py``, ``probe_stage.py``, ``probe_rowsplit.py``)
+share: the FP8 pool and its bf16 copy, FlashInfer when ``FP8MLA_FLASHINFER`` names its folder,
+fp8mla planned on either pool, timing over rotated placements, and the rows they print and
+write."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from fp8mla.bench import impls as I
+from fp8mla.bench.cases import Case
+from fp8mla.bench.inputs import random_pool
+from fp8mla.bench.measure import time_cuda, time_graph
+
+
+@dataclass
+class Pools:
+    """One FP8 e4m3 pool holding every case, its bf16 copy (the same values) and FlashInfer."""
+
+    fp8: torch.Tensor
+    bf16: torch.Tensor
+    flashinfer: object | None
+
+    @classmethod
+    def for_cases(cls, cases: list[Case], device: torch.device) -> Pools:
+        fp8 = random_pool(max(c.slots_needed() for c in cases), torch.float8_e4m3fn, device)
+        folder = os.environ.get("FP8MLA_FLASHINFER")
+        return cls(fp8, fp8.to(torch.bfloat16), I.load_flashinfer(folder) if folder else None)
+
+    def of(self, kv_name: str) -> torch.Tensor:
+        return self.fp8 if kv_name == "float8_e4m3fn" else self.bf16
+
+
+def fp8mla_runner(inp, pool: torch.Tensor, **plan_kw) -> tuple[I.Runner, object]:
+    """fp8mla planned on ``pool`` (the FP8 pool with the inputs' scale, or a bf16 pool of its
+    values), with ``plan()``'s overrides: the call and the wrapper."""
+    w = I.planned_wrapper(inp, pool.dtype, **plan_kw)
+    ckv, kpe = inp.paged(pool)
+    out = torch.empty_like(inp.q_nope)
+    kw = dict(ckv_scale=inp.scale, kpe_scale=inp.scale) if pool.dtype.itemsize == 1 else {}
+    return (lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, **kw)), w
+
+
+def timed_us(runs: list[I.Runner]) -> float:
+    """µs per call: CUDA-graph replays over the placements (as ``fp8mla bench`` times small
+    cases), ``do_bench`` for a single one (extend chunks)."""
+    if len(runs) == 1:
+        return time_cuda(runs[0]).us_median
+    return time_graph(lambda rs=runs: [r() for r in rs], reps=20).us_median / len(runs)
+
+
+@dataclass
+class Rows:
+    """The probe's records: printed as JSON lines as they come, written at the end."""
+
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, rec: dict) -> None:
+        self.rows.append(rec)
+        print(json.dumps(rec), flush=True)
+
+    def write(self, path: str, **extra: object) -> None:
+        with open(path, "w") as f:
+            json.dump(dict(extra, rows=self.rows), f, indent=1)
