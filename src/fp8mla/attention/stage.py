@@ -144,6 +144,8 @@ def make_stage(
     if stage_kv is None:
         rows = state.max_qo_len * state.num_heads
         block_m = choose_config(rows, STAGE_DTYPE, target, state.head_dim_kpe).block_m
+        if not stage_fp8(target, state.kv_dtype, -(-rows // block_m)):
+            return None  # not even the longest request's row tiles reach the threshold
         staged = max(1, state.num_entries) * state.page_size
         reuse = stage_reuse(state.qo_lens, state.kv_tokens, state.num_heads, block_m, staged)
         room = workspace.numel() * workspace.element_size() - STAGE_ALIGN
