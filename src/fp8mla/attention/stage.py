@@ -52,6 +52,7 @@ class KVStage:
 
     Args:
         region: ``staged_bytes(entries, page_size, head_dim_kpe)`` bytes of the workspace.
+        front: the workspace before ``region``, where the split partials go.
         kv_indices: the plan's page-table entries on the device (int32).
         entries: page-table entries of the batch (``kv_indptr[-1]``).
         page_size, head_dim_kpe: the cache's layout.
@@ -66,6 +67,7 @@ class KVStage:
     def __init__(
         self,
         region: torch.Tensor,
+        front: torch.Tensor,
         kv_indices: torch.Tensor,
         *,
         entries: int,
@@ -78,7 +80,11 @@ class KVStage:
     ) -> None:
         pages = max(entries, 1)
         width = HEAD_DIM_CKV + head_dim_kpe
-        self.nbytes = region.numel()
+        import triton
+
+        from fp8mla.kernels.kv_stage import STAGE_TOKENS, _stage_kv_kernel
+
+        self.front = front
         self.buffer = region.view(STAGE_DTYPE).view(pages, page_size, width)
         self.ckv = self.buffer[..., :HEAD_DIM_CKV]
         self.kpe = self.buffer[..., HEAD_DIM_CKV:]
@@ -88,6 +94,8 @@ class KVStage:
         self.d_kpe = head_dim_kpe
         self.kv_indices = kv_indices
         self.fp8_cvt = fp8_conversion(kv_dtype, device, interpreted, "ptx", target)
+        self.kernel = _stage_kv_kernel[(triton.cdiv(entries * page_size, STAGE_TOKENS),)]
+        self.tokens = STAGE_TOKENS
 
     def __call__(
         self, ckv: torch.Tensor, kpe: torch.Tensor, scale_arr: torch.Tensor | None
@@ -97,10 +105,6 @@ class KVStage:
         scales applied) and return the staged ``(ckv, kpe)`` views."""
         if self.entries == 0:
             return self.ckv, self.kpe
-        import triton
-
-        from fp8mla.kernels.kv_stage import STAGE_TOKENS, _stage_kv_kernel
-
         if self.fp8_cvt:  # bit-level decoding reads bytes
             ckv, kpe = ckv.view(torch.uint8), kpe.view(torch.uint8)
         if not self.d_kpe:
@@ -108,12 +112,11 @@ class KVStage:
         group = scale_arr is not None
         sa = scale_arr if group else ckv
         sa_strides = scale_arr.stride()[:2] if group else (0, 0)
-        grid = (triton.cdiv(self.entries * self.page_size, STAGE_TOKENS),)
-        _stage_kv_kernel[grid](
+        self.kernel(
             ckv, kpe, sa, self.buffer, self.kv_indices, self.entries, ckv.shape[0],
             ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1), *sa_strides,
             PAGE_SIZE=self.page_size, D_CKV=HEAD_DIM_CKV, D_KPE=self.d_kpe,
-            TOKENS=STAGE_TOKENS, TOKEN_GROUP=group, FP8_CVT=self.fp8_cvt,
+            TOKENS=self.tokens, TOKEN_GROUP=group, FP8_CVT=self.fp8_cvt,
         )  # fmt: skip
         return self.ckv, self.kpe
 
@@ -151,9 +154,9 @@ def make_stage(
         room = workspace.numel() * workspace.element_size() - STAGE_ALIGN
         if not stage_fp8(target, state.kv_dtype, reuse) or nbytes > room:
             return None
-    _, region = split_workspace(workspace, nbytes)
+    front, region = split_workspace(workspace, nbytes)
     return KVStage(
-        region, state.kv_indices, entries=state.num_entries, page_size=state.page_size,
+        region, front, state.kv_indices, entries=state.num_entries, page_size=state.page_size,
         head_dim_kpe=state.head_dim_kpe, kv_dtype=state.kv_dtype, device=device,
         target=target, interpreted=interp,
     )  # fmt: skip

@@ -26,7 +26,7 @@ from fp8mla.attention.launch import AttentionLaunch
 from fp8mla.attention.plan_state import PlanState, build_plan_state
 from fp8mla.attention.planner import device_sm_count, make_launch_plan
 from fp8mla.attention.row_split import RowSplit, make_row_split, parts_of, split_requests
-from fp8mla.attention.stage import STAGE_DTYPE, KVStage, make_stage, split_workspace
+from fp8mla.attention.stage import STAGE_DTYPE, KVStage, make_stage
 from fp8mla.attention.targets import launch_target
 from fp8mla.attention.workspace import split_capacity, split_partials
 from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, Q_DTYPES, Scales
@@ -231,7 +231,7 @@ class BatchMLAPagedAttentionWrapper:
         target = launch_target(self.device, interp)
         workspace, kv_dtype, kv_indices = self._workspace, state.kv_dtype, state.kv_indices
         if stage is not None:  # the 16-bit kernel over the staged pages, partials in front
-            workspace = split_workspace(self._workspace, stage.nbytes)[0]
+            workspace = stage.front
             kv_dtype, kv_indices = STAGE_DTYPE, stage.indices
         if self._use_cuda_graph and self._graph is not None:
             plan = self._graph_fit(state)
