@@ -56,7 +56,7 @@ def test_long_chunks_take_the_wide_tiles():
     sm100 = choose_config(4096 * 128, torch.float8_e4m3fn, cuda_target(100))
     assert (sm100.block_m, sm100.variant) == (128, "vsplit")
     spec = choose_config(4 * 16, torch.float8_e4m3fn, h200)  # 4 speculative tokens, 16 heads
-    assert (spec.block_m, spec.variant) == (64, "wgmma")
+    assert (spec.block_m, spec.variant) == (32, "fp8qk")
     spec2 = choose_config(2 * 16, torch.float8_e4m3fn, h200)  # 2 tokens × 16 heads: 32 rows
     assert (spec2.block_m, spec2.variant) == (32, "fp8qk")
     assert choose_config(16, torch.float8_e4m3fn, h200).block_m == 16

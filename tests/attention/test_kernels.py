@@ -48,9 +48,7 @@ def orientation(kind: str, rows: int) -> KernelConfig:
         if rows > 32:
             pytest.skip("the fewrows kernel serves at most 32 rows per request")
         return FEWROWS_TILE_16 if rows <= 16 else FEWROWS_TILE_32
-    if kind == "fp8qk":
-        if rows > 32:
-            pytest.skip("the fp8qk kernel serves at most 32 rows per request")
+    if kind == "fp8qk":  # more rows: 32-row tiles
         return FP8QK_TILE_16 if rows <= 16 else FP8QK_TILE_32
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     return KernelConfig(block_m, 32, 4, 2, variant=kind)
@@ -118,6 +116,32 @@ def test_scores_growing_along_the_context(device, kernel):
     _growing_scores(batch)
     out, lse = run_wrapper(batch, config=orientation(kernel, 16))
     assert_matches_reference(batch, out, lse)
+
+
+@pytest.mark.skipif(not IS_SM90, reason="the FP8 × FP8 kernel runs on SM90 GPUs only")
+@pytest.mark.parametrize(
+    "block_m, heads, qo_len, scale_mode",
+    [
+        (16, 20, 1, "tensor"),  # a 16-row tile's score warpgroup computes 32 rows
+        (16, 16, 3, "token_group"),
+        (32, 24, 3, "tensor"),  # tiles that split a query token's heads
+        (32, 48, 2, "token_group"),
+        (32, 128, 1, "tensor"),
+    ],
+)
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("num_splits", [None, 1], ids=["split", "unsplit"])
+def test_fp8qk_row_tiles(block_m, heads, qo_len, scale_mode, kv_dtype, num_splits):
+    """Requests of more query rows than one tile of the FP8 × FP8 kernel, one program per
+    row tile: every row staged, scored (causal per row) and stored by its own tile only;
+    kv_len 0 and the shortest a causal request allows (its first token sees one), NaN in
+    unused slots."""
+    lens = [0, qo_len, 97, 1000]
+    batch = make_batch(lens, heads, qo_lens=qo_len, page_size=1, kv_dtype=kv_dtype,
+                       scale_mode=scale_mode, device="cuda", generator=gen(heads))  # fmt: skip
+    config = FP8QK_TILE_16 if block_m == 16 else FP8QK_TILE_32
+    out, lse = run_wrapper(batch, causal=qo_len > 1, config=config, num_splits=num_splits)
+    assert_matches_reference(batch, out, lse, causal=qo_len > 1)
 
 
 @pytest.mark.skipif(not IS_SM90, reason="the few-row kernel runs on SM90 GPUs only")
@@ -269,7 +293,8 @@ def test_batch_157_on_gpu(kv_dtype, page_size):
 @pytest.mark.parametrize("qo_len", [1, 4])
 def test_cuda_graph_replay_with_changing_lengths(qo_len, kv_dtype):
     """One capture, replayed after re-plans with new lengths (on SM90: 16 rows per request take
-    the few-row kernels, 64 rows the wgmma kernel for FP8 and the ping-pong kernel for bf16)."""
+    the few-row kernels, 64 rows the FP8 × FP8 kernel's row tiles for FP8 and the ping-pong
+    kernel for bf16)."""
     from fp8mla import BatchMLAPagedAttentionWrapper
 
     batch_size, heads, page_size, max_pages = 8, 16, 16, 4096

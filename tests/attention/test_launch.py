@@ -238,7 +238,7 @@ def test_merge_launch_follows_the_plans_dependency(waits):
     assert launch.merge_fixed["WAIT_PRIOR"] == waits
 
 
-@pytest.mark.parametrize("variant", ["fewrows", "fp8qk"])
+@pytest.mark.parametrize("variant", ["fewrows"])
 def test_a_plan_of_two_row_tiles_for_a_one_tile_kernel_is_refused(variant):
     """A LaunchPlan made by hand with two row tiles of a kernel that takes one (the planner
     never makes one): a ValueError, not a launch that leaves the second tile's rows unwritten."""

@@ -49,7 +49,11 @@ def test_sm90_table():
         assert choose_config(16, dtype, t) == FP8QK_TILE_16
         assert choose_config(17, dtype, t) == FP8QK_TILE_32
         assert choose_config(32, dtype, t) == FP8QK_TILE_32
-        for rows in (33, 64, 128, 4096 * 128):  # many rows: the wgmma kernel
+        for rows in (33, 64, 128):  # up to 128 rows: its 32-row tiles
+            assert choose_config(rows, dtype, t) == FP8QK_TILE_32
+            # queries that are not bf16 (the hi/lo split holds 8 bits): the wgmma kernel
+            assert choose_config(rows, dtype, t, q_dtype=torch.float16) == WGMMA_TILE
+        for rows in (129, 4096 * 128):  # more: the wgmma kernel
             assert choose_config(rows, dtype, t) == WGMMA_TILE
     # 16-bit KV: Gluon kernels copying the tiles instead of converting them
     for dtype in (torch.bfloat16, torch.float16):
@@ -197,9 +201,9 @@ def test_default_target_is_the_measured_h200():
               max_splits_by_workspace=64)  # fmt: skip
     assert make_launch_plan(**kw, target=None) == make_launch_plan(**kw, target=TARGETS["sm90"])
     plan = make_launch_plan(**kw, target=None)
-    assert plan.config == WGMMA_TILE
-    # 4 requests × 2 row tiles: 16 splits fill the 132 SMs
-    assert plan.num_splits == 132 // 8
+    assert plan.config == FP8QK_TILE_32
+    # 4 requests × 4 row tiles: 8 splits fill the 132 SMs
+    assert plan.num_splits == 132 // 16
 
 
 def test_fewrows_splits_fill_one_wave():
@@ -468,23 +472,40 @@ def test_merge_reads_as_many_splits_at_once_as_registers_allow():
             assert s >= min(splits, MERGE_VALUES_PER_PROGRAM // block_d)
 
 
-@pytest.mark.parametrize("variant", ["fewrows", "fp8qk"])
 @pytest.mark.parametrize("heads, qo_len", [(32, 1), (16, 2), (24, 1), (8, 4)])
-def test_one_row_tile_variants_get_a_tile_that_holds_the_rows(variant, heads, qo_len):
-    """The few-row Gluon kernels take one row tile per request (no grid axis for a second):
-    named in plan(), they run in a tile that holds every query row (17-32 rows: 32), never as
-    two 16-row tiles whose second would compute the first's rows again and leave the rest
+def test_one_row_tile_variants_get_a_tile_that_holds_the_rows(heads, qo_len):
+    """The few-row kernel takes one row tile per request (no grid axis for a second): named
+    in plan(), it runs in a tile that holds every query row (17-32 rows: 32), never as two
+    16-row tiles whose second would compute the first's rows again and leave the rest
     unwritten."""
     plan = make_launch_plan(batch=4, num_heads=heads, max_qo_len=qo_len, max_kv_len=4096,
                             sms=132, max_splits_by_workspace=64, target=TARGETS["sm90"],
-                            config=variant)  # fmt: skip
-    assert plan.config.variant in ("fewrows", "fp8qk") and plan.m_tiles == 1
+                            config="fewrows")  # fmt: skip
+    assert plan.config.variant == "fewrows" and plan.m_tiles == 1
     assert plan.config.block_m >= heads * qo_len
 
 
-@pytest.mark.parametrize("variant", ["fewrows", "fp8qk"])
+@pytest.mark.parametrize(
+    "heads, qo_len, tiles",
+    [(32, 1, 1), (16, 2, 1), (64, 1, 2), (16, 4, 2), (24, 3, 3), (128, 1, 4)],
+)
+def test_fp8qk_runs_more_rows_in_row_tiles(heads, qo_len, tiles):
+    """The FP8 × FP8 kernel has a grid axis of 32-row tiles: more than 32 rows a request run
+    as several tiles (never handed to the few-row kernel, which has none, even where each
+    program has one KV tile)."""
+    for max_kv_len in (4096, 64):
+        plan = make_launch_plan(batch=4, num_heads=heads, max_qo_len=qo_len,
+                                max_kv_len=max_kv_len, sms=132, max_splits_by_workspace=64,
+                                target=TARGETS["sm90"])  # fmt: skip
+        if tiles > 1 or max_kv_len > 64:
+            assert (plan.config, plan.m_tiles) == (FP8QK_TILE_32, tiles)
+        else:  # one 64-token tile per program of one row tile: the few-row kernel
+            assert plan.config.variant == "fewrows" and plan.m_tiles == 1
+
+
+@pytest.mark.parametrize("variant", ["fewrows"])
 def test_a_one_row_tile_too_small_for_the_rows_is_refused(variant):
-    """A 16-row tile of a few-row Gluon kernel passed as a KernelConfig for 32 rows is a
+    """A 16-row tile of the few-row Gluon kernel passed as a KernelConfig for 32 rows is a
     ValueError (before: two row tiles, half the heads never computed); for 16 rows it runs."""
     tile = KernelConfig(16, 64, 4, 1, variant=variant, fp8_cvt="ptx")
     kw = dict(batch=4, max_qo_len=1, max_kv_len=4096, sms=132, max_splits_by_workspace=64,

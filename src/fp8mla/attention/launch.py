@@ -254,6 +254,9 @@ class AttentionLaunch:
         )
         if self.split:
             self.fixed.update(_partial_outputs(plan, partials, heads))
+        kernel_fn = self.variant.load()
+        if "ROW_TILES" in getattr(kernel_fn, "arg_names", ()):  # compiled apart for > 1 tile
+            self.fixed["ROW_TILES"] = plan.m_tiles > 1
         options = {"num_warps": cfg.num_warps}
         if not self.variant.gluon:
             options["num_stages"] = cfg.num_stages
@@ -267,7 +270,7 @@ class AttentionLaunch:
         index = device.index if device.index is not None else 0
         if device.type == "cuda" and device.index is None:
             index = torch.cuda.current_device()
-        self.kernel = KernelLauncher(self.variant.load(), grid, options, index)
+        self.kernel = KernelLauncher(kernel_fn, grid, options, index)
         self.tensor_device = index if device.type == "cuda" else -1  # Tensor.get_device()
         # the Gluon kernels point a bad page entry's token at a NaN row; the Triton kernels
         # check their split's entries after the KV loop instead

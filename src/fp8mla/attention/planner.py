@@ -34,7 +34,9 @@ SELECTION_ROWS = (1, TINY_ROWS + 1, FEW_ROWS + 1, MANY_ROWS + 1)  # one per tabl
 class ConfigTable:
     """The tiles of one family of targets, by KV dtype (FP8 / 16-bit) and rows per request:
     up to 16 (``tiny_*``, None: the ``few_*`` tile), up to 32, up to 64, more (``wide_*``,
-    None: the up-to-64 tile). ``fallback`` serves batches a chosen variant cannot."""
+    None: the up-to-64 tile); FP8 pools with bf16 queries of 33 to ``row_tiles_fp8_rows``
+    rows take ``row_tiles_fp8`` where set. ``fallback`` serves batches a chosen variant
+    cannot."""
 
     few_fp8: KernelConfig
     few_16bit: KernelConfig
@@ -48,13 +50,18 @@ class ConfigTable:
     # FP8 pools are staged in fp16 (attention/stage.py) and run by the 16-bit kernel when the
     # batch's row tiles read each staged KV token at least this many times (None: never)
     stage_min_reuse: int | None = None
-    # FP8 requests of more than FEW_ROWS query rows run as up to this many parts of whole
-    # query tokens (attention/row_split.py) where the parts' few-row tile is a one-row-tile
-    # kernel (0: never)
-    split_rows_parts: int = 0
+    # FP8 pools, bf16 queries, FEW_ROWS + 1 to row_tiles_fp8_rows rows a request: this tile,
+    # one program per row tile (None: many_fp8 / wide_fp8)
+    row_tiles_fp8: KernelConfig | None = None
+    row_tiles_fp8_rows: int = 0
 
-    def pick(self, rows: int, kv_dtype: torch.dtype) -> KernelConfig:
+    def pick(
+        self, rows: int, kv_dtype: torch.dtype, q_dtype: torch.dtype = torch.bfloat16
+    ) -> KernelConfig:
         fp8 = kv_dtype.itemsize == 1
+        tiles = self.row_tiles_fp8 if FEW_ROWS < rows <= self.row_tiles_fp8_rows else None
+        if fp8 and tiles is not None and q_dtype == torch.bfloat16:
+            return tiles
         if rows <= TINY_ROWS:
             tiny = self.tiny_fp8 if fp8 else self.tiny_16bit
             if tiny is not None:
@@ -120,17 +127,22 @@ SM90_TABLE = dataclasses.replace(
     wide_16bit=PINGPONG_TILE,
     many_fp8=WGMMA_TILE,
     wide_fp8=WGMMA_TILE,
+    # FP8 pools, 33-128 rows, bf16 queries: the FP8 × FP8 kernel in 32-row tiles, one
+    # program each, the tiles of one request adjacent in the grid so that the later ones read
+    # its KV from the L2 (H200, same run, CUDA graph, against the wgmma kernel: 64 × 64 ×
+    # 4,096 93.1 vs 105.4 µs, 1 × 128 × 4,096 15.0 vs 19.0, 8 × 128 × 16,384 98.7 vs 101.9,
+    # 64 × 128 × 4,096 185-189 vs 185-187, speculative 8 × 4 tokens × 16 heads × 8,192 33.9
+    # vs 42.4, 32 × 2 × 32 × 4,096 55.4 vs 62.4; more rows tie (256, 512 rows: 100.5 vs 101.7,
+    # 188.7 vs 189.0 µs) and then lose (an unstaged 4,096-token chunk at 128 heads: 99.5 vs
+    # 89.5 ms); NOTES.md round 27). Other queries take the wgmma kernel.
+    row_tiles_fp8=FP8QK_TILE_32,
+    row_tiles_fp8_rows=128,
     fallback=TRITON_TABLE,
     # FP8 batches whose 64-row tiles read each KV token >= 16 times staged in fp16 for the
     # ping-pong kernel (H200, same run: extend 4,096 over 32,768 at 128 heads 89.5 → 77.5 ms,
     # 444 → 512 TFLOP/s; 8 × 64 tokens × 16 heads over 8,192, reuse 16: 358 → 330 µs; reuse
     # 8: 353 → 366, slower; the speculative batch, reuse 1: 42 → 70 µs; NOTES.md round 26)
     stage_min_reuse=16,
-    # speculative rows of FP8 pools as parts for the FP8 × FP8 kernel (H200, same run, CUDA
-    # graph: 8 × 4 tokens × 16 heads × 8,192 42.5 → 33.8 µs, 32 × 2 × 32 × 4,096 62.6 → 55.5,
-    # 32 × 4 × 32 × 4,096 (4 parts) 104.5 → 93.7; 16-bit pools lose as parts, 39.3 → 47.3 µs
-    # for the few-row kernel against the ping-pong one: NOTES.md round 26)
-    split_rows_parts=4,
 )
 # The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
 # quote). Rule: the H200 choice where it fits the target's shared memory without spilling more
@@ -202,13 +214,17 @@ def config_table(target: Target | None) -> ConfigTable:
 
 
 def choose_config(
-    rows: int, kv_dtype: torch.dtype, target: Target | None, head_dim_kpe: int = 64
+    rows: int,
+    kv_dtype: torch.dtype,
+    target: Target | None,
+    head_dim_kpe: int = 64,
+    q_dtype: torch.dtype = torch.bfloat16,
 ) -> KernelConfig:
-    """The tile for ``rows`` query rows per request (query tokens × heads) on ``target``: the
-    first table of the chain whose choice its variant can run."""
+    """The tile for ``rows`` query rows per request (query tokens × heads) of ``q_dtype``
+    queries on ``target``: the first table of the chain whose choice its variant can run."""
     reasons = []
     for table in config_table(target).chain():
-        config = table.pick(rows, kv_dtype)
+        config = table.pick(rows, kv_dtype, q_dtype)
         why = get_variant(config.variant).reason_against(
             config, target or MEASURED, kv_dtype, rows, head_dim_kpe
         )
@@ -225,10 +241,11 @@ def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[Ker
     out = []
     for kpe in (64, 0):
         for rows in SELECTION_ROWS:
-            config = choose_config(rows, kv_dtype, target, kpe)
-            out.append(config)
-            if config.variant == "fp8qk":
-                out.append(_fewrows_tile(config))
+            for q_dtype in (torch.bfloat16, torch.float16):
+                config = choose_config(rows, kv_dtype, target, kpe, q_dtype)
+                out.append(config)
+                if config.variant == "fp8qk":
+                    out.append(_fewrows_tile(config))
     return list(dict.fromkeys(out))
 
 
@@ -248,28 +265,6 @@ def stage_fp8(target: Target | None, kv_dtype: torch.dtype, reuse: float) -> boo
     ``stage_min_reuse``."""
     least = config_table(target).stage_min_reuse
     return kv_dtype.itemsize == 1 and least is not None and reuse >= least
-
-
-def row_split_tokens(
-    target: Target | None,
-    kv_dtype: torch.dtype,
-    num_heads: int,
-    max_qo_len: int,
-    head_dim_kpe: int = 64,
-) -> int | None:
-    """Query tokens per part when FP8 requests of ``max_qo_len`` tokens (speculative decode:
-    2–8 tokens of 16–32 heads, 33–128 rows) run as parts of whole tokens that the few-row
-    kernels hold (``attention/row_split.py``), or None: where ``target``'s table allows that
-    many parts and gives the parts' rows a one-row-tile kernel."""
-    parts_max = config_table(target).split_rows_parts
-    rows = max_qo_len * num_heads
-    if parts_max == 0 or kv_dtype.itemsize != 1 or rows <= FEW_ROWS or num_heads > FEW_ROWS:
-        return None
-    tokens = FEW_ROWS // num_heads
-    if -(-max_qo_len // tokens) > parts_max:
-        return None
-    config = choose_config(tokens * num_heads, kv_dtype, target, head_dim_kpe)
-    return tokens if get_variant(config.variant).one_row_tile else None
 
 
 def tile_for_variant(
@@ -352,7 +347,7 @@ def make_launch_plan(
     rows = max_qo_len * num_heads
     chosen = config is None
     if config is None:
-        config = choose_config(rows, kv_dtype, target, head_dim_kpe)
+        config = choose_config(rows, kv_dtype, target, head_dim_kpe, q_dtype)
     else:
         if isinstance(config, str):
             config = tile_for_variant(config, rows, kv_dtype, target)
@@ -373,7 +368,7 @@ def make_launch_plan(
             config,
         )
     if config.variant == "fp8qk":
-        config = _fp8qk_or_fewrows(config, chosen, max_kv_len, num_splits, q_dtype)
+        config = _fp8qk_or_fewrows(config, chosen, max_kv_len, num_splits, q_dtype, m_tiles)
     rows_per_request = m_tiles * config.block_m
     variant = get_variant(config.variant)
     half = num_splits > 1 and variant.half_partials
@@ -395,19 +390,28 @@ def make_launch_plan(
 
 
 def _fp8qk_or_fewrows(
-    config: KernelConfig, chosen: bool, max_kv_len: int | None, num_splits: int, q_dtype
+    config: KernelConfig,
+    chosen: bool,
+    max_kv_len: int | None,
+    num_splits: int,
+    q_dtype: torch.dtype,
+    m_tiles: int,
 ) -> KernelConfig:
     """The FP8 × FP8 kernel's tile, or the few-row kernel's (same grid and splits) where it
     serves better: queries that are not bf16 (its e4m3 hi + lo/16 split holds 8 significant
-    bits, a bf16 value exactly; fp16 has 11), and one 64-token tile per program (its longer
-    start loses there). A named fp8qk variant with other queries is refused."""
+    bits, a bf16 value exactly; fp16 has 11; the table gives more rows of them another
+    kernel), and one 64-token tile per program of one row tile (its longer start loses there;
+    the few-row kernel has no row-tile axis). A named fp8qk variant with other queries is
+    refused."""
     if q_dtype != torch.bfloat16:
         if not chosen:
             raise ValueError(
                 f"expected bf16 queries for the fp8qk kernel (its e4m3 split holds 8 "
                 f"significant bits), got {q_dtype}"
             )
-    elif not chosen or max_kv_len is None or max_kv_len > num_splits * config.block_n:
+    elif not chosen or m_tiles > 1 or max_kv_len is None:
+        return config
+    elif max_kv_len > num_splits * config.block_n:
         return config
     return _fewrows_tile(config)
 

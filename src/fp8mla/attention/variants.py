@@ -147,10 +147,10 @@ def _sm90_rope_few(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -
     return _sm90_rope(target, kv_dtype, rows, kpe)
 
 
-def _sm90_fp8_few(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+def _sm90_fp8(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
     if kv_dtype.itemsize != 1:
         return f"reads FP8 pools only, got {kv_dtype}"
-    return _sm90_rope_few(target, kv_dtype, rows, kpe)
+    return _sm90_rope(target, kv_dtype, rows, kpe)
 
 
 def _fixed_tile(block_m: int, block_n: int, warps: int) -> TileRule:
@@ -248,14 +248,13 @@ FP8QK = register(
         kernel="fp8mla.kernels.mla_fp8qk:_mla_attn_fp8qk_kernel",
         summary="Gluon, SM90, FP8 pools; a cp.async copier stages FP8 tiles as they are, Q·Kᵀ "
         "in FP8 × FP8 wgmma with the query split hi/lo, two value warpgroups convert V into "
-        "wgmma's register operand (decode of 16-32 heads)",
-        supports=_sm90_fp8_few,
+        "wgmma's register operand (decode; more than 32 rows a request in 32-row tiles)",
+        supports=_sm90_fp8,
         check_tile=_tile_few,
         gluon=True,
         mark="q",
         min_split_tokens=64,
         launches_dependents=True,
-        one_row_tile=True,
         half_partials=True,
     )
 )

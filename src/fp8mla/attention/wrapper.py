@@ -25,7 +25,6 @@ from fp8mla.attention.kernel_launcher import KernelLauncher, current_stream
 from fp8mla.attention.launch import AttentionLaunch
 from fp8mla.attention.plan_state import PlanState, build_plan_state
 from fp8mla.attention.planner import device_sm_count, make_launch_plan
-from fp8mla.attention.row_split import RowSplit, make_row_split, parts_of, split_requests
 from fp8mla.attention.stage import STAGE_DTYPE, KVStage, make_stage
 from fp8mla.attention.targets import launch_target
 from fp8mla.attention.workspace import split_capacity, split_partials
@@ -44,8 +43,6 @@ class _GraphLaunch:
     launch: LaunchPlan
     signature: tuple  # heads, dims, page size, causal, sm_scale, dtypes
     total_tokens: int
-    rows_cap: int  # query rows per request
-    split: RowSplit | None = None  # the parts' fixed buffers, when requests run as parts
 
 
 class BatchMLAPagedAttentionWrapper:
@@ -139,7 +136,6 @@ class BatchMLAPagedAttentionWrapper:
         num_splits: int | None = None,
         kernel_config: KernelConfig | str | None = None,
         stage_kv: bool | None = None,
-        split_rows: bool | None = None,
     ) -> None:
         """Describe the batch: B requests, request b owning query tokens
         ``qo_indptr[b]:qo_indptr[b+1]`` and KV pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
@@ -165,13 +161,7 @@ class BatchMLAPagedAttentionWrapper:
         target has measured the gain, without CUDA graphs, when the staged pages (entries ×
         page size × 1,152 bytes) fit the workspace. True forces it (``ValueError`` when the
         cache is not FP8, under CUDA graphs, or when the workspace is too small), False
-        forbids it.
-
-        ``split_rows`` (keyword-only): requests of more query rows than the few-row kernels
-        hold (speculative decode: 4 tokens × 16 heads) run as parts of whole query tokens
-        over the same pages (``fp8mla.attention.row_split``; the same rows, exactly). None
-        lets the planner decide (where its target measured the gain), True forces it (at
-        most 32 heads), False forbids it; a ``kernel_config`` runs the requests whole."""
+        forbids it."""
         del use_profiler  # accepted for compatibility; fp8mla has no in-kernel profiler
         if not 1 <= num_heads <= MAX_HEADS:
             raise ValueError(f"expected num_heads in [1, {MAX_HEADS}], got {num_heads}")
@@ -215,7 +205,7 @@ class BatchMLAPagedAttentionWrapper:
                 state, stage_kv, self._workspace, graph=self._use_cuda_graph,
                 device=self.device,
             )  # fmt: skip
-            launch = self._make_launch(state, num_splits, kernel_config, stage, split_rows)
+            launch = self._make_launch(state, num_splits, kernel_config, stage)
         self._plan, self._launch, self._stage = state, launch, stage
         self._fast = [None] * 4  # the new plan's C path is bound by its first run()
 
@@ -225,7 +215,6 @@ class BatchMLAPagedAttentionWrapper:
         num_splits: int | None,
         config: KernelConfig | str | None,
         stage: KVStage | None = None,
-        split_rows: bool | None = None,
     ) -> AttentionLaunch:
         interp = interpreted()
         target = launch_target(self.device, interp)
@@ -235,19 +224,11 @@ class BatchMLAPagedAttentionWrapper:
             kv_dtype, kv_indices = STAGE_DTYPE, stage.indices
         if self._use_cuda_graph and self._graph is not None:
             plan = self._graph_fit(state)
-            split = self._graph.split
-            if split is not None:  # the captured parts' buffers, refilled
-                split_requests(state, split.tokens, into=split)
         else:
-            split = None
-            if stage is None and config is None:
-                split = make_row_split(
-                    state, split_rows, target, kv_dtype, graph=self._use_cuda_graph
-                )
             plan = make_launch_plan(
-                batch=split.batch if split else state.batch,
+                batch=state.batch,
                 num_heads=state.num_heads,
-                max_qo_len=min(split.tokens, state.max_qo_len) if split else state.max_qo_len,
+                max_qo_len=state.max_qo_len,
                 # CUDA-graph plans do not depend on lengths, which change between replays
                 max_kv_len=None if self._use_cuda_graph else state.max_kv_len,
                 sms=device_sm_count(self.device),
@@ -264,12 +245,7 @@ class BatchMLAPagedAttentionWrapper:
                 q_dtype=state.q_dtype,
             )
             if self._use_cuda_graph:
-                rows_cap = plan.rows_per_request
-                if split is not None:
-                    rows_cap = parts_of(state, split.tokens) * split.tokens * state.num_heads
-                self._graph = _GraphLaunch(
-                    plan, _signature(state), state.total_tokens, rows_cap, split
-                )
+                self._graph = _GraphLaunch(plan, _signature(state), state.total_tokens)
         partials = None
         if plan.num_splits > 1:
             rows = state.total_tokens * state.num_heads
@@ -279,13 +255,13 @@ class BatchMLAPagedAttentionWrapper:
         indices = (state.qo_indptr, state.kv_indptr, kv_indices, state.kv_len)
         return AttentionLaunch(
             plan,
-            batch=split.batch if split else state.batch,
+            batch=state.batch,
             heads=state.num_heads,
             head_dim_kpe=state.head_dim_kpe,
             page_size=state.page_size,
             causal=state.causal,
             sm_scale=state.sm_scale,
-            indices=split.indices if split else indices,
+            indices=indices,
             partials=partials,
             kv_dtype=kv_dtype,
             device=self.device,
@@ -306,9 +282,9 @@ class BatchMLAPagedAttentionWrapper:
                     f"{got}; use one wrapper per captured shape"
                 )
         rows = state.max_qo_len * state.num_heads
-        if rows > g.rows_cap:
+        if rows > g.launch.rows_per_request:
             raise ValueError(
-                f"expected at most {g.rows_cap} query rows per request under "
+                f"expected at most {g.launch.rows_per_request} query rows per request under "
                 f"CUDA graphs (fixed by the first plan: {g.launch.config.variant} "
                 f"{g.launch.config.block_m}-row tiles), got {rows} "
                 f"({state.max_qo_len} tokens × {state.num_heads} heads); plan the largest "

@@ -15,7 +15,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
-from fp8mla.kernels.fp8qk_stage import LO_GAIN, SC_L
+from fp8mla.kernels.fp8qk_stage import LO_GAIN, SC_L, _tile_rows
 from fp8mla.kernels.grid_dependency import launch_dependents
 from fp8mla.kernels.mla_wgmma import _store_lse
 
@@ -200,7 +200,8 @@ def _score_wg(
     split, num_heads, num_tokens, qk_scale, pe_factor, stride_lse_split, stride_lse_t,
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
-    LAUNCH_DEPENDENTS: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+    LAUNCH_DEPENDENTS: gl.constexpr, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr,
+    PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """The default partition: ``S = Q₈·K₈ᵀ`` per tile, the online softmax, ``P`` and the
     rescale factor to the value warpgroups, the row statistics and the LSE. Software
@@ -220,8 +221,8 @@ def _score_wg(
     # the two parts' products to S in log2 units, per row
     nope_scale = (inv_s * qk_scale)[:, None]
     pe_scale = (inv_s_pe * (qk_scale * pe_factor))[:, None]
-    r = gl.arange(0, RQ, layout=row_l)
-    causal_limit = kv_len - qo_len + r // num_heads
+    row0, rows_end = _tile_rows(rows_total, BLOCK_M, ROW_TILES)
+    causal_limit = kv_len - qo_len + (row0 + gl.arange(0, RQ, layout=row_l)) // num_heads
     m_i = gl.full([RQ], NEG_INF, gl.float32, layout=row_l)
     l_i = gl.zeros([RQ], gl.float32, layout=row_l)
     s_zero = gl.zeros([2 * RQ, BLOCK_N], gl.float32, layout=mma)
@@ -280,5 +281,7 @@ def _score_wg(
     _BARRIER()
     mbarrier.arrive(stat_ready)
     if WRITE_LSE:
-        _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_tokens,
+        row0, rows_end = _tile_rows(rows_total, BLOCK_M, ROW_TILES)
+        r = row0 + gl.arange(0, RQ, layout=row_l)
+        _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_end, num_heads, num_tokens,
                    stride_lse_split, stride_lse_t)  # fmt: skip

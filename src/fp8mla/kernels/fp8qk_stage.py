@@ -95,13 +95,28 @@ def _pow2_scale(amax):
 
 
 @gluon.jit
-def _slab_rows(q_ptr, w: gl.constexpr, q_start, rows_total, num_heads, num_tokens, stride_t,
-               stride_h, D: gl.constexpr, ld: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
-    """Query rows ``8w … 8w + 7`` (row = token × heads + head; rows past ``rows_total`` as 0),
-    ``[8, D]`` in the query's dtype (``PROBE & 4``, measurement only: ones, nothing loaded)."""
-    r = w * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, ld))
+def _tile_rows(rows_total, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr):
+    """The program's row tile: its first query row of the request and the end of its rows (a
+    16-row tile's score warpgroup computes 32 rows: those past the tile are neither staged nor
+    stored). ``ROW_TILES``: the grid's first axis counts row tiles; else the request's rows
+    are one tile, and the kernel compiles as it did before it had row tiles (whose row
+    arithmetic cost the one-tile decode 3-5%, benchmarks/NOTES.md round 27)."""
+    if ROW_TILES:
+        row0 = gl.program_id(0) * BLOCK_M
+        return row0, gl.minimum(rows_total, row0 + BLOCK_M)
+    return 0, rows_total
+
+
+@gluon.jit
+def _slab_rows(q_ptr, w: gl.constexpr, q_start, row0, rows_end, num_heads, num_tokens,
+               stride_t, stride_h, D: gl.constexpr, ld: gl.constexpr,
+               PROBE: gl.constexpr):  # fmt: skip
+    """The row tile's query rows ``row0 + 8w … row0 + 8w + 7`` (row = token × heads + head;
+    rows from ``rows_end`` on as 0), ``[8, D]`` in the query's dtype (``PROBE & 4``,
+    measurement only: ones, nothing loaded)."""
+    r = row0 + w * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, ld))
     tok = q_start + r // num_heads
-    r_ok = (r < rows_total) & (tok < num_tokens)
+    r_ok = (r < rows_end) & (tok < num_tokens)
     rows = q_ptr + tok.to(gl.int64) * stride_t + (r % num_heads) * stride_h
     d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
     if PROBE & 4:
@@ -127,26 +142,28 @@ def _stage_slab(q_smem, inv_smem, x, w: gl.constexpr):
 def _stage_query_half(
     q_smem, qpe_smem, inv_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total, num_heads,
     num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H: gl.constexpr,
-    D_CKV: gl.constexpr, D_KPE: gl.constexpr, PROBE: gl.constexpr,
+    D_CKV: gl.constexpr, D_KPE: gl.constexpr, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr,
+    PROBE: gl.constexpr,
 ):  # fmt: skip
-    """Value warpgroup ``H``'s share of the query staging (slabs ``2H`` and ``2H + 1``, query
-    rows ``16H … 16H + 15``), then an arrival on ``q_ready``. The score warpgroup's operands
-    ``[64, 512]`` and ``[64, 64]`` in e4m3: per query row and part a power of two ``s``
-    (:func:`_pow2_scale`), ``hi = e4m3(q·s)`` in row ``16w + g`` and
-    ``lo = e4m3((q·s − hi) · 16)`` in row ``16w + 8 + g`` for query row ``8w + g`` (exact for
-    bf16 queries but for elements 2^12 below the row's largest); ``1 / s`` of both parts in
-    ``inv_smem [2, 32]``. All rows are requested before any is converted."""
+    """Value warpgroup ``H``'s share of the query staging (slabs ``2H`` and ``2H + 1``, the row
+    tile's query rows ``16H … 16H + 15``: :func:`_tile_rows`), then an arrival on ``q_ready``.
+    The score warpgroup's operands ``[64, 512]`` and ``[64, 64]`` in e4m3: per query row and part
+    a power of two ``s`` (:func:`_pow2_scale`), ``hi = e4m3(q·s)`` in row ``16w + g`` and
+    ``lo = e4m3((q·s − hi) · 16)`` in row ``16w + 8 + g`` for the tile's query row ``8w + g``
+    (exact for bf16 queries but for elements 2^12 below the row's largest); ``1 / s`` of both
+    parts in ``inv_smem [2, 32]``. All rows are requested before any is converted."""
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     w0: gl.constexpr = 2 * H
     w1: gl.constexpr = 2 * H + 1
-    x0 = _slab_rows(q_nope_ptr, w0, q_start, rows_total, num_heads, num_tokens, stride_qn_t,
-                    stride_qn_h, D_CKV, ld, PROBE)  # fmt: skip
-    x1 = _slab_rows(q_nope_ptr, w1, q_start, rows_total, num_heads, num_tokens, stride_qn_t,
-                    stride_qn_h, D_CKV, ld, PROBE)  # fmt: skip
-    p0 = _slab_rows(q_pe_ptr, w0, q_start, rows_total, num_heads, num_tokens, stride_qp_t,
-                    stride_qp_h, D_KPE, ld, PROBE)  # fmt: skip
-    p1 = _slab_rows(q_pe_ptr, w1, q_start, rows_total, num_heads, num_tokens, stride_qp_t,
-                    stride_qp_h, D_KPE, ld, PROBE)  # fmt: skip
+    row0, rows_end = _tile_rows(rows_total, BLOCK_M, ROW_TILES)
+    x0 = _slab_rows(q_nope_ptr, w0, q_start, row0, rows_end, num_heads, num_tokens,
+                    stride_qn_t, stride_qn_h, D_CKV, ld, PROBE)  # fmt: skip
+    x1 = _slab_rows(q_nope_ptr, w1, q_start, row0, rows_end, num_heads, num_tokens,
+                    stride_qn_t, stride_qn_h, D_CKV, ld, PROBE)  # fmt: skip
+    p0 = _slab_rows(q_pe_ptr, w0, q_start, row0, rows_end, num_heads, num_tokens,
+                    stride_qp_t, stride_qp_h, D_KPE, ld, PROBE)  # fmt: skip
+    p1 = _slab_rows(q_pe_ptr, w1, q_start, row0, rows_end, num_heads, num_tokens,
+                    stride_qp_t, stride_qp_h, D_KPE, ld, PROBE)  # fmt: skip
     _stage_slab(q_smem, inv_smem.index(0), x0, w0)
     _stage_slab(q_smem, inv_smem.index(0), x1, w1)
     _stage_slab(qpe_smem, inv_smem.index(1), p0, w0)

@@ -35,9 +35,11 @@ gains nothing from its smaller bytes there (``benchmarks/NOTES-2026-12-01.md``, 
 
 Shared memory for ``STAGES`` = 4: the stages 160 KB (37 KB each with the RoPE part, 1 KB of
 token-group scales where used), the query 36 KB, ``P`` 8 KB (about 190 KB: one program per
-SM). Same arguments and results as ``_mla_attn_fewrows_kernel``; FP8 pools (e4m3 or e5m2, as
-``FP8_CVT`` names them) with per-tensor or token-group scales and a 64-dim RoPE part; launched
-with 4 warps (the other partitions' warps come on top). Gluon has no interpreter: this kernel
+SM). Same arguments and results as ``_mla_attn_fewrows_kernel``; a request of more query rows
+than ``BLOCK_M`` runs as row tiles, one program each along the grid's first axis (a build of
+its own, ``ROW_TILES``, so that the one-tile decode keeps its code). FP8 pools (e4m3 or e5m2,
+as ``FP8_CVT`` names them) with per-tensor or token-group scales and a 64-dim RoPE part;
+launched with 4 warps (the other partitions' warps come on top). Gluon has no interpreter: this kernel
 runs on SM90 GPUs only.
 """
 
@@ -53,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_score import HALF_N, RQ, _score_wg
-from fp8mla.kernels.fp8qk_stage import _copier, _stage_query_half
+from fp8mla.kernels.fp8qk_stage import _copier, _stage_query_half, _tile_rows
 from fp8mla.kernels.grid_dependency import launch_dependents, wait_prior
 from fp8mla.kernels.mla_wgmma import _request_span
 
@@ -107,10 +109,12 @@ def _value_operand(
 @gluon.jit
 def _store_output(
     o, o_ptr, q_start, rows_total, split, num_heads, num_tokens, stride_o_split, stride_o_t,
-    stride_o_h, H: gl.constexpr, BLOCK_R: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+    stride_o_h, H: gl.constexpr, BLOCK_R: gl.constexpr, ROW_TILES: gl.constexpr,
+    PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """Value warpgroup ``H``'s output ``Oᵀ [256, R]`` (accumulator layout, already scaled) into
-    columns ``256H …`` of the rows' outputs (split ``split``'s partials, or the output)."""
+    columns ``256H …`` of the row tile's outputs (:func:`_tile_rows`; split ``split``'s
+    partials, or the output)."""
     # accumulator row m = g + 8h + 16w + 64a + 128b is latent column 64w + 8g + 4b + 2a + h:
     # reordered in registers (each thread then holds 8 adjacent columns of a row), then put
     # in the store layout: 16-bit values as they are, fp32 4 adjacent columns per thread
@@ -152,9 +156,10 @@ def _store_output(
             )  # fmt: skip
         out = gl.convert_layout(out, o_st)
     _stamp(trace_ptr, 1 + H, 1, 6, PROBE)
-    r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_st))
+    row0, rows_end = _tile_rows(rows_total, BLOCK_R, ROW_TILES)
+    r = row0 + gl.arange(0, BLOCK_R, layout=gl.SliceLayout(0, o_st))
     tok = q_start + r // num_heads
-    r_ok = (r < rows_total) & (tok < num_tokens)
+    r_ok = (r < rows_end) & (tok < num_tokens)
     if PROBE & 16:  # measurement only: the stores issued, none writes (what their bytes cost)
         r_ok = r_ok & (num_tokens < 0)  # (a runtime value: the stores stay in the code)
     base = o_ptr + split * stride_o_split + tok.to(gl.int64) * stride_o_t
@@ -171,7 +176,7 @@ def _value_wg(
     stride_o_split, stride_o_t, stride_o_h, mult_ptr,
     H: gl.constexpr, BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, FP8_CVT: gl.constexpr,
-    HALF_PARTIALS: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+    HALF_PARTIALS: gl.constexpr, ROW_TILES: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """Value warpgroup ``H``: its half of the query staging, then output columns
     ``256H + π(m)`` of ``Oᵀ += Vᵀ·Pᵀ`` in two 32-token steps per tile, ``Vᵀ`` read from the
@@ -186,7 +191,7 @@ def _value_wg(
     _stage_query_half(
         q_smem, qpe_smem, stat_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total,
         num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H, D_CKV,
-        D_KPE, PROBE,
+        D_KPE, BLOCK_R, ROW_TILES, PROBE,
     )  # fmt: skip
     _stamp(trace_ptr, 1 + H, 2, 7, PROBE)
     o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
@@ -239,7 +244,7 @@ def _value_wg(
         inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
     _store_output(
         o * inv_l[None, :], o_ptr, q_start, rows_total, split, num_heads, num_tokens,
-        stride_o_split, stride_o_t, stride_o_h, H, BLOCK_R, PROBE, trace_ptr,
+        stride_o_split, stride_o_t, stride_o_h, H, BLOCK_R, ROW_TILES, PROBE, trace_ptr,
     )  # fmt: skip
     _stamp(trace_ptr, 1 + H, 0, 7, PROBE)
 
@@ -313,6 +318,9 @@ def _mla_attn_fp8qk_kernel(
     # the split partials in fp16 without the V scale, which goes to mult_ptr (one fp32) for
     # the merge (attention.workspace.Partials)
     HALF_PARTIALS: gl.constexpr = False,
+    # the grid's first axis counts row tiles of BLOCK_M rows (requests of more rows than one
+    # tile); False: one tile per request, the kernel compiled without the row arithmetic
+    ROW_TILES: gl.constexpr = False,
     # measurement only, bits: 1 the tiles taken without the products (the copier's pace),
     # 2 every tile from the cache's first rows (loads that hit the L2), 4 the query staged
     # from ones, not loaded (the start without the query's loads), 8 cycle stamps into
@@ -372,12 +380,15 @@ def _mla_attn_fp8qk_kernel(
 
     if WAIT_PRIOR:  # a programmatic dependent: no global read before the prior grid ends
         wait_prior()
+    m_tile = 0
+    if ROW_TILES:
+        m_tile = gl.program_id(0)
     b = gl.program_id(1)
     split = gl.program_id(2)
     (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
      pe_factor, v_scale) = _request_span(
         qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
-        ckv_scale_val, kpe_scale_val, sm_scale_log2, b, 0, split, num_heads, num_indices,
+        ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
         BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
 
@@ -390,7 +401,8 @@ def _mla_attn_fp8qk_kernel(
                     a_smem, p_ready, p_free, stat_smem, stat_ready, lse_ptr, q_start, qo_len,
                     rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
                     pe_factor, stride_lse_split, stride_lse_t, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
-                    TOKEN_GROUP, STAGES, QK_PARTS, LAUNCH_DEPENDENTS, PROBE, trace_ptr,
+                    TOKEN_GROUP, STAGES, QK_PARTS, LAUNCH_DEPENDENTS, BLOCK_M, ROW_TILES, PROBE,
+                    trace_ptr,
                 ),
             ),
             (
@@ -401,7 +413,7 @@ def _mla_attn_fp8qk_kernel(
                     rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
                     stride_o_t, stride_o_h, mult_ptr, 0, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP,
-                    STAGES, FP8_CVT, HALF_PARTIALS, PROBE, trace_ptr,
+                    STAGES, FP8_CVT, HALF_PARTIALS, ROW_TILES, PROBE, trace_ptr,
                 ),
             ),
             (
@@ -412,7 +424,7 @@ def _mla_attn_fp8qk_kernel(
                     rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
                     stride_o_t, stride_o_h, mult_ptr, 1, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP,
-                    STAGES, FP8_CVT, HALF_PARTIALS, PROBE, trace_ptr,
+                    STAGES, FP8_CVT, HALF_PARTIALS, ROW_TILES, PROBE, trace_ptr,
                 ),
             ),
             (

@@ -97,7 +97,8 @@ def _spill_limit(target: str, kernel: str, tile: str) -> tuple[int, str]:
 
 def attention_jobs(target: Target) -> list[Job]:
     """The attention kernel in every config the planner picks for ``target``, per KV dtype,
-    writing split partials or the output (and, for FP8, with per-token-group scales).
+    writing split partials or the output (and, for FP8, with per-token-group scales; a kernel
+    compiled apart for row tiles, also in its row-tile build).
     Representative constexprs: page size 1 (an engine's pool), no causal mask (decode),
     per-tensor scales, 512 + 64 head dims, bf16 queries."""
     from fp8mla.attention.launch import fp8_conversion
@@ -117,6 +118,9 @@ def attention_jobs(target: Target) -> list[Job]:
             outputs = [(part, True, False, "split"), ("bf16", False, False, "direct")]
             if kv.itemsize == 1:  # per-token-group scales (DeepSeek's fine-grained FP8)
                 outputs.append((part, True, True, "split+group"))
+            row_tiles = "ROW_TILES" in getattr(kind.load(), "arg_names", ())
+            if row_tiles:  # its build for requests of more rows than one tile
+                outputs.append((part, True, False, "split+rowtiles"))
             for out, write_lse, group, label in outputs:
                 ptrs = dict(
                     q_nope_ptr="fp16" if cfg.q_fp16_copy and dot == "tl.float16" else "bf16",
@@ -152,6 +156,8 @@ def attention_jobs(target: Target) -> list[Job]:
                 if kind.half_partials and write_lse:  # split: fp16 partials, their factors
                     ptrs["mult_ptr"] = "fp32"
                     consts["HALF_PARTIALS"] = True
+                if row_tiles:
+                    consts["ROW_TILES"] = label.endswith("rowtiles")
                 build = Build(
                     kind.kernel,
                     tuple(ptrs.items()),

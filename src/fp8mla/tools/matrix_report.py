@@ -32,11 +32,11 @@ compile error, on spills above the limit, or on shared memory over the target's 
   tile the planner (`fp8mla.attention.planner`) can select for the target — the Triton
   `_mla_attn_rows_kernel`, `_mla_attn_vsplit_kernel` for the value-split tiles marked `v`
   (e.g. `128x64v`), and on SM90 the Gluon kernels, `_mla_attn_wgmma_kernel` (tile `64x64g`,
-  above 32 rows), `_mla_attn_fewrows_kernel` (tiles `16x64f` and `32x64f`, up to 32 rows) and,
-  for FP8 KV, `_mla_attn_fp8qk_kernel` (tiles `16x64q` and `32x64q`, up to 32 rows) — for KV
-  dtypes e4m3, e5m2, bf16 and fp16, with the FP8 decoding the
-  launcher uses there, writing fp32 split partials with LSE (`split`) and the bf16 output
-  without LSE (`direct`). Representative constexprs: page size 1, no causal mask, per-tensor
+  FP8 above 32 rows), `_mla_attn_fewrows_kernel` (tiles `16x64f` and `32x64f`, up to 32 rows)
+  and, for FP8 KV, `_mla_attn_fp8qk_kernel` (tiles `16x64q` and `32x64q`, up to 32 rows, and
+  its build for more rows in row tiles, `split+rowtiles`) — for KV dtypes e4m3, e5m2, bf16
+  and fp16, with the FP8 decoding the launcher uses there, writing fp32 split partials with
+  LSE (`split`) and the bf16 output without LSE (`direct`). Representative constexprs: page size 1, no causal mask, per-tensor
   scales, 512 + 64 head dims, bf16 queries (fp16 where the tile reads the launcher's fp16
   query copy), strides divisible by 16 (16+ heads).
 - **merge** (`_mla_merge_kernel`): split partials into a bf16 output, with and without LSE.

@@ -1,0 +1,93 @@
+"""FP8 requests of more than 32 query rows (64–128 heads, speculative tokens, short extend
+chunks) on the FP8 × FP8 kernel in 32-row tiles against the wgmma kernel's 64-row tiles, in
+one GPU run, alternated: error against the float64 reference (4 requests), µs per call as CUDA-graph
+replays over rotated placements (as ``fp8mla bench``), TFLOP/s; the bf16 pool through fp8mla
+and FlashInfer's bf16-pool path (when ``FP8MLA_FLASHINFER`` names its folder) beside them.
+Sets the SM90 table's ``row_tiles_fp8``.
+
+    python benchmarks/probe_rowtiles.py --json OUT/rowtiles.json [--cases ...] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from fp8mla.bench import impls as I
+from fp8mla.bench.cases import Case
+from fp8mla.bench.inputs import build_inputs
+from fp8mla.bench.measure import flops
+from fp8mla.bench.runner import placements, reference_subset
+from fp8mla.testing import rel_err
+from probe_common import Pools, Rows, fp8mla_runner, timed_us
+
+CASES = {
+    c.name: c
+    for c in (
+        Case(64, 128, 4096),
+        Case(8, 128, 16384),
+        Case(64, 64, 4096),
+        Case(1, 128, 4096),
+        Case(8, 16, 8192, qo_len=4),  # the bench's speculative case: 64 rows
+        Case(32, 32, 4096, qo_len=2),
+        Case(8, 16, 8192, qo_len=8),
+        Case(8, 16, 8192, qo_len=16),  # 256 rows: row tiles read each token 8 times
+        Case(8, 16, 8192, qo_len=32),  # 512 rows (64-row tiles: reuse 8, not staged)
+        Case(1, 128, 32768 + 4096, qo_len=4096),  # an extend chunk, unstaged (CUDA graphs)
+    )
+}
+VARIANTS = {
+    "wgmma": dict(kernel_config="wgmma", stage_kv=False),
+    "fp8qk-tiles": dict(kernel_config="fp8qk", stage_kv=False),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--cases", nargs="+", default=list(CASES))
+    ap.add_argument("--rounds", type=int, default=2, help="A/B rounds per case")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    cases = [CASES[n] for n in args.cases]
+    pools = Pools.for_cases(cases, dev)
+    log = Rows()
+    for case in cases:
+        inputs = [build_inputs(case, dev, seed=i, pool=pools.fp8) for i in range(placements(case))]  # fmt: skip
+        ref, ref_rows = reference_subset(inputs[0], 4)
+        fl = flops(case)
+        base = dict(case=case.name)
+
+        def add(variant: str, us: float, base=base, fl=fl, **extra: object) -> None:
+            log.add(dict(base, variant=variant, us=round(us, 2), tflops=round(fl / us * 1e-6, 1), **extra))  # fmt: skip
+
+        if pools.flashinfer is not None:
+            try:
+                add("flashinfer-bf16kv", timed_us([I.flashinfer_wrapper(x, pools.bf16, pools.flashinfer) for x in inputs]))  # fmt: skip
+            except I.Unavailable as exc:
+                log.add(dict(base, variant="flashinfer-bf16kv", error=str(exc)[:80]))
+        add("fp8mla-bf16kv", timed_us([fp8mla_runner(x, pools.bf16)[0] for x in inputs]))
+        for rnd in range(args.rounds):
+            for name, kw in VARIANTS.items():
+                made = [fp8mla_runner(x, pools.fp8, **kw) for x in inputs]
+                runs = [m[0] for m in made]
+                out = runs[0]()
+                torch.cuda.synchronize()
+                err = rel_err(out[ref_rows].float(), ref) if rnd == 0 else None
+                launch = made[0][1]._launch
+                add(name, timed_us(runs), round=rnd, rel_err=err and float(f"{err:.2e}"),
+                    kernel=launch.plan.config.variant, grid=list(launch.kernel.grid))  # fmt: skip
+                del made, runs
+        del inputs
+    log.write(args.json)
+    print("\nµs per call (CUDA graph), TFLOP/s, rel err, kernel, grid")
+    for r in log.rows:
+        print(f"{r['case']:<32} {r['variant']:<18} {r.get('round', ''):>2} "
+              f"{r.get('us', r.get('error', ''))!s:>9} {r.get('tflops', '')!s:>6} "
+              f"{r.get('rel_err') or '':>8} {r.get('kernel', '')} {r.get('grid', '')}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
