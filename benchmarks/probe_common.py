@@ -15,6 +15,7 @@ from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import random_pool
 from fp8mla.bench.measure import time_cuda, time_graph
+from fp8mla.testing import rel_err
 
 
 @dataclass
@@ -53,6 +54,24 @@ def timed_us(runs: list[I.Runner]) -> float:
     return time_graph(lambda rs=runs: [r() for r in rs], reps=20).us_median / len(runs)
 
 
+def measure(made: list[tuple[I.Runner, object]], ref, ref_rows, with_error: bool) -> dict:
+    """One variant's runners over the placements (``(call, wrapper)`` as
+    :func:`fp8mla_runner` returns them): µs per call, the first placement's error against the
+    float64 ``ref`` of output rows ``ref_rows`` where ``with_error``, the kernel and its grid."""
+    runs = [m[0] for m in made]
+    out = runs[0]()
+    torch.cuda.synchronize()
+    err = rel_err(out[ref_rows].float(), ref) if with_error else None
+    launch = made[0][1]._launch
+    return dict(us=round(timed_us(runs), 2), rel_err=err and float(f"{err:.2e}"),
+                kernel=launch.plan.config.variant, grid=list(launch.kernel.grid))  # fmt: skip
+
+
+# the table columns of a measured variant (:func:`measure`'s record, its round and TFLOP/s)
+VARIANT_COLUMNS = [("variant", -18), ("round", 2), ("us", 9), ("tflops", 6), ("rel_err", 8),
+                   ("kernel", -6), ("grid", -14)]  # fmt: skip
+
+
 @dataclass
 class Rows:
     """The probe's records: printed as JSON lines as they come, written at the end."""
@@ -66,3 +85,15 @@ class Rows:
     def write(self, path: str, **extra: object) -> None:
         with open(path, "w") as f:
             json.dump(dict(extra, rows=self.rows), f, indent=1)
+
+    def print_table(self, title: str, columns: list[tuple[str, int]]) -> None:
+        """The records as a short table, printed last: ``columns`` as (key, width), a negative
+        width left-aligned; a record without ``us`` shows its ``error`` there."""
+        print(f"\n{title}")
+        for r in self.rows:
+            cells = []
+            for key, width in columns:
+                value = r.get(key, r.get("error") if key == "us" else None)
+                text = "" if value is None else str(value)
+                cells.append(f"{text:<{-width}}" if width < 0 else f"{text:>{width}}")
+            print(" ".join(cells))

@@ -26,8 +26,7 @@ from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs
 from fp8mla.bench.measure import flops
 from fp8mla.bench.runner import placements, reference_subset
-from fp8mla.testing import rel_err
-from probe_common import Pools, Rows, fp8mla_runner, timed_us
+from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure, timed_us
 
 CASES = {c.name: c for c in (Case(64, 128, 4096), Case(8, 128, 16384), Case(64, 64, 4096))}
 GROUP = 32  # heads per group: the few-row kernels' rows
@@ -94,25 +93,15 @@ def main() -> int:
             for rnd in range(args.rounds):
                 for name, make in variants.items():
                     made = [make(x) for x in inputs]
-                    runs = [m[0] for m in made]
-                    out = runs[0]()
-                    torch.cuda.synchronize()
-                    err = rel_err(out[ref_rows].float(), ref) if rnd == 0 else None
-                    launch = made[0][1]._launch
-                    us = timed_us(runs)
-                    log.add(dict(base, variant=name, round=rnd, us=round(us, 2),
-                                 tflops=round(fl / us * 1e-6, 1),
-                                 rel_err=err and float(f"{err:.2e}"),
-                                 kernel=launch.plan.config.variant,
-                                 grid=list(launch.kernel.grid)))  # fmt: skip
-                    del made, runs
+                    rec = measure(made, ref, ref_rows, rnd == 0)
+                    log.add(dict(base, variant=name, round=rnd, tflops=round(fl / rec["us"] * 1e-6, 1), **rec))  # fmt: skip
+                    del made
         del inputs
     log.write(args.json)
-    print("\nµs per call (CUDA graph), TFLOP/s, rel err, kernel, grid")
-    for r in log.rows:
-        print(f"{r['case']:<24} {r['kv']:<14} {r['variant']:<18} {r.get('round', ''):>2} "
-              f"{r.get('us', r.get('error', ''))!s:>9} {r.get('tflops', '')!s:>6} "
-              f"{r.get('rel_err') or '':>8} {r.get('kernel', '')} {r.get('grid', '')}")  # fmt: skip
+    log.print_table(
+        "µs per call (CUDA graph), TFLOP/s, rel err, kernel, grid",
+        [("case", -24), ("kv", -14), *VARIANT_COLUMNS],
+    )
     return 0
 
 

@@ -403,17 +403,15 @@ def _fp8qk_or_fewrows(
     kernel), and one 64-token tile per program of one row tile (its longer start loses there;
     the few-row kernel has no row-tile axis). A named fp8qk variant with other queries is
     refused."""
-    if q_dtype != torch.bfloat16:
-        if not chosen:
-            raise ValueError(
-                f"expected bf16 queries for the fp8qk kernel (its e4m3 split holds 8 "
-                f"significant bits), got {q_dtype}"
-            )
-    elif not chosen or m_tiles > 1 or max_kv_len is None:
-        return config
-    elif max_kv_len > num_splits * config.block_n:
-        return config
-    return _fewrows_tile(config)
+    if q_dtype != torch.bfloat16 and not chosen:
+        raise ValueError(
+            f"expected bf16 queries for the fp8qk kernel (its e4m3 split holds 8 "
+            f"significant bits), got {q_dtype}"
+        )
+    one_tile_programs = max_kv_len is not None and max_kv_len <= num_splits * config.block_n
+    if chosen and m_tiles == 1 and (q_dtype != torch.bfloat16 or one_tile_programs):
+        return _fewrows_tile(config)
+    return config
 
 
 def _fewrows_tile(config: KernelConfig) -> KernelConfig:
