@@ -1,7 +1,7 @@
-"""What the A/B probes (``probe_manyrows.py``, ``probe_stage.py``, ``probe_rowsplit.py``)
-share: the FP8 pool and its bf16 copy, FlashInfer when ``FP8MLA_FLASHINFER`` names its folder,
-fp8mla planned on either pool, timing over rotated placements, and the rows they print and
-write."""
+"""What the A/B probes (``probe_manyrows.py``, ``probe_stage.py``, ``probe_rowtiles.py``,
+``probe_headgroups.py``) share: the FP8 pool and its bf16 copy, FlashInfer when
+``FP8MLA_FLASHINFER`` names its folder, fp8mla planned on either pool, timing over rotated
+placements, one variant's measurement, and the rows they print and write."""
 
 from __future__ import annotations
 

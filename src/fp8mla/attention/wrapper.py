@@ -252,7 +252,6 @@ class BatchMLAPagedAttentionWrapper:
             partials = split_partials(
                 workspace, plan.num_splits, rows, state.head_dim_ckv, plan.half_partials
             )
-        indices = (state.qo_indptr, state.kv_indptr, kv_indices, state.kv_len)
         return AttentionLaunch(
             plan,
             batch=state.batch,
@@ -261,7 +260,7 @@ class BatchMLAPagedAttentionWrapper:
             page_size=state.page_size,
             causal=state.causal,
             sm_scale=state.sm_scale,
-            indices=indices,
+            indices=(state.qo_indptr, state.kv_indptr, kv_indices, state.kv_len),
             partials=partials,
             kv_dtype=kv_dtype,
             device=self.device,
