@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from fp8mla.attention.planner import PINGPONG_TILE, WGMMA_TILE
+from fp8mla.attention.planner import PINGPONG_TILE, PINGPONG_TILE_64, WGMMA_TILE
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs
@@ -29,12 +29,19 @@ CASES = {
         Case(8, 128, 16384),
         Case(64, 64, 4096),
         Case(1, 128, 32768 + 4096, qo_len=4096),
+        # where 64-token tiles start to pay: 512 to 131,072 rows a request
+        Case(8, 128, 8192, qo_len=4),
+        Case(4, 128, 8192, qo_len=16),
+        Case(2, 128, 16384 + 256, qo_len=256),
+        Case(1, 32, 32768 + 4096, qo_len=4096),
     )
 }
 # name: (tile, the kernel's compile-time options overridden)
 VARIANTS = {
     "wgmma": (WGMMA_TILE, {}),
     "pingpong": (PINGPONG_TILE, {}),
+    # 16-bit pools: 64-token tiles in two buffers released by column halves
+    "pingpong64": (PINGPONG_TILE_64, {}),
     # the FP8 producer loading one 128-column chunk ahead instead of the whole 32-token tile
     "pingpong-chunked": (PINGPONG_TILE, {"WHOLE_TILE": False}),
 }

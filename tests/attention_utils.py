@@ -130,8 +130,9 @@ def sm90_launch(
     attention_waits: bool = False,
 ):  # fmt: skip
     """An attention launch of ``variant`` built for SM90 on the CPU (nothing runs): two
-    requests of one query token over 5 and 4 tokens in pages of 2, FP8 e4m3, ``splits`` KV
-    splits (with their partials). For tests of the launch path with stand-in kernels."""
+    requests of one query token over 5 and 4 tokens in pages of 2, FP8 e4m3 (bf16 for a
+    variant of 16-bit pools: :func:`launch_pool_dtype`), ``splits`` KV splits (with their
+    partials). For tests of the launch path with stand-in kernels."""
     from fp8mla.attention.config import LaunchPlan
     from fp8mla.attention.launch import AttentionLaunch
     from fp8mla.attention.planner import tile_for_variant
@@ -139,7 +140,7 @@ def sm90_launch(
     from fp8mla.attention.variants import get_variant
     from fp8mla.attention.workspace import split_partials
 
-    fp8 = torch.float8_e4m3fn
+    fp8 = launch_pool_dtype(variant)
     cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
     half = splits > 1 and get_variant(variant).half_partials  # as the planner decides
     plan = LaunchPlan(
@@ -160,14 +161,25 @@ def sm90_launch(
     )  # fmt: skip
 
 
-def sm90_launch_inputs(heads: int, pool_slots: int, lse: bool, scale):
+def launch_pool_dtype(variant: str) -> torch.dtype:
+    """The pool dtype of :func:`sm90_launch`: FP8 e4m3, or bf16 for a variant that reads
+    16-bit pools only."""
+    from fp8mla.attention.targets import TARGETS
+    from fp8mla.attention.variants import get_variant
+
+    fp8 = torch.float8_e4m3fn
+    return torch.bfloat16 if get_variant(variant).supports(TARGETS["sm90"], fp8, 16, 64) else fp8
+
+
+def sm90_launch_inputs(heads: int, pool_slots: int, lse: bool, scale, pool_dtype=None):
     """Arguments of an :func:`sm90_launch` call (its two one-token requests) on the CPU:
     ``(q_nope, q_pe, ckv, kpe, out, lse, scales)``, the queries and caches as views of
     576-wide rows, a pool of ``pool_slots`` pages of 2, an LSE when ``lse``, both scales
-    ``scale`` (a float or a device-style one-element tensor)."""
+    ``scale`` (a float or a device-style one-element tensor), the pool FP8 e4m3 unless
+    ``pool_dtype`` is given."""
     from fp8mla.formats import Scales
 
-    pool = torch.zeros(pool_slots, 2, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    pool = torch.zeros(pool_slots, 2, 576, dtype=pool_dtype or torch.float8_e4m3fn)
     q = torch.zeros(2, heads, 576, dtype=torch.bfloat16)
     out = torch.empty(2, heads, 512, dtype=torch.bfloat16)
     lse_t = torch.empty(2, heads) if lse else None

@@ -141,13 +141,13 @@ def _expected(compiled: _Compiled, named: dict, defaults: dict) -> list:
 
 @pytest.mark.parametrize("variant, splits", [(v, s) for v in sorted(REGISTRY) for s in (1, 4)])
 def test_native_parameter_block_matches_tritons_path(monkeypatch, variant, splits):
-    from attention_utils import sm90_launch_inputs
+    from attention_utils import launch_pool_dtype, sm90_launch_inputs
 
     heads = 16
     launch, kernels, fns, sent = _recorded_launch(monkeypatch, variant, splits)
 
     def make(pool_slots, lse, scale):
-        return sm90_launch_inputs(heads, pool_slots, lse, scale)
+        return sm90_launch_inputs(heads, pool_slots, lse, scale, launch_pool_dtype(variant))
 
     for x in [make(16, False, 0.5), make(32, True, torch.full((1,), 2.0))]:
         launch(*x)  # each specialization's first call: Triton's path, then bound
@@ -221,11 +221,13 @@ def _fast_setup(monkeypatch, variant: str, splits: int, write_lse: bool, tensors
     """A plan's launch with recorded kernels, bound by two calls of the common case (scales
     as floats, or with ``tensors`` as one-element tensors); its C path; a maker of that
     case's inputs; the blocks the Python path sends for them."""
-    heads, fp8, tokens = 16, torch.float8_e4m3fn, 2
+    from attention_utils import launch_pool_dtype
+
+    heads, tokens = 16, 2
     launch, _, _, sent = _recorded_launch(monkeypatch, variant, splits)
 
     def make(pages=16, row=576, scale=0.5):
-        pool = torch.zeros(pages, 2, row, dtype=torch.uint8).view(fp8)
+        pool = torch.zeros(pages, 2, row, dtype=launch_pool_dtype(variant))
         q = torch.zeros(tokens, heads, 576, dtype=torch.bfloat16)
         out = torch.empty(tokens, heads, 512, dtype=torch.bfloat16)
         lse = torch.empty(tokens, heads) if write_lse else None

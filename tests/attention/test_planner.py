@@ -15,6 +15,7 @@ from fp8mla.attention.planner import (
     FP8QK_TILE_16,
     FP8QK_TILE_32,
     PINGPONG_TILE,
+    PINGPONG_TILE_64,
     SM90_TABLE,
     TABLES,
     TRITON_TABLE,
@@ -59,8 +60,17 @@ def test_sm90_table():
     for dtype in (torch.bfloat16, torch.float16):
         assert choose_config(16, dtype, t) == FEWROWS_TILE_16
         assert choose_config(32, dtype, t) == FEWROWS_TILE_32
-        for rows in (33, 64, 128):  # many rows: the ping-pong kernel
+        for rows in (33, 64, 128, 1023):  # many rows: the ping-pong kernel
             assert choose_config(rows, dtype, t) == PINGPONG_TILE
+        for rows in (1024, 4096 * 128):  # long chunks: its 64-token tiles
+            assert choose_config(rows, dtype, t) == PINGPONG_TILE_64
+    # named, in a tile of its own; refused for FP8 pools (its tiles are copied)
+    assert tile_for_variant("pingpong64", 16, torch.bfloat16, t) == PINGPONG_TILE_64
+    with pytest.raises(ValueError, match="reads 16-bit pools only"):
+        make_launch_plan(
+            batch=1, num_heads=128, max_qo_len=16, max_kv_len=4096, sms=132,
+            max_splits_by_workspace=8, target=t, kv_dtype=E4M3, config="pingpong64",
+        )  # fmt: skip
 
 
 def test_sm100_takes_the_triton_tiles():

@@ -35,7 +35,8 @@ class ConfigTable:
     """The tiles of one family of targets, by KV dtype (FP8 / 16-bit) and rows per request:
     up to 16 (``tiny_*``, None: the ``few_*`` tile), up to 32, up to 64, more (``wide_*``,
     None: the up-to-64 tile); FP8 pools with bf16 queries of 33 to ``row_tiles_fp8_rows``
-    rows take ``row_tiles_fp8`` where set. ``fallback`` serves batches a chosen variant
+    rows take ``row_tiles_fp8`` where set, 16-bit pools of at least ``chunk_16bit_rows`` rows
+    (long extend chunks) ``chunk_16bit``. ``fallback`` serves batches a chosen variant
     cannot."""
 
     few_fp8: KernelConfig
@@ -54,6 +55,10 @@ class ConfigTable:
     # one program per row tile (None: many_fp8 / wide_fp8)
     row_tiles_fp8: KernelConfig | None = None
     row_tiles_fp8_rows: int = 0
+    # 16-bit pools (and FP8 ones staged in fp16), at least chunk_16bit_rows rows a request:
+    # this tile (None: wide_16bit)
+    chunk_16bit: KernelConfig | None = None
+    chunk_16bit_rows: int = 0
 
     def pick(
         self, rows: int, kv_dtype: torch.dtype, q_dtype: torch.dtype = torch.bfloat16
@@ -62,6 +67,8 @@ class ConfigTable:
         tiles = self.row_tiles_fp8 if FEW_ROWS < rows <= self.row_tiles_fp8_rows else None
         if fp8 and tiles is not None and q_dtype == torch.bfloat16:
             return tiles
+        if not fp8 and self.chunk_16bit is not None and rows >= self.chunk_16bit_rows:
+            return self.chunk_16bit
         if rows <= TINY_ROWS:
             tiny = self.tiny_fp8 if fp8 else self.tiny_16bit
             if tiny is not None:
@@ -107,6 +114,8 @@ WGMMA_TILE = KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")
 # wgmma kernel, 8 x 128 x 16384 85.0 vs 100.0, extend 4096 over 32768 at 128 heads 506 vs 454
 # TFLOP/s; benchmarks/NOTES.md round 25).
 PINGPONG_TILE = KernelConfig(64, 32, 4, 1, variant="pingpong", fp8_cvt="ptx")
+# The same kernel on 64-token tiles (16-bit pools): two buffers released by column halves.
+PINGPONG_TILE_64 = KernelConfig(64, 64, 4, 1, variant="pingpong64")
 # SM90 up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N (FP8 32 x 32 x 4096:
 # 75 vs 122 us for the 16-row Triton tile, in the same run; bf16 pool 51.5 vs 82.0 us).
 FEWROWS_TILE_16 = KernelConfig(16, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
@@ -137,6 +146,16 @@ SM90_TABLE = dataclasses.replace(
     # 89.5 ms); NOTES.md round 27). Other queries take the wgmma kernel.
     row_tiles_fp8=FP8QK_TILE_32,
     row_tiles_fp8_rows=128,
+    # 16-bit pools (and FP8 ones staged in fp16), long chunks: the ping-pong kernel on
+    # 64-token tiles, whose KV the chunk's many row tiles read from the L2 (H200, bf16 pool,
+    # same run, CUDA graph, against 32-token tiles: 4 × 16 tokens × 128 heads × 8,192 (2,048
+    # rows) 274.5-277.2 vs 295.1-295.2 µs, 2 × 256-token chunks over 16,384 at 128 heads
+    # 4.25-4.30 vs 4.54-4.62 ms; 512 rows tie; decode, whose tiles come from HBM, loses: 64 ×
+    # 128 × 4,096 155.0-155.3 vs 152.5-154.2 µs, 8 × 128 × 16,384 89.2-89.4 vs 85.6-85.9).
+    # The FP8 extend of 4,096 over 32,768 at 128 heads, staged: 77.3 -> 69.3 ms, 573 TFLOP/s
+    # (NOTES.md round 28)
+    chunk_16bit=PINGPONG_TILE_64,
+    chunk_16bit_rows=1024,
     fallback=TRITON_TABLE,
     # FP8 batches whose 64-row tiles read each KV token >= 16 times staged in fp16 for the
     # ping-pong kernel (H200, same run: extend 4,096 over 32,768 at 128 heads 89.5 → 77.5 ms,
@@ -239,8 +258,10 @@ def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[Ker
     RoPE part (what the compile matrix builds): :func:`choose_config`'s, and the few-row
     tiles that stand in for the FP8 × FP8 kernel's (:func:`make_launch_plan`)."""
     out = []
+    chain = config_table(target).chain()
+    chunk_rows = tuple(t.chunk_16bit_rows for t in chain if t.chunk_16bit is not None)
     for kpe in (64, 0):
-        for rows in SELECTION_ROWS:
+        for rows in SELECTION_ROWS + chunk_rows:
             for q_dtype in (torch.bfloat16, torch.float16):
                 config = choose_config(rows, kv_dtype, target, kpe, q_dtype)
                 out.append(config)
@@ -283,7 +304,8 @@ def tile_for_variant(
         config
         for table in chain
         for config in (table.tiny_fp8, table.few_fp8, table.many_fp8, table.wide_fp8,
-                       table.tiny_16bit, table.few_16bit, table.many_16bit, table.wide_16bit)
+                       table.row_tiles_fp8, table.tiny_16bit, table.few_16bit, table.many_16bit,
+                       table.wide_16bit, table.chunk_16bit)
         if config is not None and config.variant == name
     ]  # fmt: skip
     holding = [c for c in tiles if c.block_m >= rows] if variant.one_row_tile else tiles

@@ -153,6 +153,12 @@ def _sm90_fp8(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str
     return _sm90_rope(target, kv_dtype, rows, kpe)
 
 
+def _sm90_16bit(target: Target, kv_dtype: torch.dtype, rows: int, kpe: int) -> str | None:
+    if kv_dtype.itemsize != 2:
+        return f"reads 16-bit pools only (its tiles are copied, not converted), got {kv_dtype}"
+    return _sm90_rope(target, kv_dtype, rows, kpe)
+
+
 def _fixed_tile(block_m: int, block_n: int, warps: int) -> TileRule:
     """The rule of a kernel written for one tile shape and warp count."""
 
@@ -222,6 +228,19 @@ PINGPONG = register(
         "(many rows)",
         supports=_sm90_rope,
         check_tile=_fixed_tile(64, 32, 4),
+        gluon=True,
+        mark="p",
+    )
+)
+PINGPONG64 = register(
+    Variant(
+        name="pingpong64",
+        kernel="fp8mla.kernels.mla_pingpong:_mla_attn_pingpong_kernel",
+        summary="Gluon, SM90; the ping-pong kernel on 64-token tiles of 16-bit pools: two "
+        "buffers, each column half refilled as soon as the warpgroup holding those output "
+        "columns is done with it (the query read from shared memory once per 64 tokens)",
+        supports=_sm90_16bit,
+        check_tile=_fixed_tile(64, 64, 4),
         gluon=True,
         mark="p",
     )

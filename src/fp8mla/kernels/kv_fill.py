@@ -5,7 +5,10 @@ memory through the page table, for the consumers that multiply them.
   to fp16 (times their token-group scales where used) and stores them into a 128-byte-swizzled
   buffer (the wgmma and ping-pong kernels);
 * :func:`_kv_copier` (16-bit pools): copies each tile as it is by ``cp.async`` (the wgmma,
-  ping-pong and few-row kernels).
+  ping-pong and few-row kernels);
+* :func:`_kv_copier_halves` (16-bit pools, the ping-pong kernel's 64-token tiles): the same
+  copies by column halves, each half of a buffer with its own ``ready`` / ``empty`` pair, so
+  that a half is refilled as soon as the one warpgroup that reads it is done.
 
 Both hand buffers over on ``ready`` / ``empty`` mbarriers, take tokens past the split's end as
 0 and a bad page entry's token as the launcher's NaN row (never outside the cache, never
@@ -252,3 +255,75 @@ def _kv_copier(
         fence_async_shared()
         _BARRIER()
         mbarrier.arrive(ready.index((n_tiles - 1) % NBUF))
+
+
+@gluon.jit
+def _copy_half(k_dst, kpe_dst, k_src, pe_src, ok, d, HI: gl.constexpr, D_CKV: gl.constexpr):
+    """``cp.async`` of one column half of a tile from its rows' pointers ``k_src`` / ``pe_src``
+    ``[BLOCK_N, 1]``: latent columns ``[0, D_CKV/2)`` (``HI`` False) or ``[D_CKV/2, D_CKV)``
+    and the RoPE part (``HI``), as one commit group."""
+    C16: gl.constexpr = 64
+    C0: gl.constexpr = (D_CKV // 2) * HI
+    for c in gl.static_range(D_CKV // 2 // C16):
+        _ASYNC_LOAD(
+            k_dst.slice(C0 + c * C16, C16, dim=1), k_src + (C0 + c * C16 + d)[None, :], mask=ok
+        )
+    if HI:
+        _ASYNC_LOAD(kpe_dst, pe_src + d[None, :], mask=ok)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _kv_copier_halves(
+    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
+    nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+    stride_kpe_s, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
+    D_KPE: gl.constexpr, P_WARPS: gl.constexpr, NBUF: gl.constexpr,
+):  # fmt: skip
+    """:func:`_kv_copier` by column halves, for the ping-pong kernel's tiles: half ``h`` of
+    buffer ``b`` (``h`` 0: latent columns ``[0, D_CKV/2)``; 1: the rest and the RoPE part) is
+    handed over on ``ready[2b + h]`` and freed on ``empty[2b + h]`` by the one consumer
+    warpgroup whose output columns it holds (the tile's scores, which read both halves, are
+    done before either warpgroup applies the tile). Tile ``j``'s owner (warpgroup ``j % 2``)
+    frees its half first, so that half is copied first; each half is handed over as it
+    lands."""
+    gl.static_assert(D_KPE == 64, "the RoPE part is one 64-column copy")
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
+    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+    d = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
+    raw, in_list = _load_entries(page_base, n_entries, pos, pos < n_end, PAGE_SIZE)
+    for j in range(n_tiles):
+        buf = j % NBUF
+        phase = ((j // NBUF) & 1) ^ 1
+        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
+        pages, bad = _check_entries(raw, in_list, pos < n_end, num_pages)
+        ok = (pos < n_end)[:, None]
+        slot = pages.to(gl.int64)
+        rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
+        pe_rows = _cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
+        k_src = ckv_ptr + rows[:, None]
+        pe_src = kpe_ptr + pe_rows[:, None]
+        nxt = pos + BLOCK_N
+        raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+        first = j % 2  # the owner's half
+        for h in gl.static_range(2):
+            side = first ^ h
+            mbarrier.wait(empty.index(2 * buf + side), phase)
+            if side == 0:
+                _copy_half(k_bufs.index(buf), kpe_bufs.index(buf), k_src, pe_src, ok, d, False,
+                           D_CKV)  # fmt: skip
+            else:
+                _copy_half(k_bufs.index(buf), kpe_bufs.index(buf), k_src, pe_src, ok, d, True,
+                           D_CKV)  # fmt: skip
+        # each half handed over as it lands, not after the next tile's copies are requested
+        # (those wait for the products of tile j - 1, which would tie tile j's scores to them)
+        async_copy.wait_group(1)
+        fence_async_shared()
+        _BARRIER()
+        mbarrier.arrive(ready.index(2 * buf + first))
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _BARRIER()
+        mbarrier.arrive(ready.index(2 * buf + 1 - first))

@@ -33,6 +33,28 @@ Shared memory: the query 72 KB, four fp16 KV buffers 144 KB, ``P`` 4 KB, the sta
 1 KB (about 221 KB: one program per SM). Same arguments and results as
 ``_mla_attn_rows_kernel``; ``BLOCK_M`` 64 and ``BLOCK_N`` 32, launched with 4 warps (the other
 partitions' 8 warps come on top), a 64-dim RoPE part. Gluon has no interpreter: SM90 only.
+
+**64-token tiles** (``BLOCK_N`` 64, 16-bit pools; the planner's choice for long chunks, whose
+row tiles read their KV from the L2). The owner's ``S_j [64, 64]`` reads the query once per 64
+tokens instead of twice. Two buffers of 64 tokens (the same 144 KB). Each column half of a
+buffer has its own ``empty`` barrier:
+
+* latent columns 0-255: read by warpgroup 0's products;
+* columns 256-511 and the RoPE part: read by warpgroup 1's.
+
+Each half is freed by the one warpgroup that reads it, once that warpgroup's product of the
+tile is done (the owner's scores, which read both halves, finish before either product
+starts). ``kv_fill._kv_copier_halves`` refills the owner's half first and hands each half over
+as it lands; the owner's ``S_j`` starts on its half before the other's has arrived.
+
+Tile ``j``'s buffer held tile ``j - 2``, owned by the same warpgroup, so its copy can start
+only as that warpgroup's own product of tile ``j - 2`` ends. The owner therefore applies the
+other's tile ``j - 1`` *before* it starts ``S_j``: waiting for that tile's statistics and
+running its product hides the copy. Tile ``-1``'s product waits until tile 0 is in buffer 0.
+The query then sits in a ``[1, 64, 512]`` allocation, indexed by ``j >> 30`` (zero, but not
+to ptxas). Otherwise ptxas hoists the 32 wgmma descriptors of the query out of the loop into
+64 registers, and they spill. The producer is the default partition: a copier of 56
+registers, which leaves both consumers 224.
 """
 
 from triton.experimental import gluon
@@ -44,7 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fp8mla.kernels.kv_fill import _BARRIER, _kv_copier, _kv_producer
+from fp8mla.kernels.kv_fill import _BARRIER, _kv_copier, _kv_copier_halves, _kv_producer
 from fp8mla.kernels.mla_wgmma import (
     NEG_INF,
     _request_span,
@@ -53,33 +75,82 @@ from fp8mla.kernels.mla_wgmma import (
     _store_rows,
 )
 
-NBUF = gl.constexpr(4)  # KV buffers of BLOCK_N tokens
+BUFFERED = gl.constexpr(128)  # KV tokens in shared memory: NBUF = BUFFERED // BLOCK_N buffers
 PRODUCER_WARPS = gl.constexpr(4)
 PRODUCER_REGS = gl.constexpr(80)  # per thread; consumer 0 (the default partition) 232
 CONSUMER_REGS = gl.constexpr(192)  # consumer 1
+# 64-token tiles: the producer (a copier, 56 registers) is the default partition and both
+# consumers are workers of 224 (S [64, 64] and P take 32 more registers than 32-token tiles)
+CONSUMER_REGS_64 = gl.constexpr(224)
 
 
 @gluon.jit
-def _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero):
-    """Start ``S_j = Q·K_jᵀ`` (latent and RoPE parts, two wgmma groups) once tile ``j`` is in
-    its buffer."""
+def _release(empty, j, pred, BLOCK_N: gl.constexpr, ROLE: gl.constexpr):
+    """This warpgroup is done with tile ``j``'s buffer: its share of the whole buffer (32-token
+    tiles: ``empty`` counts both warpgroups) or, for 64-token tiles, the column half holding
+    its output columns (``empty[2b + ROLE]``: nothing else reads it once the tile's scores are
+    done)."""
+    NBUF: gl.constexpr = BUFFERED // BLOCK_N
+    if BLOCK_N == 32:
+        mbarrier.arrive(empty.index(j % NBUF), pred=pred)
+    else:
+        mbarrier.arrive(empty.index(2 * (j % NBUF) + ROLE), pred=pred)
+
+
+@gluon.jit
+def _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N: gl.constexpr,
+                  ROLE: gl.constexpr):  # fmt: skip
+    """Start ``S_j = Q·K_jᵀ`` (latent and RoPE parts) once tile ``j`` is in its buffer: two
+    wgmma groups; a 64-token tile by column halves, three groups (this warpgroup's own half,
+    copied first, as soon as it lands, then the other)."""
+    NBUF: gl.constexpr = BUFFERED // BLOCK_N
     buf = j % NBUF
-    mbarrier.wait(ready.index(buf), (j // NBUF) & 1)
+    if BLOCK_N == 32:
+        mbarrier.wait(ready.index(buf), (j // NBUF) & 1)
+        s = warpgroup_mma(
+            q_smem, k_bufs.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True
+        )
+        s = warpgroup_mma(qpe_smem, kpe_bufs.index(buf).permute((1, 0)), s, is_async=True)
+    else:
+        mbarrier.wait(ready.index(2 * buf + ROLE), (j // NBUF) & 1)
+        # q_smem is [1, BLOCK_M, D_CKV], indexed by a zero ptxas cannot see (j < 2^30): the
+        # query's 32 wgmma descriptors are then formed in the loop, not hoisted out of it into
+        # 64 registers (which spilled)
+        q = q_smem.index(j >> 30)
+        k = k_bufs.index(buf)
+        kpe = kpe_bufs.index(buf)
+        # this warpgroup's half (copied first) started before the other half lands
+        s = _half_scores(q, qpe_smem, k, kpe, s_zero, ROLE == 1, False)
+        mbarrier.wait(ready.index(2 * buf + 1 - ROLE), (j // NBUF) & 1)
+        s = _half_scores(q, qpe_smem, k, kpe, s, ROLE == 0, True)
+    return s
+
+
+@gluon.jit
+def _half_scores(q, qpe_smem, k, kpe, acc, HI: gl.constexpr, USE_ACC: gl.constexpr):
+    """The part of ``S = Q·Kᵀ`` over one column half of a 64-token tile: latent columns
+    ``[0, 256)``, or ``[256, 512)`` and the RoPE part (``HI``)."""
+    C0: gl.constexpr = 256 * HI
     s = warpgroup_mma(
-        q_smem, k_bufs.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True
-    )
-    return warpgroup_mma(qpe_smem, kpe_bufs.index(buf).permute((1, 0)), s, is_async=True)
+        q.slice(C0, 256, dim=1), k.slice(C0, 256, dim=1).permute((1, 0)), acc,
+        use_acc=USE_ACC, is_async=True,
+    )  # fmt: skip
+    if HI:
+        s = warpgroup_mma(qpe_smem, kpe.permute((1, 0)), s, is_async=True)
+    return s
 
 
 @gluon.jit
 def _apply_remote(o, l_i, r, k_bufs, p_smem, stat_smem, stat_bar, V0: gl.constexpr,
-                  HALF: gl.constexpr, s_rows: gl.constexpr, o_rows: gl.constexpr):  # fmt: skip
+                  HALF: gl.constexpr, BLOCK_N: gl.constexpr, s_rows: gl.constexpr,
+                  o_rows: gl.constexpr):  # fmt: skip
     """Tile ``r``, owned by the other warpgroup: wait for its statistics, rescale ``O`` and the
     row sums by its factor and start ``O += P_r·V_r`` (``P_r`` from shared memory, this
     warpgroup's ``HALF`` columns from ``V0``). Returns the product in flight, the row sums and
     tile ``r``'s running maximum. Tile -1 (before warpgroup 0's first tile) is the slot's
     initial state: maximum -inf, factor 1 and ``P`` 0 (times tile 0's values, so a NaN row
     there still turns the output NaN, as it does anyway)."""
+    NBUF: gl.constexpr = BUFFERED // BLOCK_N
     mbarrier.wait(stat_bar, r & 1)
     m_r = stat_smem.index(0).load(s_rows)
     alpha = stat_smem.index(1).load(s_rows)
@@ -89,13 +160,13 @@ def _apply_remote(o, l_i, r, k_bufs, p_smem, stat_smem, stat_bar, V0: gl.constex
 
 
 @gluon.jit
-def _finish_remote(o, r, empty):
+def _finish_remote(o, r, empty, BLOCK_N: gl.constexpr, ROLE: gl.constexpr):
     """Wait for the other warpgroup's tile ``r`` to be applied, then release its buffer (this
     warpgroup's share; tile -1 holds none) and, with it, the ``P`` buffer and statistics
     slot."""
     o = warpgroup_mma_wait(0, deps=[o])
     _BARRIER()
-    mbarrier.arrive(empty.index(gl.maximum(r, 0) % NBUF), pred=r >= 0)
+    _release(empty, gl.maximum(r, 0), r >= 0, BLOCK_N, ROLE)
     return o
 
 
@@ -132,28 +203,49 @@ def _publish(p16, alpha, m_new, p_smem, stat_smem, stat_bar):
 def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
               empty, p_smem, stat_smem, stat_bar, s_zero, n_begin, n_end, causal_limit,
               qk_scale, V0: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
-              CAUSAL: gl.constexpr, DOT_DTYPE: gl.constexpr, s_layout: gl.constexpr,
-              o_layout: gl.constexpr):  # fmt: skip
+              CAUSAL: gl.constexpr, DOT_DTYPE: gl.constexpr, ROLE: gl.constexpr,
+              s_layout: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
     """Tile ``j``, owned by this warpgroup, after the other's tile ``j - 1``: its scores start,
     the other's tile is applied while they run, the softmax runs while that product does,
     then ``P_j`` is published and applied from registers."""
+    NBUF: gl.constexpr = BUFFERED // BLOCK_N
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero)
-    o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0, HALF,
-                                s_rows, o_rows)  # fmt: skip
-    s = warpgroup_mma_wait(1, deps=[s])
-    p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_begin + j * BLOCK_N, n_end, causal_limit,
-                                       qk_scale, BLOCK_N, CAUSAL, s_layout)  # fmt: skip
-    p16 = p.to(DOT_DTYPE)
-    o = _finish_remote(o, j - 1, empty)
+    if BLOCK_N == 32:
+        s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N, ROLE)
+        o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0,
+                                    HALF, BLOCK_N, s_rows, o_rows)  # fmt: skip
+        s = warpgroup_mma_wait(1, deps=[s])
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_begin + j * BLOCK_N, n_end,
+                                           causal_limit, qk_scale, BLOCK_N, CAUSAL, s_layout)  # fmt: skip
+        p16 = p.to(DOT_DTYPE)
+        o = _finish_remote(o, j - 1, empty, BLOCK_N, ROLE)
+    else:
+        # two buffers: tile j's buffer held tile j - 2, this warpgroup's too, so its copy
+        # starts only as this warpgroup's last product ends; the other's tile j - 1 is applied
+        # first, its wait and product hiding that copy, and released as soon as it is done.
+        # Tile -1's product (P = 0) reads buffer 0: not before tile 0 is in it (0 times
+        # whatever the shared memory held could be NaN)
+        if j == 0:
+            mbarrier.wait(ready.index(0), 0)
+            mbarrier.wait(ready.index(1), 0)
+        o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0,
+                                    HALF, BLOCK_N, s_rows, o_rows)  # fmt: skip
+        s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N, ROLE)
+        o = warpgroup_mma_wait(2, deps=[o])
+        _BARRIER()
+        _release(empty, gl.maximum(j - 1, 0), j >= 1, BLOCK_N, ROLE)
+        s = warpgroup_mma_wait(0, deps=[s])
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_begin + j * BLOCK_N, n_end,
+                                           causal_limit, qk_scale, BLOCK_N, CAUSAL, s_layout)  # fmt: skip
+        p16 = p.to(DOT_DTYPE)
     _publish(p16, alpha, m_i, p_smem, stat_smem, stat_bar)
     o = o * gl.convert_layout(alpha, o_rows)[:, None]
     p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     v = k_bufs.index(j % NBUF).slice(V0, HALF, dim=1)
     o = warpgroup_mma_wait(0, deps=[warpgroup_mma(p_op, v, o, is_async=True)])
     _BARRIER()
-    mbarrier.arrive(empty.index(j % NBUF))
+    _release(empty, j, True, BLOCK_N, ROLE)
     return o, l_i, m_i
 
 
@@ -165,9 +257,17 @@ def _pp_producer(
     BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr,
     FP8_CVT: gl.constexpr, WHOLE_TILE: gl.constexpr,
 ):  # fmt: skip
-    """The producer warpgroup: 16-bit tiles copied by ``cp.async`` (``kv_fill._kv_copier``),
-    FP8 tiles converted to fp16 (``kv_fill._kv_producer``), into the ``NBUF`` buffers."""
-    if ckv_ptr.dtype.element_ty.primitive_bitwidth == 16:
+    """The producer warpgroup: 16-bit tiles copied by ``cp.async`` (``kv_fill._kv_copier``; by
+    column halves for 64-token tiles, ``kv_fill._kv_copier_halves``), FP8 tiles converted to
+    fp16 (``kv_fill._kv_producer``), into the ``NBUF`` buffers."""
+    NBUF: gl.constexpr = BUFFERED // BLOCK_N
+    if BLOCK_N == 64:
+        _kv_copier_halves(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
+            nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+            stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
+        )  # fmt: skip
+    elif ckv_ptr.dtype.element_ty.primitive_bitwidth == 16:
         _kv_copier(
             k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
             nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
@@ -207,7 +307,8 @@ def _pp_consumer(
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     _stage_query(
-        q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads,
+        q_smem if BLOCK_N == 32 else q_smem.index(0), qpe_smem, q_nope_ptr, q_pe_ptr, m_tile,
+        q_start, rows_total, num_heads,
         num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV,
         D_KPE, DOT_DTYPE, ROLE * (BLOCK_M // 2), BLOCK_M // 2, 4,
     )  # fmt: skip
@@ -231,13 +332,13 @@ def _pp_consumer(
         o, l_i, m_i = _own_tile(
             o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready, empty, p_smem, stat_smem,
             stat_bar, s_zero, n_begin, n_end, causal_limit, qk_scale, V0, HALF, BLOCK_N, CAUSAL,
-            DOT_DTYPE, s_layout, o_layout,
+            DOT_DTYPE, ROLE, s_layout, o_layout,
         )  # fmt: skip
     last = n_tiles - 1
     if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
         o, l_i, m_i = _apply_remote(o, l_i, last, k_bufs, p_smem, stat_smem, stat_bar, V0, HALF,
-                                    s_rows, o_rows)  # fmt: skip
-        o = _finish_remote(o, last, empty)
+                                    BLOCK_N, s_rows, o_rows)  # fmt: skip
+        o = _finish_remote(o, last, empty, BLOCK_N, ROLE)
 
     # the row sums of both warpgroups' tiles
     l_smem.index(ROLE).store(l_i)
@@ -308,32 +409,42 @@ def _mla_attn_pingpong_kernel(
     FP8_CVT: gl.constexpr,
     WHOLE_TILE: gl.constexpr = True,
 ):
-    gl.static_assert(BLOCK_M == 64 and BLOCK_N == 32, "64 query rows × 32 KV tokens per tile")
+    gl.static_assert(BLOCK_M == 64, "64 query rows per program")
+    gl.static_assert(BLOCK_N == 32 or BLOCK_N == 64, "32- or 64-token KV tiles")
     gl.static_assert(D_CKV == 512, "the latent dimension is 512")
     gl.static_assert(D_KPE == 64, "the RoPE dimension is 64")
     gl.static_assert(gl.num_warps() == 4, "one consumer warpgroup in the default partition")
     IS16: gl.constexpr = ckv_ptr.dtype.element_ty.primitive_bitwidth == 16
     gl.static_assert(not (IS16 and TOKEN_GROUP), "token-group scales come with FP8 KV")
+    gl.static_assert(IS16 or BLOCK_N == 32, "64-token tiles are copied, not converted: 16-bit KV")
+    NBUF: gl.constexpr = BUFFERED // BLOCK_N
 
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    p_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    p_sh: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=2 * BLOCK_N, element_bitwidth=16, rank=2
+    )
     vec_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-    q_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_CKV], sh)
+    if BLOCK_N == 32:
+        q_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_CKV], sh)
+    else:
+        q_smem = gl.allocate_shared_memory(DOT_DTYPE, [1, BLOCK_M, D_CKV], sh)
     qpe_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_KPE], sh)
     k_bufs = gl.allocate_shared_memory(DOT_DTYPE, [NBUF, BLOCK_N, D_CKV], sh)
     kpe_bufs = gl.allocate_shared_memory(DOT_DTYPE, [NBUF, BLOCK_N, D_KPE], sh)
     p_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, BLOCK_N], p_sh)
     stat_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_sh)  # maximum, factor
     l_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_sh)
-    ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
-    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+    # per buffer (32-token tiles) or per column half of a buffer (64-token tiles): 4 either way
+    NBAR: gl.constexpr = NBUF if BLOCK_N == 32 else 2 * NBUF
+    ready = gl.allocate_shared_memory(gl.int64, [NBAR, 1], bar_l)
+    empty = gl.allocate_shared_memory(gl.int64, [NBAR, 1], bar_l)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     stat_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    for i in gl.static_range(NBUF):
+    for i in gl.static_range(NBAR):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
+        mbarrier.init(empty.index(i), count=2 if BLOCK_N == 32 else 1)
     mbarrier.init(q_ready, count=2)
     mbarrier.init(stat_bar, count=1)
     mbarrier.init(l_bar, count=2)
@@ -350,42 +461,83 @@ def _mla_attn_pingpong_kernel(
 
     # (the two consumers' argument tuples spelled out: Triton 3.6's Gluon cannot build one
     # tuple holding the dot dtype and extend it by the role)
-    gl.warp_specialize(
-        [
-            (
-                _pp_consumer,
+    if BLOCK_N == 32:
+        gl.warp_specialize(
+            [
                 (
-                    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                    stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                    m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                    num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                    stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                    stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                    D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
+                    _pp_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
+                    ),
                 ),
-            ),
-            (
-                _pp_consumer,
                 (
-                    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                    stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                    m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                    num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                    stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                    stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                    D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
+                    _pp_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
+                    ),
                 ),
-            ),
-            (
-                _pp_producer,
                 (
-                    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-                    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
-                    stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
-                    PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, WHOLE_TILE,
+                    _pp_producer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+                        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+                        stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+                        PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, WHOLE_TILE,
+                    ),
                 ),
-            ),
-        ],
-        [4, PRODUCER_WARPS],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )  # fmt: skip
+            ],
+            [4, PRODUCER_WARPS],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    _pp_producer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+                        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+                        stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+                        PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, WHOLE_TILE,
+                    ),
+                ),
+                (
+                    _pp_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
+                    ),
+                ),
+                (
+                    _pp_consumer,
+                    (
+                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
+                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
+                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
+                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
+                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
+                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
+                    ),
+                ),
+            ],
+            [4, 4],
+            [CONSUMER_REGS_64, CONSUMER_REGS_64],
+        )  # fmt: skip
