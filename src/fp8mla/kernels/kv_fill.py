@@ -204,6 +204,19 @@ def _kv_producer(
 
 
 @gluon.jit
+def _tile_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+               stride_kpe_s, nan_row_ckv, nan_row_kpe, PAGE_SIZE: gl.constexpr):  # fmt: skip
+    """The cache rows (element offsets) of a tile's tokens at ``pos``, latent and RoPE, from
+    their raw page-table entries (:func:`_load_entries`): a bad entry's token as the NaN
+    row."""
+    pages, bad = _check_entries(raw, in_list, pos < n_end, num_pages)
+    slot = pages.to(gl.int64)
+    rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
+    pe_rows = _cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
+    return rows, pe_rows
+
+
+@gluon.jit
 def _kv_copier(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
     nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
@@ -226,11 +239,10 @@ def _kv_copier(
     for j in range(n_tiles):
         buf = j % NBUF
         pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
-        pages, bad = _check_entries(raw, in_list, pos < n_end, num_pages)
         ok = (pos < n_end)[:, None]
-        slot = pages.to(gl.int64)
-        rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
-        pe_rows = _cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
+        rows, pe_rows = _tile_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p, stride_ckv_s,
+                                   stride_kpe_p, stride_kpe_s, nan_row_ckv, nan_row_kpe,
+                                   PAGE_SIZE)  # fmt: skip
         # the next tile's page entries, before this one's copies; checked only when used, so
         # their latency passes behind this tile's copies instead of before them
         nxt = pos + BLOCK_N
@@ -298,11 +310,10 @@ def _kv_copier_halves(
         buf = j % NBUF
         phase = ((j // NBUF) & 1) ^ 1
         pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
-        pages, bad = _check_entries(raw, in_list, pos < n_end, num_pages)
         ok = (pos < n_end)[:, None]
-        slot = pages.to(gl.int64)
-        rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
-        pe_rows = _cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
+        rows, pe_rows = _tile_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p, stride_ckv_s,
+                                   stride_kpe_p, stride_kpe_s, nan_row_ckv, nan_row_kpe,
+                                   PAGE_SIZE)  # fmt: skip
         k_src = ckv_ptr + rows[:, None]
         pe_src = kpe_ptr + pe_rows[:, None]
         nxt = pos + BLOCK_N

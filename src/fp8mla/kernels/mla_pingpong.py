@@ -251,15 +251,17 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
 
 @gluon.jit
 def _pp_producer(
-    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
-    num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
-    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE: gl.constexpr,
-    BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-    FP8_CVT: gl.constexpr, WHOLE_TILE: gl.constexpr,
+    args, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
+    D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
+    WHOLE_TILE: gl.constexpr,
 ):  # fmt: skip
     """The producer warpgroup: 16-bit tiles copied by ``cp.async`` (``kv_fill._kv_copier``; by
     column halves for 64-token tiles, ``kv_fill._kv_copier_halves``), FP8 tiles converted to
-    fp16 (``kv_fill._kv_producer``), into the ``NBUF`` buffers."""
+    fp16 (``kv_fill._kv_producer``), into the ``NBUF`` buffers. ``args``: its run-time values,
+    one tuple."""
+    (k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
+     num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s) = args  # fmt: skip
     NBUF: gl.constexpr = BUFFERED // BLOCK_N
     if BLOCK_N == 64:
         _kv_copier_halves(
@@ -283,18 +285,19 @@ def _pp_producer(
 
 
 @gluon.jit
-def _pp_consumer(
-    k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem, stat_smem, stat_bar,
-    l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
-    kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor, v_scale,
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
-    stride_lse_split, stride_lse_t,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
-    CAUSAL: gl.constexpr, DOT_DTYPE: gl.constexpr, WRITE_LSE: gl.constexpr, ROLE: gl.constexpr,
-):  # fmt: skip
+def _pp_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
+                 D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
+                 ROLE: gl.constexpr):  # fmt: skip
     """Consumer warpgroup ``ROLE``: stages its half of the query rows, owns tiles
     ``ROLE, ROLE + 2, …``, applies every tile to output columns ``[256·ROLE, 256·ROLE + 256)``,
-    and stores them as ``O / l`` times the value scale (``ROLE`` 0 also the base-2 LSE)."""
+    and stores them as ``O / l`` times the value scale (``ROLE`` 0 also the base-2 LSE).
+    ``args``: the run-time values both consumers take, one tuple."""
+    (k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem, stat_smem, stat_bar,
+     l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
+     kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor, v_scale,
+     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
+     stride_lse_split, stride_lse_t) = args  # fmt: skip
+    DOT_DTYPE: gl.constexpr = qpe_smem.dtype
     HALF: gl.constexpr = D_CKV // 2
     V0: gl.constexpr = ROLE * HALF
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -459,85 +462,35 @@ def _mla_attn_pingpong_kernel(
         BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
 
-    # (the two consumers' argument tuples spelled out: Triton 3.6's Gluon cannot build one
-    # tuple holding the dot dtype and extend it by the role)
-    if BLOCK_N == 32:
+    # run-time values as one tuple per partition kind, compile-time ones beside it (a tuple
+    # does not keep them constant)
+    consumer = (
+        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem, stat_smem, stat_bar,
+        l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
+        kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor, v_scale,
+        stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
+        stride_o_h, stride_lse_split, stride_lse_t,
+    )  # fmt: skip
+    producer = (
+        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
+        num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+        stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+    )  # fmt: skip
+    if BLOCK_N == 32:  # consumer 0 the default partition
         gl.warp_specialize(
-            [
-                (
-                    _pp_consumer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
-                    ),
-                ),
-                (
-                    _pp_consumer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
-                    ),
-                ),
-                (
-                    _pp_producer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-                        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
-                        stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
-                        PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, WHOLE_TILE,
-                    ),
-                ),
-            ],
+            [(_pp_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
+             (_pp_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1)),
+             (_pp_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
+                             WHOLE_TILE))],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGS, PRODUCER_REGS],
         )  # fmt: skip
-    else:
+    else:  # the copier the default partition, both consumers workers
         gl.warp_specialize(
-            [
-                (
-                    _pp_producer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-                        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
-                        stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
-                        PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, WHOLE_TILE,
-                    ),
-                ),
-                (
-                    _pp_consumer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 0,
-                    ),
-                ),
-                (
-                    _pp_consumer,
-                    (
-                        k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem,
-                        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr,
-                        m_tile, q_start, qo_len, rows_total, kv_len, n_begin, n_end, split,
-                        num_heads, num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t,
-                        stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t,
-                        stride_o_h, stride_lse_split, stride_lse_t, BLOCK_M, BLOCK_N, D_CKV,
-                        D_KPE, CAUSAL, DOT_DTYPE, WRITE_LSE, 1,
-                    ),
-                ),
-            ],
+            [(_pp_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
+                             WHOLE_TILE)),
+             (_pp_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
+             (_pp_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1))],
             [4, 4],
             [CONSUMER_REGS_64, CONSUMER_REGS_64],
         )  # fmt: skip
