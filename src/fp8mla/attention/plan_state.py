@@ -44,11 +44,10 @@ class PlanState:
     kv_indices: torch.Tensor
     kv_len: torch.Tensor
     num_entries: int = 0  # page-table entries of the batch (kv_indptr[-1])
-    # per request: query tokens, KV tokens (the page-table bound when lengths stay on the
-    # device) and page-table entries; for the planner's staging and row splits
+    # per request: query tokens and KV tokens (the page-table bound when lengths stay on the
+    # device); for the planner's staging decision
     qo_lens: tuple[int, ...] = ()
     kv_tokens: tuple[int, ...] = ()
-    kv_pages: tuple[int, ...] = ()
 
     # -- run-time checks (host-side metadata only: no device sync) --
     def check_run(
@@ -325,5 +324,4 @@ def build_plan_state(
         num_entries=nnz,
         qo_lens=tuple(qo_lens),
         kv_tokens=tuple(kv_tokens),
-        kv_pages=tuple(b - a for a, b in zip(kvp[:-1], kvp[1:])),
     )
