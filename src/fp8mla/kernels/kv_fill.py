@@ -114,15 +114,17 @@ def _store_chunk(k_dst, x, sa, ok, c: gl.constexpr, TOKEN_GROUP: gl.constexpr,
 @gluon.jit
 def _kv_producer(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
-    num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+    num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, NBUF: gl.constexpr,
     WHOLE_TILE: gl.constexpr,
 ):  # fmt: skip
     """The producer: each KV tile of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared tile
     ``j % NBUF`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the NaN row),
-    with ``TOKEN_GROUP`` each 128 columns times their tokens' group scale; ``ready`` is signalled when a tile is in place, ``empty`` is
-    waited for before a buffer is overwritten.
+    with ``TOKEN_GROUP`` each 128 columns times their tokens' group scale; ``ready`` is
+    signalled when a tile is in place, ``empty`` is waited for before a buffer is
+    overwritten.
 
     Its loads are latency-bound (one warpgroup, 96 registers), so: the RoPE bytes are loaded
     with the first latent chunk, each chunk's bytes while the previous chunk is converted (all
@@ -204,8 +206,9 @@ def _kv_producer(
 
 
 @gluon.jit
-def _tile_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p, stride_ckv_s, stride_kpe_p,
-               stride_kpe_s, nan_row_ckv, nan_row_kpe, PAGE_SIZE: gl.constexpr):  # fmt: skip
+def _tile_cache_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p, stride_ckv_s,
+                     stride_kpe_p, stride_kpe_s, nan_row_ckv, nan_row_kpe,
+                     PAGE_SIZE: gl.constexpr):  # fmt: skip
     """The cache rows (element offsets) of a tile's tokens at ``pos``, latent and RoPE, from
     their raw page-table entries (:func:`_load_entries`): a bad entry's token as the NaN
     row."""
@@ -240,9 +243,9 @@ def _kv_copier(
         buf = j % NBUF
         pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = (pos < n_end)[:, None]
-        rows, pe_rows = _tile_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p, stride_ckv_s,
-                                   stride_kpe_p, stride_kpe_s, nan_row_ckv, nan_row_kpe,
-                                   PAGE_SIZE)  # fmt: skip
+        rows, pe_rows = _tile_cache_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p,
+                                         stride_ckv_s, stride_kpe_p, stride_kpe_s, nan_row_ckv,
+                                         nan_row_kpe, PAGE_SIZE)  # fmt: skip
         # the next tile's page entries, before this one's copies; checked only when used, so
         # their latency passes behind this tile's copies instead of before them
         nxt = pos + BLOCK_N
@@ -311,9 +314,9 @@ def _kv_copier_halves(
         phase = ((j // NBUF) & 1) ^ 1
         pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = (pos < n_end)[:, None]
-        rows, pe_rows = _tile_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p, stride_ckv_s,
-                                   stride_kpe_p, stride_kpe_s, nan_row_ckv, nan_row_kpe,
-                                   PAGE_SIZE)  # fmt: skip
+        rows, pe_rows = _tile_cache_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p,
+                                         stride_ckv_s, stride_kpe_p, stride_kpe_s, nan_row_ckv,
+                                         nan_row_kpe, PAGE_SIZE)  # fmt: skip
         k_src = ckv_ptr + rows[:, None]
         pe_src = kpe_ptr + pe_rows[:, None]
         nxt = pos + BLOCK_N

@@ -216,10 +216,6 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
         o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0,
                                     HALF, BLOCK_N, s_rows, o_rows)  # fmt: skip
         s = warpgroup_mma_wait(1, deps=[s])
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_begin + j * BLOCK_N, n_end,
-                                           causal_limit, qk_scale, BLOCK_N, CAUSAL, s_layout)  # fmt: skip
-        p16 = p.to(DOT_DTYPE)
-        o = _finish_remote(o, j - 1, empty, BLOCK_N, ROLE)
     else:
         # two buffers: tile j's buffer held tile j - 2, this warpgroup's too, so its copy
         # starts only as this warpgroup's last product ends; the other's tile j - 1 is applied
@@ -236,9 +232,11 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
         _BARRIER()
         _release(empty, gl.maximum(j - 1, 0), j >= 1, BLOCK_N, ROLE)
         s = warpgroup_mma_wait(0, deps=[s])
-        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_begin + j * BLOCK_N, n_end,
-                                           causal_limit, qk_scale, BLOCK_N, CAUSAL, s_layout)  # fmt: skip
-        p16 = p.to(DOT_DTYPE)
+    p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_begin + j * BLOCK_N, n_end, causal_limit,
+                                       qk_scale, BLOCK_N, CAUSAL, s_layout)  # fmt: skip
+    p16 = p.to(DOT_DTYPE)
+    if BLOCK_N == 32:  # the other's tile j - 1, applied while the softmax ran
+        o = _finish_remote(o, j - 1, empty, BLOCK_N, ROLE)
     _publish(p16, alpha, m_i, p_smem, stat_smem, stat_bar)
     o = o * gl.convert_layout(alpha, o_rows)[:, None]
     p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
