@@ -1,7 +1,8 @@
 """What the A/B probes (``probe_manyrows.py``, ``probe_stage.py``, ``probe_rowtiles.py``,
 ``probe_headgroups.py``) share: the FP8 pool and its bf16 copy, FlashInfer when
-``FP8MLA_FLASHINFER`` names its folder, fp8mla planned on either pool, timing over rotated
-placements, one variant's measurement, and the rows they print and write."""
+``FP8MLA_FLASHINFER`` names its folder, a case's inputs and reference, fp8mla planned on
+either pool, timing over rotated placements, one variant's measurement, and the rows they
+print and write."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import torch
 
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
-from fp8mla.bench.inputs import random_pool
-from fp8mla.bench.measure import time_cuda, time_graph
+from fp8mla.bench.inputs import build_inputs, random_pool
+from fp8mla.bench.measure import flops, time_cuda, time_graph
+from fp8mla.bench.runner import placements, reference_subset
 from fp8mla.testing import rel_err
 
 
@@ -34,6 +36,14 @@ class Pools:
 
     def of(self, kv_name: str) -> torch.Tensor:
         return self.fp8 if kv_name == "float8_e4m3fn" else self.bf16
+
+    def case_inputs(self, case: Case) -> tuple[list, torch.Tensor, torch.Tensor, float]:
+        """A case's inputs over its timed placements in the FP8 pool, the float64 reference of
+        4 requests of the first (its rows of the output: ``ref, ref_rows``) and its FLOPs."""
+        dev = self.fp8.device
+        inputs = [build_inputs(case, dev, seed=i, pool=self.fp8) for i in range(placements(case))]
+        ref, ref_rows = reference_subset(inputs[0], 4)
+        return inputs, ref, ref_rows, flops(case)
 
 
 def fp8mla_runner(inp, pool: torch.Tensor, **plan_kw) -> tuple[I.Runner, object]:

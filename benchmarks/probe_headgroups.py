@@ -23,9 +23,6 @@ from fp8mla.attention.functional import shared_workspace
 from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
-from fp8mla.bench.inputs import build_inputs
-from fp8mla.bench.measure import flops
-from fp8mla.bench.runner import placements, reference_subset
 from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure, timed_us
 
 CASES = {c.name: c for c in (Case(64, 128, 4096), Case(8, 128, 16384), Case(64, 64, 4096))}
@@ -74,9 +71,7 @@ def main() -> int:
     pools = Pools.for_cases(cases, dev)
     log = Rows()
     for case in cases:
-        inputs = [build_inputs(case, dev, seed=i, pool=pools.fp8) for i in range(placements(case))]  # fmt: skip
-        ref, ref_rows = reference_subset(inputs[0], 4)
-        fl = flops(case)
+        inputs, ref, ref_rows, fl = pools.case_inputs(case)
         for kv_name in args.kv_dtypes:
             pool = pools.of(kv_name)
             base = dict(case=case.name, kv=kv_name)

@@ -1,7 +1,8 @@
 """The SM90 many-row kernels (``wgmma``: both consumer warpgroups on every tile;
 ``pingpong``: alternate tiles) on the many-row cases, in one GPU run, alternated A/B/A/B:
-error against the float64 reference (4 requests), CUDA-graph µs (replays over rotated token
-placements, as ``fp8mla bench`` times small cases), TFLOP/s; FlashInfer's FP8 and bf16-pool
+error against the float64 reference (4 requests), µs per call (CUDA-graph replays over rotated
+token placements, ``do_bench`` for extend chunks, as ``fp8mla bench`` times them), TFLOP/s,
+the kernel and grid that ran; FlashInfer's FP8 and bf16-pool
 paths in the same run when ``FP8MLA_FLASHINFER`` names its folder.
 
     python benchmarks/probe_manyrows.py --json OUT/probe.json [--variants wgmma pingpong]
@@ -16,11 +17,8 @@ import torch
 from fp8mla.attention.planner import PINGPONG_TILE, PINGPONG_TILE_64, WGMMA_TILE
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
-from fp8mla.bench.inputs import build_inputs
-from fp8mla.bench.measure import copy_bandwidth_tbps, flops, time_graph
-from fp8mla.bench.runner import placements, reference_subset
-from fp8mla.testing import rel_err
-from probe_common import Pools, Rows
+from fp8mla.bench.measure import copy_bandwidth_tbps
+from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure, timed_us
 
 CASES = {
     c.name: c
@@ -47,31 +45,23 @@ VARIANTS = {
 }
 
 
-def fp8mla_run(inp, pool: torch.Tensor, variant: tuple) -> I.Runner:
-    """fp8mla in the variant's tile and options on ``pool`` (the FP8 pool, or a bf16 pool of
-    its values)."""
-    config, options = variant
-    w = I.planned_wrapper(inp, pool.dtype, kernel_config=config)
-    w._launch.kernel.options.update(options)
-    ckv, kpe = inp.paged(pool)
-    out = torch.empty_like(inp.q_nope)
-    kw = dict(ckv_scale=inp.scale, kpe_scale=inp.scale) if pool.dtype.itemsize == 1 else {}
-    return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, **kw)
-
-
-def flashinfer_row(fi, inputs, pool: torch.Tensor, fl: int, base: dict) -> dict:
+def flashinfer_row(fi, inputs, pool: torch.Tensor, fl: float, base: dict) -> dict:
     """FlashInfer on ``pool`` (its FP8 path on the FP8 pool, its bf16 path on the bf16 one)."""
     name = "flashinfer-fp8" if pool.dtype.itemsize == 1 else "flashinfer-bf16kv"
     try:
         runs = [I.flashinfer_wrapper(x, pool, fi) for x in inputs]
     except I.Unavailable as exc:
         return dict(base, variant=name, error=str(exc))
-    us = graph_us(runs)
+    us = timed_us(runs)
     return dict(base, variant=name, us=round(us, 2), tflops=round(fl / us / 1e6, 1))
 
 
-def graph_us(runs) -> float:
-    return time_graph(lambda rs=runs: [r() for r in rs], reps=20).us_median / len(runs)
+def variant_runner(inp, pool: torch.Tensor, variant: tuple) -> tuple[I.Runner, object]:
+    """fp8mla in the variant's tile and compile-time options on ``pool``."""
+    config, options = variant
+    run, w = fp8mla_runner(inp, pool, kernel_config=config)
+    w._launch.kernel.options.update(options)
+    return run, w
 
 
 def main() -> int:
@@ -91,9 +81,7 @@ def main() -> int:
     add = log.add
 
     for case in cases:
-        inputs = [build_inputs(case, dev, seed=i, pool=pools.fp8) for i in range(placements(case))]
-        ref, ref_rows = reference_subset(inputs[0], 4)
-        fl = flops(case)
+        inputs, ref, ref_rows, fl = pools.case_inputs(case)
         for kv_name in args.kv_dtypes:
             pool = pools.of(kv_name)
             base = dict(case=case.name, kv=kv_name)
@@ -102,24 +90,20 @@ def main() -> int:
             for rnd in range(args.rounds):
                 for name in args.variants:
                     try:
-                        runs = [fp8mla_run(x, pool, VARIANTS[name]) for x in inputs]
+                        made = [variant_runner(x, pool, VARIANTS[name]) for x in inputs]
                     except ValueError as exc:  # the variant cannot serve this pool
                         if rnd == 0:
                             add(dict(base, variant=name, error=str(exc)))
                         continue
-                    out = runs[0]()
-                    torch.cuda.synchronize()
-                    err = rel_err(out[ref_rows].float(), ref) if rnd == 0 else None
-                    us = graph_us(runs)
-                    add(dict(base, variant=name, round=rnd, us=round(us, 2),
-                             tflops=round(fl / us / 1e6, 1), rel_err=err and float(f"{err:.2e}")))  # fmt: skip
-                    del runs
+                    rec = measure(made, ref, ref_rows, with_error=rnd == 0)
+                    add(dict(base, variant=name, round=rnd, tflops=round(fl / rec["us"] / 1e6, 1), **rec))  # fmt: skip
+                    del made
         del inputs
     log.write(args.json, copy_tbps=copy)
-    print(f"\ncopy {copy:.2f} TB/s; µs per call (CUDA graph), TFLOP/s, rel err")
-    for r in log.rows:
-        print(f"{r['case']:<36} {r['kv']:<14} {r['variant']:<18} {r.get('round', ''):>2} "
-              f"{r.get('us', r.get('error', ''))!s:>9} {r.get('tflops', '')!s:>7} {r.get('rel_err') or ''}")  # fmt: skip
+    log.print_table(
+        f"copy {copy:.2f} TB/s; µs per call (CUDA graph; do_bench for extend chunks), TFLOP/s, "
+        "rel err", [("case", -36), ("kv", -14), *VARIANT_COLUMNS],
+    )  # fmt: skip
     return 0
 
 

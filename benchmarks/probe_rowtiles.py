@@ -16,9 +16,6 @@ import torch
 
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
-from fp8mla.bench.inputs import build_inputs
-from fp8mla.bench.measure import flops
-from fp8mla.bench.runner import placements, reference_subset
 from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure, timed_us
 
 CASES = {
@@ -53,9 +50,7 @@ def main() -> int:
     pools = Pools.for_cases(cases, dev)
     log = Rows()
     for case in cases:
-        inputs = [build_inputs(case, dev, seed=i, pool=pools.fp8) for i in range(placements(case))]  # fmt: skip
-        ref, ref_rows = reference_subset(inputs[0], 4)
-        fl = flops(case)
+        inputs, ref, ref_rows, fl = pools.case_inputs(case)
         base = dict(case=case.name)
 
         def add(variant: str, us: float, base=base, fl=fl, **extra: object) -> None:

@@ -18,9 +18,7 @@ import torch
 from fp8mla.attention.planner import stage_reuse
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
-from fp8mla.bench.inputs import build_inputs
-from fp8mla.bench.measure import flops, time_cuda
-from fp8mla.bench.runner import placements, reference_subset
+from fp8mla.bench.measure import time_cuda
 from fp8mla.testing import rel_err
 from probe_common import Pools, Rows, fp8mla_runner, timed_us
 
@@ -64,9 +62,7 @@ def main() -> int:
     add = log.add
 
     for case in cases:
-        inputs = [build_inputs(case, dev, seed=i, pool=pools.fp8) for i in range(placements(case))]
-        ref, ref_rows = reference_subset(inputs[0], 4)
-        fl = flops(case)
+        inputs, ref, ref_rows, fl = pools.case_inputs(case)
         q = [case.qo_len] * case.batch
         reuse = stage_reuse(q, [case.context] * case.batch, case.heads, 64,
                             case.batch * -(-case.context // case.page_size) * case.page_size)  # fmt: skip
