@@ -131,7 +131,7 @@ def sm90_launch(
 ):  # fmt: skip
     """An attention launch of ``variant`` built for SM90 on the CPU (nothing runs): two
     requests of one query token over 5 and 4 tokens in pages of 2, FP8 e4m3 (bf16 for a
-    variant of 16-bit pools: :func:`launch_pool_dtype`), ``splits`` KV splits (with their
+    variant of 16-bit pools: :func:`pool_dtype_for`), ``splits`` KV splits (with their
     partials). For tests of the launch path with stand-in kernels."""
     from fp8mla.attention.config import LaunchPlan
     from fp8mla.attention.launch import AttentionLaunch
@@ -140,7 +140,7 @@ def sm90_launch(
     from fp8mla.attention.variants import get_variant
     from fp8mla.attention.workspace import split_partials
 
-    fp8 = launch_pool_dtype(variant)
+    fp8 = pool_dtype_for(variant)
     cfg = tile_for_variant(variant, heads, fp8, TARGETS["sm90"])
     half = splits > 1 and get_variant(variant).half_partials  # as the planner decides
     plan = LaunchPlan(
@@ -161,9 +161,9 @@ def sm90_launch(
     )  # fmt: skip
 
 
-def launch_pool_dtype(variant: str) -> torch.dtype:
-    """The pool dtype of :func:`sm90_launch`: FP8 e4m3, or bf16 for a variant that reads
-    16-bit pools only."""
+def pool_dtype_for(variant: str) -> torch.dtype:
+    """The pool dtype of tests that do not sweep dtypes (and of :func:`sm90_launch`): FP8
+    e4m3, or bf16 for a variant that reads 16-bit pools only."""
     from fp8mla.attention.targets import TARGETS
     from fp8mla.attention.variants import get_variant
 

@@ -25,7 +25,7 @@ from fp8mla.attention.targets import TARGETS
 from fp8mla.attention.variants import REGISTRY
 from fp8mla.testing import make_batch
 
-from attention_utils import SM_SCALE, assert_matches_reference, run_wrapper
+from attention_utils import SM_SCALE, assert_matches_reference, pool_dtype_for, run_wrapper
 from conftest import HAS_CUDA, IS_SM90
 
 LENGTHS = [0, 1, 17, 33, 96, 97, 114, 514, 1024]
@@ -55,17 +55,6 @@ def orientation(kind: str, rows: int) -> KernelConfig:
         return FP8QK_TILE_16 if rows <= 16 else FP8QK_TILE_32
     block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     return KernelConfig(block_m, 32, 4, 2, variant=kind)
-
-
-def pool_for(kind: str) -> torch.dtype:
-    """The pool dtype of the tests that do not sweep dtypes: FP8, or bf16 for a variant that
-    reads 16-bit pools only."""
-    variant, sm90 = REGISTRY[kind], TARGETS["sm90"]
-    if variant.supports(sm90, torch.float8_e4m3fn, 16, 64) and not variant.supports(
-        sm90, torch.bfloat16, 16, 64
-    ):
-        return torch.bfloat16
-    return torch.float8_e4m3fn
 
 
 def test_every_variant_is_tested():
@@ -101,7 +90,7 @@ def test_lengths_page_sizes_dtypes(device, page_size, kv_dtype, kernel):
 @pytest.mark.parametrize("heads", [1, 20, 128])
 def test_head_counts(device, heads, kernel):
     batch = make_batch(
-        [1, 97, 300], heads, page_size=16, kv_dtype=pool_for(kernel), device=device,
+        [1, 97, 300], heads, page_size=16, kv_dtype=pool_dtype_for(kernel), device=device,
         generator=gen(heads),
     )  # fmt: skip
     out, lse = run_wrapper(batch, config=orientation(kernel, heads))
@@ -113,7 +102,7 @@ def test_head_counts(device, heads, kernel):
 @pytest.mark.parametrize("causal", [False, True])
 def test_multi_token_queries(device, qo_len, causal, kernel):
     batch = make_batch(
-        [17, 114, 300], 16, qo_lens=qo_len, page_size=16, kv_dtype=pool_for(kernel),
+        [17, 114, 300], 16, qo_lens=qo_len, page_size=16, kv_dtype=pool_dtype_for(kernel),
         device=device, generator=gen(qo_len),
     )  # fmt: skip
     out, lse = run_wrapper(batch, causal=causal, config=orientation(kernel, 16 * qo_len))
@@ -139,7 +128,7 @@ def test_scores_growing_along_the_context(device, kernel):
     """Growing and jumping scores (``_growing_scores``): every online-softmax rescale is
     taken and its factor is right."""
     batch = make_batch(
-        [1024, 1024], 16, page_size=1, kv_dtype=pool_for(kernel), device=device,
+        [1024, 1024], 16, page_size=1, kv_dtype=pool_dtype_for(kernel), device=device,
         generator=gen(13),
     )  # fmt: skip
     _growing_scores(batch)
@@ -276,7 +265,7 @@ def test_fp16_queries(device):
 @KERNELS
 def test_no_rope_part(device, kernel):
     batch = make_batch(
-        [33, 96], 16, page_size=16, head_dim_kpe=0, kv_dtype=pool_for(kernel), device=device,
+        [33, 96], 16, page_size=16, head_dim_kpe=0, kv_dtype=pool_dtype_for(kernel), device=device,
         generator=gen(17),
     )  # fmt: skip
     if REGISTRY[kernel].gluon:

@@ -140,7 +140,7 @@ def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
     """A direct launch passes, position by position, what Triton's path binds by name, for
     calls that change every run()-time input: pool, queries, output, LSE, scales' kinds."""
 
-    from attention_utils import launch_pool_dtype, sm90_launch, sm90_launch_inputs
+    from attention_utils import pool_dtype_for, sm90_launch, sm90_launch_inputs
 
     monkeypatch.setattr(KL, "current_stream", lambda device: 0)
     monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
@@ -153,7 +153,7 @@ def test_direct_arguments_match_tritons_path(monkeypatch, variant, splits):
         recorders.append(k.fn)
 
     def make(pool_slots, lse, scale):
-        return sm90_launch_inputs(heads, pool_slots, lse, scale, launch_pool_dtype(variant))
+        return sm90_launch_inputs(heads, pool_slots, lse, scale, pool_dtype_for(variant))
 
     inputs = [make(16, False, 0.5), make(32, True, torch.full((1,), 2.0)), make(48, False, 0.25)]
     for x in inputs + inputs:  # the first of each specialization compiles, later ones go direct

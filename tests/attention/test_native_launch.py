@@ -141,13 +141,13 @@ def _expected(compiled: _Compiled, named: dict, defaults: dict) -> list:
 
 @pytest.mark.parametrize("variant, splits", [(v, s) for v in sorted(REGISTRY) for s in (1, 4)])
 def test_native_parameter_block_matches_tritons_path(monkeypatch, variant, splits):
-    from attention_utils import launch_pool_dtype, sm90_launch_inputs
+    from attention_utils import pool_dtype_for, sm90_launch_inputs
 
     heads = 16
     launch, kernels, fns, sent = _recorded_launch(monkeypatch, variant, splits)
 
     def make(pool_slots, lse, scale):
-        return sm90_launch_inputs(heads, pool_slots, lse, scale, launch_pool_dtype(variant))
+        return sm90_launch_inputs(heads, pool_slots, lse, scale, pool_dtype_for(variant))
 
     for x in [make(16, False, 0.5), make(32, True, torch.full((1,), 2.0))]:
         launch(*x)  # each specialization's first call: Triton's path, then bound
@@ -221,13 +221,13 @@ def _fast_setup(monkeypatch, variant: str, splits: int, write_lse: bool, tensors
     """A plan's launch with recorded kernels, bound by two calls of the common case (scales
     as floats, or with ``tensors`` as one-element tensors); its C path; a maker of that
     case's inputs; the blocks the Python path sends for them."""
-    from attention_utils import launch_pool_dtype
+    from attention_utils import pool_dtype_for
 
     heads, tokens = 16, 2
     launch, _, _, sent = _recorded_launch(monkeypatch, variant, splits)
 
     def make(pages=16, row=576, scale=0.5):
-        pool = torch.zeros(pages, 2, row, dtype=launch_pool_dtype(variant))
+        pool = torch.zeros(pages, 2, row, dtype=pool_dtype_for(variant))
         q = torch.zeros(tokens, heads, 576, dtype=torch.bfloat16)
         out = torch.empty(tokens, heads, 512, dtype=torch.bfloat16)
         lse = torch.empty(tokens, heads) if write_lse else None
