@@ -32,6 +32,10 @@ CASES = {
         Case(4, 128, 8192, qo_len=16),
         Case(2, 128, 16384 + 256, qo_len=256),
         Case(1, 32, 32768 + 4096, qo_len=4096),
+        # two row tiles a request: 96 and 128 rows, one request of 128 heads
+        Case(32, 32, 4096, qo_len=3),
+        Case(8, 16, 8192, qo_len=8),
+        Case(1, 128, 4096),
     )
 }
 # name: (tile, the kernel's compile-time options overridden)

@@ -62,7 +62,9 @@ def test_long_chunks_take_the_wide_tiles():
     assert choose_config(16, torch.float8_e4m3fn, h200).block_m == 16
     long_16bit = choose_config(4096 * 128, torch.bfloat16, h200)  # 64-token tiles
     assert (long_16bit.block_n, long_16bit.variant) == (64, "pingpong64")
-    assert choose_config(1023, torch.bfloat16, h200).variant == "pingpong"  # 32-token tiles
+    # one row tile a request: 32-token tiles; two or more: 64-token tiles
+    assert choose_config(64, torch.bfloat16, h200).variant == "pingpong"
+    assert choose_config(65, torch.bfloat16, h200).variant == "pingpong64"
     assert choose_config(4096 * 128, torch.bfloat16, cuda_target(100)).variant == "vsplit"
     assert choose_config(64, torch.bfloat16, h200).block_m == 64
     assert choose_config(40 * 4, torch.float8_e4m3fn, INTERPRETER).variant == "vsplit"

@@ -60,9 +60,9 @@ def test_sm90_table():
     for dtype in (torch.bfloat16, torch.float16):
         assert choose_config(16, dtype, t) == FEWROWS_TILE_16
         assert choose_config(32, dtype, t) == FEWROWS_TILE_32
-        for rows in (33, 64, 128, 1023):  # many rows: the ping-pong kernel
+        for rows in (33, 64):  # one row tile: the ping-pong kernel
             assert choose_config(rows, dtype, t) == PINGPONG_TILE
-        for rows in (1024, 4096 * 128):  # long chunks: its 64-token tiles
+        for rows in (65, 128, 1024, 4096 * 128):  # more: its 64-token tiles
             assert choose_config(rows, dtype, t) == PINGPONG_TILE_64
     # named, in a tile of its own; refused for FP8 pools (its tiles are copied)
     assert tile_for_variant("pingpong64", 16, torch.bfloat16, t) == PINGPONG_TILE_64

@@ -35,9 +35,9 @@ class ConfigTable:
     """The tiles of one family of targets, by KV dtype (FP8 / 16-bit) and rows per request:
     up to 16 (``tiny_*``, None: the ``few_*`` tile), up to 32, up to 64, more (``wide_*``,
     None: the up-to-64 tile); FP8 pools with bf16 queries of 33 to ``row_tiles_fp8_rows``
-    rows take ``row_tiles_fp8`` where set, 16-bit pools of at least ``chunk_16bit_rows`` rows
-    (long extend chunks) ``chunk_16bit``. ``fallback`` serves batches a chosen variant
-    cannot."""
+    rows take ``row_tiles_fp8`` where set, 16-bit pools of at least ``shared_16bit_rows`` rows
+    (more than one row tile: each KV tile serves several programs) ``shared_16bit``.
+    ``fallback`` serves batches a chosen variant cannot."""
 
     few_fp8: KernelConfig
     few_16bit: KernelConfig
@@ -55,10 +55,10 @@ class ConfigTable:
     # one program per row tile (None: many_fp8 / wide_fp8)
     row_tiles_fp8: KernelConfig | None = None
     row_tiles_fp8_rows: int = 0
-    # 16-bit pools (and FP8 ones staged in fp16), at least chunk_16bit_rows rows a request:
+    # 16-bit pools (and FP8 ones staged in fp16), at least shared_16bit_rows rows a request:
     # this tile (None: wide_16bit)
-    chunk_16bit: KernelConfig | None = None
-    chunk_16bit_rows: int = 0
+    shared_16bit: KernelConfig | None = None
+    shared_16bit_rows: int = 0
 
     def pick(
         self, rows: int, kv_dtype: torch.dtype, q_dtype: torch.dtype = torch.bfloat16
@@ -67,8 +67,8 @@ class ConfigTable:
         tiles = self.row_tiles_fp8 if FEW_ROWS < rows <= self.row_tiles_fp8_rows else None
         if fp8 and tiles is not None and q_dtype == torch.bfloat16:
             return tiles
-        if not fp8 and self.chunk_16bit is not None and rows >= self.chunk_16bit_rows:
-            return self.chunk_16bit
+        if not fp8 and self.shared_16bit is not None and rows >= self.shared_16bit_rows:
+            return self.shared_16bit
         if rows <= TINY_ROWS:
             tiny = self.tiny_fp8 if fp8 else self.tiny_16bit
             if tiny is not None:
@@ -146,16 +146,17 @@ SM90_TABLE = dataclasses.replace(
     # 89.5 ms); NOTES.md round 27). Other queries take the wgmma kernel.
     row_tiles_fp8=FP8QK_TILE_32,
     row_tiles_fp8_rows=128,
-    # 16-bit pools (and FP8 ones staged in fp16), long chunks: the ping-pong kernel on
-    # 64-token tiles, whose KV the chunk's many row tiles read from the L2 (H200, bf16 pool,
-    # same run, CUDA graph, against 32-token tiles: 4 × 16 tokens × 128 heads × 8,192 (2,048
-    # rows) 274.5-277.2 vs 295.1-295.2 µs, 2 × 256-token chunks over 16,384 at 128 heads
-    # 4.25-4.30 vs 4.54-4.62 ms; 512 rows tie; decode, whose tiles come from HBM, loses: 64 ×
-    # 128 × 4,096 155.0-155.3 vs 152.5-154.2 µs, 8 × 128 × 16,384 89.2-89.4 vs 85.6-85.9).
-    # The FP8 extend of 4,096 over 32,768 at 128 heads, staged: 77.3 -> 69.3 ms, 573 TFLOP/s
-    # (NOTES.md round 28)
-    chunk_16bit=PINGPONG_TILE_64,
-    chunk_16bit_rows=1024,
+    # 16-bit pools (and FP8 ones staged in fp16), more than one 64-row tile a request: the
+    # ping-pong kernel on 64-token tiles, whose copies arrive on their own (H200, bf16 pool,
+    # same run, CUDA graph, against 32-token tiles: 64 × 128 × 4,096 148.5-150.4 vs
+    # 152.3-153.6 µs, 8 × 128 × 16,384 84.0-84.5 vs 84.9-85.2, 32 × 3 tokens × 32 heads ×
+    # 4,096 (96 rows) 81.3-81.7 vs 85.7-85.9, 8 × 8 × 16 × 8,192 50.5 vs 51.5-51.7, 8 × 4 ×
+    # 128 × 8,192 146.6-147.4 vs 157.0-157.6, 4 × 16 × 128 × 8,192 272.8-273.8 vs 294.0-294.5;
+    # one request of 128 heads, 128-token splits, loses 3%: 17.9 vs 17.4; one row tile loses:
+    # 64 × 64 × 4,096 100.3 vs 97.3; NOTES.md round 29). The FP8 extend of 4,096 over 32,768
+    # at 128 heads, staged: 77.3 -> 68.5 ms, 580 TFLOP/s (NOTES.md rounds 28-29)
+    shared_16bit=PINGPONG_TILE_64,
+    shared_16bit_rows=65,
     fallback=TRITON_TABLE,
     # FP8 batches whose 64-row tiles read each KV token >= 16 times staged in fp16 for the
     # ping-pong kernel (H200, same run: extend 4,096 over 32,768 at 128 heads 89.5 → 77.5 ms,
@@ -259,9 +260,9 @@ def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[Ker
     tiles that stand in for the FP8 × FP8 kernel's (:func:`make_launch_plan`)."""
     out = []
     chain = config_table(target).chain()
-    chunk_rows = tuple(t.chunk_16bit_rows for t in chain if t.chunk_16bit is not None)
+    shared_rows = tuple(t.shared_16bit_rows for t in chain if t.shared_16bit is not None)
     for kpe in (64, 0):
-        for rows in SELECTION_ROWS + chunk_rows:
+        for rows in SELECTION_ROWS + shared_rows:
             for q_dtype in (torch.bfloat16, torch.float16):
                 config = choose_config(rows, kv_dtype, target, kpe, q_dtype)
                 out.append(config)
@@ -305,7 +306,7 @@ def tile_for_variant(
         for table in chain
         for config in (table.tiny_fp8, table.few_fp8, table.many_fp8, table.wide_fp8,
                        table.row_tiles_fp8, table.tiny_16bit, table.few_16bit, table.many_16bit,
-                       table.wide_16bit, table.chunk_16bit)
+                       table.wide_16bit, table.shared_16bit)
         if config is not None and config.variant == name
     ]  # fmt: skip
     holding = [c for c in tiles if c.block_m >= rows] if variant.one_row_tile else tiles

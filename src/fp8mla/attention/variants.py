@@ -238,7 +238,8 @@ PINGPONG64 = register(
         kernel="fp8mla.kernels.mla_pingpong:_mla_attn_pingpong_kernel",
         summary="Gluon, SM90; the ping-pong kernel on 64-token tiles of 16-bit pools: two "
         "buffers, each column half refilled as soon as the warpgroup holding those output "
-        "columns is done with it (the query read from shared memory once per 64 tokens)",
+        "columns is done with it and handed over by its own copies' arrivals (the query read "
+        "from shared memory once per 64 tokens)",
         supports=_sm90_16bit,
         check_tile=_fixed_tile(64, 64, 4),
         gluon=True,

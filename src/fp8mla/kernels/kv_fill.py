@@ -8,9 +8,10 @@ memory through the page table, for the consumers that multiply them.
   ping-pong and few-row kernels);
 * :func:`_kv_copier_halves` (16-bit pools, the ping-pong kernel's 64-token tiles): the same
   copies by column halves, each half of a buffer with its own ``ready`` / ``empty`` pair, so
-  that a half is refilled as soon as the one warpgroup that reads it is done.
+  that a half is refilled as soon as the one warpgroup that reads it is done; the copies
+  themselves arrive on ``ready`` as they land, so the copier never waits for one.
 
-Both hand buffers over on ``ready`` / ``empty`` mbarriers, take tokens past the split's end as
+All hand buffers over on ``ready`` / ``empty`` mbarriers, take tokens past the split's end as
 0 and a bad page entry's token as the launcher's NaN row (never outside the cache, never
 finite), and load the page-table entries of the next tile while the current one is in flight.
 """
@@ -276,7 +277,7 @@ def _kv_copier(
 def _copy_half(k_dst, kpe_dst, k_src, pe_src, ok, d, HI: gl.constexpr, D_CKV: gl.constexpr):
     """``cp.async`` of one column half of a tile from its rows' pointers ``k_src`` / ``pe_src``
     ``[BLOCK_N, 1]``: latent columns ``[0, D_CKV/2)`` (``HI`` False) or ``[D_CKV/2, D_CKV)``
-    and the RoPE part (``HI``), as one commit group."""
+    and the RoPE part (``HI``)."""
     C16: gl.constexpr = 64
     C0: gl.constexpr = (D_CKV // 2) * HI
     for c in gl.static_range(D_CKV // 2 // C16):
@@ -285,7 +286,6 @@ def _copy_half(k_dst, kpe_dst, k_src, pe_src, ok, d, HI: gl.constexpr, D_CKV: gl
         )
     if HI:
         _ASYNC_LOAD(kpe_dst, pe_src + d[None, :], mask=ok)
-    async_copy.commit_group()
 
 
 @gluon.jit
@@ -300,8 +300,15 @@ def _kv_copier_halves(
     handed over on ``ready[2b + h]`` and freed on ``empty[2b + h]`` by the one consumer
     warpgroup whose output columns it holds (the tile's scores, which read both halves, are
     done before either warpgroup applies the tile). Tile ``j``'s owner (warpgroup ``j % 2``)
-    frees its half first, so that half is copied first; each half is handed over as it
-    lands."""
+    frees its half first, so that half is copied first.
+
+    Each half is handed over as it lands by its copies themselves: every copier thread's
+    ``cp.async.mbarrier.arrive`` on the half's ``ready`` (which counts ``P_WARPS`` × 32
+    arrivals; the consumers fence the bytes to wgmma's async proxy after their wait). The
+    copier never waits for a copy, so a half is requested as soon as it is freed, whatever
+    the previous tile's copies are doing (H200, bf16 pool, against waiting for each tile's
+    copies before the next: 64 × 128 × 4,096 149.1-152.1 vs 154.3-158.9 µs; benchmarks/NOTES.md
+    round 29)."""
     gl.static_assert(D_KPE == 64, "the RoPE part is one 64-column copy")
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
     rows_l: gl.constexpr = gl.SliceLayout(1, ld)
@@ -331,13 +338,4 @@ def _kv_copier_halves(
             else:
                 _copy_half(k_bufs.index(buf), kpe_bufs.index(buf), k_src, pe_src, ok, d, True,
                            D_CKV)  # fmt: skip
-        # each half handed over as it lands, not after the next tile's copies are requested
-        # (those wait for the products of tile j - 1, which would tie tile j's scores to them)
-        async_copy.wait_group(1)
-        fence_async_shared()
-        _BARRIER()
-        mbarrier.arrive(ready.index(2 * buf + first))
-        async_copy.wait_group(0)
-        fence_async_shared()
-        _BARRIER()
-        mbarrier.arrive(ready.index(2 * buf + 1 - first))
+            async_copy.mbarrier_arrive(ready.index(2 * buf + side), increment_count=False)

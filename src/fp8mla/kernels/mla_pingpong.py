@@ -34,9 +34,9 @@ Shared memory: the query 72 KB, four fp16 KV buffers 144 KB, ``P`` 4 KB, the sta
 ``_mla_attn_rows_kernel``; ``BLOCK_M`` 64 and ``BLOCK_N`` 32, launched with 4 warps (the other
 partitions' 8 warps come on top), a 64-dim RoPE part. Gluon has no interpreter: SM90 only.
 
-**64-token tiles** (``BLOCK_N`` 64, 16-bit pools; the planner's choice for long chunks, whose
-row tiles read their KV from the L2). The owner's ``S_j [64, 64]`` reads the query once per 64
-tokens instead of twice. Two buffers of 64 tokens (the same 144 KB). Each column half of a
+**64-token tiles** (``BLOCK_N`` 64, 16-bit pools; the planner's choice for requests of more
+than one row tile, whose programs share each KV tile through the L2). The owner's
+``S_j [64, 64]`` reads the query once per 64 tokens instead of twice. Two buffers of 64 tokens (the same 144 KB). Each column half of a
 buffer has its own ``empty`` barrier:
 
 * latent columns 0-255: read by warpgroup 0's products;
@@ -44,8 +44,10 @@ buffer has its own ``empty`` barrier:
 
 Each half is freed by the one warpgroup that reads it, once that warpgroup's product of the
 tile is done (the owner's scores, which read both halves, finish before either product
-starts). ``kv_fill._kv_copier_halves`` refills the owner's half first and hands each half over
-as it lands; the owner's ``S_j`` starts on its half before the other's has arrived.
+starts). ``kv_fill._kv_copier_halves`` refills the owner's half first; each half's copies
+arrive on its ``ready`` barrier as they land, and the consumer that waits there fences them
+to wgmma's async proxy. The owner's ``S_j`` starts on its half before the other's has
+arrived.
 
 Tile ``j``'s buffer held tile ``j - 2``, owned by the same warpgroup, so its copy can start
 only as that warpgroup's own product of tile ``j - 2`` ends. The owner therefore applies the
@@ -98,6 +100,19 @@ def _release(empty, j, pred, BLOCK_N: gl.constexpr, ROLE: gl.constexpr):
 
 
 @gluon.jit
+def _wait_tile(bar, phase, BLOCK_N: gl.constexpr):
+    """Wait on a tile's (or tile half's) ``ready`` barrier. 64-token tiles are handed over by
+    the copier's ``cp.async`` arrivals themselves (``kv_fill._kv_copier_halves``), with no
+    fence of the copier's after them: the bytes are fenced to wgmma's async proxy here. The
+    other warpgroup, which applies the tile later, needs no fence of its own: it waits for
+    the statistics the owner published after this wait and fence (a proxy fence anywhere on
+    the chain of release and acquire orders the copies before its products)."""
+    mbarrier.wait(bar, phase)
+    if BLOCK_N == 64:
+        fence_async_shared()
+
+
+@gluon.jit
 def _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N: gl.constexpr,
                   ROLE: gl.constexpr):  # fmt: skip
     """Start ``S_j = Q·K_jᵀ`` (latent and RoPE parts) once tile ``j`` is in its buffer: two
@@ -106,13 +121,13 @@ def _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N:
     NBUF: gl.constexpr = BUFFERED // BLOCK_N
     buf = j % NBUF
     if BLOCK_N == 32:
-        mbarrier.wait(ready.index(buf), (j // NBUF) & 1)
+        _wait_tile(ready.index(buf), (j // NBUF) & 1, BLOCK_N)
         s = warpgroup_mma(
             q_smem, k_bufs.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True
         )
         s = warpgroup_mma(qpe_smem, kpe_bufs.index(buf).permute((1, 0)), s, is_async=True)
     else:
-        mbarrier.wait(ready.index(2 * buf + ROLE), (j // NBUF) & 1)
+        _wait_tile(ready.index(2 * buf + ROLE), (j // NBUF) & 1, BLOCK_N)
         # q_smem is [1, BLOCK_M, D_CKV], indexed by a zero ptxas cannot see (j < 2^30): the
         # query's 32 wgmma descriptors are then formed in the loop, not hoisted out of it into
         # 64 registers (which spilled)
@@ -121,7 +136,7 @@ def _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N:
         kpe = kpe_bufs.index(buf)
         # this warpgroup's half (copied first) started before the other half lands
         s = _half_scores(q, qpe_smem, k, kpe, s_zero, ROLE == 1, False)
-        mbarrier.wait(ready.index(2 * buf + 1 - ROLE), (j // NBUF) & 1)
+        _wait_tile(ready.index(2 * buf + 1 - ROLE), (j // NBUF) & 1, BLOCK_N)
         s = _half_scores(q, qpe_smem, k, kpe, s, ROLE == 0, True)
     return s
 
@@ -223,12 +238,13 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
         # Tile -1's product (P = 0) reads buffer 0: not before tile 0 is in it (0 times
         # whatever the shared memory held could be NaN)
         if j == 0:
-            mbarrier.wait(ready.index(0), 0)
-            mbarrier.wait(ready.index(1), 0)
+            _wait_tile(ready.index(0), 0, BLOCK_N)
+            _wait_tile(ready.index(1), 0, BLOCK_N)
         o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0,
                                     HALF, BLOCK_N, s_rows, o_rows)  # fmt: skip
         s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N, ROLE)
-        o = warpgroup_mma_wait(2, deps=[o])
+        # the other's product done (three score groups may still run): its half released
+        o = warpgroup_mma_wait(3, deps=[o])
         _BARRIER()
         _release(empty, gl.maximum(j - 1, 0), j >= 1, BLOCK_N, ROLE)
         s = warpgroup_mma_wait(0, deps=[s])
@@ -444,7 +460,8 @@ def _mla_attn_pingpong_kernel(
     stat_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     for i in gl.static_range(NBAR):
-        mbarrier.init(ready.index(i), count=1)
+        # 64-token tiles: every copier thread's cp.async copies arrive (kv_fill)
+        mbarrier.init(ready.index(i), count=1 if BLOCK_N == 32 else PRODUCER_WARPS * 32)
         mbarrier.init(empty.index(i), count=2 if BLOCK_N == 32 else 1)
     mbarrier.init(q_ready, count=2)
     mbarrier.init(stat_bar, count=1)
