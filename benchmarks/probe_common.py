@@ -45,6 +45,20 @@ class Pools:
         ref, ref_rows = reference_subset(inputs[0], 4)
         return inputs, ref, ref_rows, flops(case)
 
+    def flashinfer_row(
+        self, inputs: list, pool: torch.Tensor, fl: float, base: dict
+    ) -> dict | None:
+        """FlashInfer's row beside ``base``: its FP8 path on the FP8 pool, its bf16 path on the
+        bf16 one (µs and TFLOP/s for ``fl`` FLOPs, or why it cannot run); None without it."""
+        if self.flashinfer is None:
+            return None
+        name = "flashinfer-fp8" if pool.dtype.itemsize == 1 else "flashinfer-bf16kv"
+        try:
+            us = timed_us([I.flashinfer_wrapper(x, pool, self.flashinfer) for x in inputs])
+        except I.Unavailable as exc:
+            return dict(base, variant=name, error=str(exc))
+        return dict(base, variant=name, us=round(us, 2), tflops=round(fl / us / 1e6, 1))
+
 
 def fp8mla_runner(inp, pool: torch.Tensor, **plan_kw) -> tuple[I.Runner, object]:
     """fp8mla planned on ``pool`` (the FP8 pool with the inputs' scale, or a bf16 pool of its

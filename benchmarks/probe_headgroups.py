@@ -23,7 +23,7 @@ from fp8mla.attention.functional import shared_workspace
 from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
-from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure, timed_us
+from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure
 
 CASES = {c.name: c for c in (Case(64, 128, 4096), Case(8, 128, 16384), Case(64, 64, 4096))}
 GROUP = 32  # heads per group: the few-row kernels' rows
@@ -75,12 +75,9 @@ def main() -> int:
         for kv_name in args.kv_dtypes:
             pool = pools.of(kv_name)
             base = dict(case=case.name, kv=kv_name)
-            if pools.flashinfer is not None and kv_name == "bfloat16":
-                try:
-                    us = timed_us([I.flashinfer_wrapper(x, pools.bf16, pools.flashinfer) for x in inputs])  # fmt: skip
-                    log.add(dict(base, variant="flashinfer-bf16kv", us=round(us, 2)))
-                except I.Unavailable as exc:
-                    log.add(dict(base, variant="flashinfer-bf16kv", error=str(exc)[:80]))
+            row = pools.flashinfer_row(inputs, pool, fl, base) if kv_name == "bfloat16" else None
+            if row is not None:
+                log.add(row)
             variants = {"whole": lambda x, p=pool: fp8mla_runner(x, p)}
             variants["groups"] = lambda x, p=pool: grouped_runner(x, p)
             for s in args.splits:

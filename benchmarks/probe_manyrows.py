@@ -18,7 +18,7 @@ from fp8mla.attention.planner import PINGPONG_TILE, PINGPONG_TILE_64, WGMMA_TILE
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.measure import copy_bandwidth_tbps
-from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure, timed_us
+from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure
 
 CASES = {
     c.name: c
@@ -49,17 +49,6 @@ VARIANTS = {
 }
 
 
-def flashinfer_row(fi, inputs, pool: torch.Tensor, fl: float, base: dict) -> dict:
-    """FlashInfer on ``pool`` (its FP8 path on the FP8 pool, its bf16 path on the bf16 one)."""
-    name = "flashinfer-fp8" if pool.dtype.itemsize == 1 else "flashinfer-bf16kv"
-    try:
-        runs = [I.flashinfer_wrapper(x, pool, fi) for x in inputs]
-    except I.Unavailable as exc:
-        return dict(base, variant=name, error=str(exc))
-    us = timed_us(runs)
-    return dict(base, variant=name, us=round(us, 2), tflops=round(fl / us / 1e6, 1))
-
-
 def variant_runner(inp, pool: torch.Tensor, variant: tuple) -> tuple[I.Runner, object]:
     """fp8mla in the variant's tile and compile-time options on ``pool``."""
     config, options = variant
@@ -80,7 +69,6 @@ def main() -> int:
     copy = copy_bandwidth_tbps(dev)
     cases = [CASES[n] for n in args.cases]
     pools = Pools.for_cases(cases, dev)
-    fi = pools.flashinfer
     log = Rows()
     add = log.add
 
@@ -89,8 +77,8 @@ def main() -> int:
         for kv_name in args.kv_dtypes:
             pool = pools.of(kv_name)
             base = dict(case=case.name, kv=kv_name)
-            if fi is not None:
-                add(flashinfer_row(fi, inputs, pool, fl, base))
+            if (row := pools.flashinfer_row(inputs, pool, fl, base)) is not None:
+                add(row)
             for rnd in range(args.rounds):
                 for name in args.variants:
                     try:

@@ -14,7 +14,6 @@ import argparse
 
 import torch
 
-from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure, timed_us
 
@@ -56,11 +55,8 @@ def main() -> int:
         def add(variant: str, us: float, base=base, fl=fl, **extra: object) -> None:
             log.add(dict(base, variant=variant, us=round(us, 2), tflops=round(fl / us * 1e-6, 1), **extra))  # fmt: skip
 
-        if pools.flashinfer is not None:
-            try:
-                add("flashinfer-bf16kv", timed_us([I.flashinfer_wrapper(x, pools.bf16, pools.flashinfer) for x in inputs]))  # fmt: skip
-            except I.Unavailable as exc:
-                log.add(dict(base, variant="flashinfer-bf16kv", error=str(exc)[:80]))
+        if (row := pools.flashinfer_row(inputs, pools.bf16, fl, base)) is not None:
+            log.add(row)
         add("fp8mla-bf16kv", timed_us([fp8mla_runner(x, pools.bf16)[0] for x in inputs]))
         for rnd in range(args.rounds):
             for name, kw in VARIANTS.items():

@@ -16,7 +16,6 @@ import argparse
 import torch
 
 from fp8mla.attention.planner import stage_reuse
-from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.measure import time_cuda
 from fp8mla.testing import rel_err
@@ -67,13 +66,8 @@ def main() -> int:
         reuse = stage_reuse(q, [case.context] * case.batch, case.heads, 64,
                             case.batch * -(-case.context // case.page_size) * case.page_size)  # fmt: skip
         base = dict(case=case.name, page_size=case.page_size, reuse=round(reuse, 1))
-        if pools.flashinfer is not None:
-            try:
-                runs = [I.flashinfer_wrapper(x, pools.bf16, pools.flashinfer) for x in inputs]
-                us = timed_us(runs)
-                add(dict(base, variant="flashinfer-bf16kv", us=round(us, 2), tflops=round(fl / us / 1e6, 1)))  # fmt: skip
-            except I.Unavailable as exc:
-                add(dict(base, variant="flashinfer-bf16kv", error=str(exc)))
+        if (row := pools.flashinfer_row(inputs, pools.bf16, fl, base)) is not None:
+            add(row)
         for rnd in range(args.rounds):
             for name in args.variants:
                 pool, kw = pools.of(VARIANTS[name][0]), VARIANTS[name][1]
