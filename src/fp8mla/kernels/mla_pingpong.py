@@ -47,7 +47,8 @@ tile is done (the owner's scores, which read both halves, finish before either p
 starts). ``kv_fill._kv_copier_halves`` refills the owner's half first; each half's copies
 arrive on its ``ready`` barrier as they land, and the consumer that waits there fences them
 to wgmma's async proxy. The owner's ``S_j`` starts on its half before the other's has
-arrived.
+arrived. The owner's softmax (``_softmax_tile64``) is on the other warpgroup's path: it masks
+only the tiles that need it and leaves the row sums until ``P`` is published.
 
 Tile ``j``'s buffer held tile ``j - 2``, owned by the same warpgroup, so its copy can start
 only as that warpgroup's own product of tile ``j - 2`` ends. The owner therefore applies the
@@ -188,9 +189,9 @@ def _finish_remote(o, r, empty, BLOCK_N: gl.constexpr, ROLE: gl.constexpr):
 @gluon.jit
 def _softmax_tile(s, m_prev, l_i, n0, n_end, causal_limit, qk_scale, BLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
-    """The online softmax of one tile's scores from the running maximum ``m_prev``: ``P``
-    (fp32), the rescale factor, the new maximum and the row sums with this tile's added. A bad
-    page entry's token (the NaN row) turns its rows NaN."""
+    """The online softmax of one 32-token tile's scores from the running maximum ``m_prev``:
+    ``P`` (fp32), the rescale factor, the new maximum and the row sums with this tile's added.
+    A bad page entry's token (the NaN row) turns its rows NaN."""
     pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     visible = (pos < n_end)[None, :]
     if CAUSAL:
@@ -201,6 +202,31 @@ def _softmax_tile(s, m_prev, l_i, n0, n_end, causal_limit, qk_scale, BLOCK_N: gl
     alpha = gl.exp2(m_prev - m_use)
     p = gl.exp2(s - m_use[:, None])
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def _softmax_tile64(s, m_prev, n0, mask_from, n_end, causal_limit, qk_scale,
+                    BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
+    """:func:`_softmax_tile` for 64-token tiles, whose softmax lies on the other warpgroup's
+    path (it waits for ``P``): ``P`` (fp32), the rescale factor and the new maximum; the caller
+    adds the row sums once ``P`` is published.
+
+    Only a tile that reaches ``mask_from`` (the split's end, or the first causal limit of the
+    program's rows) is masked. The maximum is taken of the raw scores and scaled after
+    (``qk_scale`` > 0), so each score costs one fused multiply-add and one exp2. (H200, bf16
+    pool, against :func:`_softmax_tile` on the same tiles: 64 × 128 × 4,096 139.8-149.0 vs
+    147.1-160.1 µs. The 32-token tiles, whose softmax runs beside the other's product, lose
+    with it: 8 × 128 × 16,384 88.9-89.4 vs 85.7-85.8; benchmarks/NOTES.md round 30.)"""
+    if n0 + BLOCK_N > mask_from:
+        pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = (pos < n_end)[None, :]
+        if CAUSAL:
+            visible = visible & (pos[None, :] <= causal_limit[:, None])
+        s = gl.where(visible, s, NEG_INF)
+    m_new = gl.maximum(m_prev, gl.max(s, axis=1) * qk_scale)
+    m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = gl.exp2(m_prev - m_use)
+    return gl.exp2(s * qk_scale - m_use[:, None]), alpha, m_new
 
 
 @gluon.jit
@@ -216,8 +242,8 @@ def _publish(p16, alpha, m_new, p_smem, stat_smem, stat_bar):
 
 @gluon.jit
 def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
-              empty, p_smem, stat_smem, stat_bar, s_zero, n_begin, n_end, causal_limit,
-              qk_scale, V0: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+              empty, p_smem, stat_smem, stat_bar, s_zero, n_begin, n_end, mask_from,
+              causal_limit, qk_scale, V0: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, DOT_DTYPE: gl.constexpr, ROLE: gl.constexpr,
               s_layout: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
     """Tile ``j``, owned by this warpgroup, after the other's tile ``j - 1``: its scores start,
@@ -248,12 +274,19 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
         _BARRIER()
         _release(empty, gl.maximum(j - 1, 0), j >= 1, BLOCK_N, ROLE)
         s = warpgroup_mma_wait(0, deps=[s])
-    p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n_begin + j * BLOCK_N, n_end, causal_limit,
-                                       qk_scale, BLOCK_N, CAUSAL, s_layout)  # fmt: skip
-    p16 = p.to(DOT_DTYPE)
-    if BLOCK_N == 32:  # the other's tile j - 1, applied while the softmax ran
-        o = _finish_remote(o, j - 1, empty, BLOCK_N, ROLE)
-    _publish(p16, alpha, m_i, p_smem, stat_smem, stat_bar)
+    n0 = n_begin + j * BLOCK_N
+    if BLOCK_N == 32:
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, n0, n_end, causal_limit, qk_scale,
+                                           BLOCK_N, CAUSAL, s_layout)  # fmt: skip
+        p16 = p.to(DOT_DTYPE)
+        o = _finish_remote(o, j - 1, empty, BLOCK_N, ROLE)  # applied while the softmax ran
+        _publish(p16, alpha, m_i, p_smem, stat_smem, stat_bar)
+    else:
+        p, alpha, m_i = _softmax_tile64(s, m_i, n0, mask_from, n_end, causal_limit, qk_scale,
+                                        BLOCK_N, CAUSAL, s_layout)  # fmt: skip
+        p16 = p.to(DOT_DTYPE)
+        _publish(p16, alpha, m_i, p_smem, stat_smem, stat_bar)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
     o = o * gl.convert_layout(alpha, o_rows)[:, None]
     p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     v = k_bufs.index(j % NBUF).slice(V0, HALF, dim=1)
@@ -334,6 +367,10 @@ def _pp_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.c
 
     rs = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
     causal_limit = kv_len - qo_len + rs // num_heads
+    # tiles that end at or before this are visible to every row of the program: no mask
+    mask_from = n_end
+    if CAUSAL:
+        mask_from = gl.minimum(n_end, kv_len - qo_len + (m_tile * BLOCK_M) // num_heads + 1)
     m_i = gl.full([BLOCK_M], NEG_INF, gl.float32, layout=s_rows)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
     o = gl.zeros([BLOCK_M, HALF], gl.float32, layout=o_layout)
@@ -348,8 +385,8 @@ def _pp_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.c
     for j in range(ROLE, n_tiles, 2):
         o, l_i, m_i = _own_tile(
             o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready, empty, p_smem, stat_smem,
-            stat_bar, s_zero, n_begin, n_end, causal_limit, qk_scale, V0, HALF, BLOCK_N, CAUSAL,
-            DOT_DTYPE, ROLE, s_layout, o_layout,
+            stat_bar, s_zero, n_begin, n_end, mask_from, causal_limit, qk_scale, V0, HALF, BLOCK_N,
+            CAUSAL, DOT_DTYPE, ROLE, s_layout, o_layout,
         )  # fmt: skip
     last = n_tiles - 1
     if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
