@@ -156,17 +156,23 @@ def _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero, nope_s
 
 
 @gluon.jit
-def _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL: gl.constexpr,
+def _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit, CAUSAL: gl.constexpr,
              PROBE: gl.constexpr, trace_ptr):  # fmt: skip
     """The online softmax over tile ``j``'s scores ``s`` (a bad page entry's NaN where
-    visible): ``P`` (fp32), the rescale factor, the new row maxima and sums."""
+    visible): ``P`` (fp32), the rescale factor, the new row maxima and sums. Only a tile that
+    reaches ``mask_from`` (the split's end, or the first causal limit of the tile's rows) is
+    masked (H200, FP8 pool, against masking every tile: 64 × 128 × 4,096 177.4-182.0 vs
+    185.0-193.7 µs, 64 × 64 90.7-91.0 vs 95.5-95.7, 32 × 32 32.0 vs 32.4;
+    benchmarks/NOTES.md round 30)."""
     _stamp(trace_ptr, 0, j, 5, PROBE)
     tok_l: gl.constexpr = gl.SliceLayout(0, S_ROWS)
-    pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
-    visible = (pos < n_end)[None, :]
-    if CAUSAL:
-        visible = visible & (pos[None, :] <= causal_limit[:, None])
-    s = gl.where(visible, s, NEG_INF)
+    n0 = n_begin + j * BLOCK_N
+    if n0 + BLOCK_N > mask_from:
+        pos = n0 + gl.arange(0, BLOCK_N, layout=tok_l)
+        visible = (pos < n_end)[None, :]
+        if CAUSAL:
+            visible = visible & (pos[None, :] <= causal_limit[:, None])
+        s = gl.where(visible, s, NEG_INF)
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
     m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
     alpha = gl.exp2(m_i - m_use)
@@ -223,6 +229,10 @@ def _score_wg(
     pe_scale = (inv_s_pe * (qk_scale * pe_factor))[:, None]
     row0, rows_end = _tile_rows(rows_total, BLOCK_M, ROW_TILES)
     causal_limit = kv_len - qo_len + (row0 + gl.arange(0, RQ, layout=row_l)) // num_heads
+    # tiles that end at or before this are visible to every row of the tile: no mask
+    mask_from = n_end
+    if CAUSAL:
+        mask_from = gl.minimum(n_end, kv_len - qo_len + row0 // num_heads + 1)
     m_i = gl.full([RQ], NEG_INF, gl.float32, layout=row_l)
     l_i = gl.zeros([RQ], gl.float32, layout=row_l)
     s_zero = gl.zeros([2 * RQ, BLOCK_N], gl.float32, layout=mma)
@@ -246,8 +256,8 @@ def _score_wg(
             fence_async_shared()
             acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS,
                                       D_CKV, EARLY, PROBE)  # fmt: skip
-            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL,
-                                          PROBE, trace_ptr)  # fmt: skip
+            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit,
+                                          CAUSAL, PROBE, trace_ptr)  # fmt: skip
             _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
             # (the second pair started before the handoff instead spilled 64 B and measured
             # no faster: benchmarks/NOTES-2026-12-01-rounds-18-21.md, round 18)
@@ -257,7 +267,7 @@ def _score_wg(
             s = _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP, PROBE)
             _stamp(trace_ptr, 0, j + 1, 1, PROBE)
         if n_tiles > 0:  # the last tile's softmax
-            p, alpha, m_i, l_i = _softmax(s, n_tiles - 1, m_i, l_i, n_begin, n_end,
+            p, alpha, m_i, l_i = _softmax(s, n_tiles - 1, m_i, l_i, n_begin, mask_from, n_end,
                                           causal_limit, CAUSAL, PROBE, trace_ptr)  # fmt: skip
             _p_handoff(p, alpha, n_tiles - 1, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
     else:  # each tile's scores, then its softmax
@@ -269,8 +279,8 @@ def _score_wg(
             s = _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero,
                         nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY, PROBE)  # fmt: skip
             _stamp(trace_ptr, 0, j, 1, PROBE)
-            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, n_end, causal_limit, CAUSAL,
-                                          PROBE, trace_ptr)  # fmt: skip
+            p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit,
+                                          CAUSAL, PROBE, trace_ptr)  # fmt: skip
             _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
 
     if LAUNCH_DEPENDENTS == 2:  # every tile scored: the split merge may be scheduled
