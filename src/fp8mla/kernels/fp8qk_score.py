@@ -17,7 +17,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_stage import LO_GAIN, SC_L, _tile_rows
 from fp8mla.kernels.grid_dependency import launch_dependents
-from fp8mla.kernels.mla_wgmma import _store_lse
+from fp8mla.kernels.mla_wgmma import _store_lse, _unmasked_end
 
 RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
 HALF_N = gl.constexpr(32)  # tokens per P·V step of the value warpgroups
@@ -229,10 +229,7 @@ def _score_wg(
     pe_scale = (inv_s_pe * (qk_scale * pe_factor))[:, None]
     row0, rows_end = _tile_rows(rows_total, BLOCK_M, ROW_TILES)
     causal_limit = kv_len - qo_len + (row0 + gl.arange(0, RQ, layout=row_l)) // num_heads
-    # tiles that end at or before this are visible to every row of the tile: no mask
-    mask_from = n_end
-    if CAUSAL:
-        mask_from = gl.minimum(n_end, kv_len - qo_len + row0 // num_heads + 1)
+    mask_from = _unmasked_end(n_end, kv_len, qo_len, row0, num_heads, CAUSAL)
     m_i = gl.full([RQ], NEG_INF, gl.float32, layout=row_l)
     l_i = gl.zeros([RQ], gl.float32, layout=row_l)
     s_zero = gl.zeros([2 * RQ, BLOCK_N], gl.float32, layout=mma)

@@ -76,6 +76,7 @@ from fp8mla.kernels.mla_wgmma import (
     _stage_query,
     _store_lse,
     _store_rows,
+    _unmasked_end,
 )
 
 BUFFERED = gl.constexpr(128)  # KV tokens in shared memory: NBUF = BUFFERED // BLOCK_N buffers
@@ -367,10 +368,7 @@ def _pp_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.c
 
     rs = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
     causal_limit = kv_len - qo_len + rs // num_heads
-    # tiles that end at or before this are visible to every row of the program: no mask
-    mask_from = n_end
-    if CAUSAL:
-        mask_from = gl.minimum(n_end, kv_len - qo_len + (m_tile * BLOCK_M) // num_heads + 1)
+    mask_from = _unmasked_end(n_end, kv_len, qo_len, m_tile * BLOCK_M, num_heads, CAUSAL)
     m_i = gl.full([BLOCK_M], NEG_INF, gl.float32, layout=s_rows)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
     o = gl.zeros([BLOCK_M, HALF], gl.float32, layout=o_layout)

@@ -88,6 +88,16 @@ def _request_span(
 
 
 @gluon.jit
+def _unmasked_end(n_end, kv_len, qo_len, row0, num_heads, CAUSAL: gl.constexpr):
+    """The end of the tokens that every row from ``row0`` on sees: the split's end, or with a
+    causal mask also row ``row0``'s limit (rows further on see more). A KV tile that ends at
+    or before it needs no mask."""
+    if CAUSAL:
+        return gl.minimum(n_end, kv_len - qo_len + row0 // num_heads + 1)
+    return n_end
+
+
+@gluon.jit
 def _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_tokens,
                stride_lse_split, stride_lse_t):  # fmt: skip
     """The base-2 log-sum-exp of rows ``r`` (row = token × heads + head) into
