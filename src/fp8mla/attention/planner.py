@@ -112,7 +112,7 @@ WGMMA_TILE = KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")
 # SM90 16-bit pools above 32 rows: two consumer warpgroups on alternate 32-token tiles
 # (kernels/mla_pingpong.py; bf16 pool, same run: 64 x 128 x 4096 153.3 vs 181.4 us for the
 # wgmma kernel, 8 x 128 x 16384 85.0 vs 100.0, extend 4096 over 32768 at 128 heads 506 vs 454
-# TFLOP/s; benchmarks/NOTES.md round 25).
+# TFLOP/s; benchmarks/NOTES-2026-12-01-rounds-25-27.md, round 25).
 PINGPONG_TILE = KernelConfig(64, 32, 4, 1, variant="pingpong", fp8_cvt="ptx")
 # The same kernel on 64-token tiles (16-bit pools): two buffers released by column halves.
 PINGPONG_TILE_64 = KernelConfig(64, 64, 4, 1, variant="pingpong64")
@@ -143,7 +143,7 @@ SM90_TABLE = dataclasses.replace(
     # 64 × 128 × 4,096 185-189 vs 185-187, speculative 8 × 4 tokens × 16 heads × 8,192 33.9
     # vs 42.4, 32 × 2 × 32 × 4,096 55.4 vs 62.4; more rows tie (256, 512 rows: 100.5 vs 101.7,
     # 188.7 vs 189.0 µs) and then lose (an unstaged 4,096-token chunk at 128 heads: 99.5 vs
-    # 89.5 ms); NOTES.md round 27). Other queries take the wgmma kernel.
+    # 89.5 ms); NOTES-2026-12-01-rounds-25-27.md, round 27). Other queries take the wgmma kernel.
     row_tiles_fp8=FP8QK_TILE_32,
     row_tiles_fp8_rows=128,
     # 16-bit pools (and FP8 ones staged in fp16), more than one 64-row tile a request: the
@@ -161,7 +161,7 @@ SM90_TABLE = dataclasses.replace(
     # FP8 batches whose 64-row tiles read each KV token >= 16 times staged in fp16 for the
     # ping-pong kernel (H200, same run: extend 4,096 over 32,768 at 128 heads 89.5 → 77.5 ms,
     # 444 → 512 TFLOP/s; 8 × 64 tokens × 16 heads over 8,192, reuse 16: 358 → 330 µs; reuse
-    # 8: 353 → 366, slower; the speculative batch, reuse 1: 42 → 70 µs; NOTES.md round 26)
+    # 8: 353 → 366, slower; the speculative batch, reuse 1: 42 → 70 µs; NOTES-2026-12-01-rounds-25-27.md, round 26)
     stage_min_reuse=16,
 )
 # The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
