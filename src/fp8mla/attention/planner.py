@@ -161,7 +161,8 @@ SM90_TABLE = dataclasses.replace(
     # FP8 batches whose 64-row tiles read each KV token >= 16 times staged in fp16 for the
     # ping-pong kernel (H200, same run: extend 4,096 over 32,768 at 128 heads 89.5 → 77.5 ms,
     # 444 → 512 TFLOP/s; 8 × 64 tokens × 16 heads over 8,192, reuse 16: 358 → 330 µs; reuse
-    # 8: 353 → 366, slower; the speculative batch, reuse 1: 42 → 70 µs; NOTES-2026-12-01-rounds-25-27.md, round 26)
+    # 8: 353 → 366, slower; the speculative batch, reuse 1: 42 → 70 µs;
+    # NOTES-2026-12-01-rounds-25-27.md, round 26)
     stage_min_reuse=16,
 )
 # The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments

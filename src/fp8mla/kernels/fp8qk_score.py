@@ -17,7 +17,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_stage import LO_GAIN, SC_L, _tile_rows
 from fp8mla.kernels.grid_dependency import launch_dependents
-from fp8mla.kernels.mla_wgmma import _store_lse, _unmasked_end
+from fp8mla.kernels.mla_wgmma import _mask_scores, _store_lse, _unmasked_end
 
 RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
 HALF_N = gl.constexpr(32)  # tokens per P·V step of the value warpgroups
@@ -165,14 +165,9 @@ def _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit, CAUSAL: gl
     185.0-193.7 µs, 64 × 64 90.7-91.0 vs 95.5-95.7, 32 × 32 32.0 vs 32.4;
     benchmarks/NOTES.md round 30)."""
     _stamp(trace_ptr, 0, j, 5, PROBE)
-    tok_l: gl.constexpr = gl.SliceLayout(0, S_ROWS)
     n0 = n_begin + j * BLOCK_N
     if n0 + BLOCK_N > mask_from:
-        pos = n0 + gl.arange(0, BLOCK_N, layout=tok_l)
-        visible = (pos < n_end)[None, :]
-        if CAUSAL:
-            visible = visible & (pos[None, :] <= causal_limit[:, None])
-        s = gl.where(visible, s, NEG_INF)
+        s = _mask_scores(s, n0, n_end, causal_limit, BLOCK_N, CAUSAL, S_ROWS)
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
     m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
     alpha = gl.exp2(m_i - m_use)

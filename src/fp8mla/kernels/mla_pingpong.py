@@ -72,6 +72,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fp8mla.kernels.kv_fill import _BARRIER, _kv_copier, _kv_copier_halves, _kv_producer
 from fp8mla.kernels.mla_wgmma import (
     NEG_INF,
+    _mask_scores,
     _request_span,
     _stage_query,
     _store_lse,
@@ -193,11 +194,7 @@ def _softmax_tile(s, m_prev, l_i, n0, n_end, causal_limit, qk_scale, BLOCK_N: gl
     """The online softmax of one 32-token tile's scores from the running maximum ``m_prev``:
     ``P`` (fp32), the rescale factor, the new maximum and the row sums with this tile's added.
     A bad page entry's token (the NaN row) turns its rows NaN."""
-    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    visible = (pos < n_end)[None, :]
-    if CAUSAL:
-        visible = visible & (pos[None, :] <= causal_limit[:, None])
-    s = gl.where(visible, s * qk_scale, NEG_INF)
+    s = _mask_scores(s * qk_scale, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
     m_new = gl.maximum(m_prev, gl.max(s, axis=1))
     m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
     alpha = gl.exp2(m_prev - m_use)
@@ -219,11 +216,7 @@ def _softmax_tile64(s, m_prev, n0, mask_from, n_end, causal_limit, qk_scale,
     147.1-160.1 µs. The 32-token tiles, whose softmax runs beside the other's product, lose
     with it: 8 × 128 × 16,384 88.9-89.4 vs 85.7-85.8; benchmarks/NOTES.md round 30.)"""
     if n0 + BLOCK_N > mask_from:
-        pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = (pos < n_end)[None, :]
-        if CAUSAL:
-            visible = visible & (pos[None, :] <= causal_limit[:, None])
-        s = gl.where(visible, s, NEG_INF)
+        s = _mask_scores(s, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
     m_new = gl.maximum(m_prev, gl.max(s, axis=1) * qk_scale)
     m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
     alpha = gl.exp2(m_prev - m_use)

@@ -98,6 +98,19 @@ def _unmasked_end(n_end, kv_len, qo_len, row0, num_heads, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
+def _mask_scores(s, n0, n_end, causal_limit, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                 s_layout: gl.constexpr):  # fmt: skip
+    """Scores ``s [rows, BLOCK_N]`` of the tile at ``n0`` with the tokens a row does not see
+    as -inf: those at or past ``n_end`` and, with a causal mask, past the row's
+    ``causal_limit``. (A bad page entry's token holds the NaN row: its scores stay NaN.)"""
+    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    visible = (pos < n_end)[None, :]
+    if CAUSAL:
+        visible = visible & (pos[None, :] <= causal_limit[:, None])
+    return gl.where(visible, s, NEG_INF)
+
+
+@gluon.jit
 def _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_tokens,
                stride_lse_split, stride_lse_t):  # fmt: skip
     """The base-2 log-sum-exp of rows ``r`` (row = token × heads + head) into
@@ -225,12 +238,8 @@ def _attn_consumer(
         s = warpgroup_mma(qpe_smem, kpe_bufs.index(buf).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=[s])
 
-        pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = (pos < n_end)[None, :]
-        if CAUSAL:
-            visible = visible & (pos[None, :] <= causal_limit[:, None])
         # a bad page entry's token holds the NaN row: its scores and values turn rows NaN
-        s = gl.where(visible, s * qk_scale, NEG_INF)
+        s = _mask_scores(s * qk_scale, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
         m_smem.store(gl.max(gl.reshape(s, [BLOCK_M, 2, BLOCK_N // 2]), axis=2))
         _BARRIER()
         m0 = gl.reshape(m_smem.slice(0, 1, dim=1).load(s_layout), [BLOCK_M])
