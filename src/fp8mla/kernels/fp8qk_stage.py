@@ -100,7 +100,8 @@ def _tile_rows(rows_total, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr):
     16-row tile's score warpgroup computes 32 rows: those past the tile are neither staged nor
     stored). ``ROW_TILES``: the grid's first axis counts row tiles; else the request's rows
     are one tile, and the kernel compiles as it did before it had row tiles (whose row
-    arithmetic cost the one-tile decode 3-5%, benchmarks/NOTES-2026-12-01-rounds-25-27.md, round 27)."""
+    arithmetic cost the one-tile decode 3-5%; benchmarks/NOTES-2026-12-01-rounds-25-27.md,
+    round 27)."""
     if ROW_TILES:
         row0 = gl.program_id(0) * BLOCK_M
         return row0, gl.minimum(rows_total, row0 + BLOCK_M)

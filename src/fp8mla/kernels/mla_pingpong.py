@@ -36,8 +36,8 @@ partitions' 8 warps come on top), a 64-dim RoPE part. Gluon has no interpreter: 
 
 **64-token tiles** (``BLOCK_N`` 64, 16-bit pools; the planner's choice for requests of more
 than one row tile, whose programs share each KV tile through the L2). The owner's
-``S_j [64, 64]`` reads the query once per 64 tokens instead of twice. Two buffers of 64 tokens (the same 144 KB). Each column half of a
-buffer has its own ``empty`` barrier:
+``S_j [64, 64]`` reads the query once per 64 tokens instead of twice. Two buffers of 64
+tokens (the same 144 KB). Each column half of a buffer has its own ``empty`` barrier:
 
 * latent columns 0-255: read by warpgroup 0's products;
 * columns 256-511 and the RoPE part: read by warpgroup 1's.
@@ -203,8 +203,8 @@ def _softmax_tile(s, m_prev, l_i, n0, n_end, causal_limit, qk_scale, BLOCK_N: gl
 
 
 @gluon.jit
-def _softmax_tile64(s, m_prev, n0, mask_from, n_end, causal_limit, qk_scale,
-                    BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
+def _softmax_tile64(s, m_prev, n0, mask_from, n_end, causal_limit, qk_scale, BLOCK_N: gl.constexpr,
+                    CAUSAL: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
     """:func:`_softmax_tile` for 64-token tiles, whose softmax lies on the other warpgroup's
     path (it waits for ``P``): ``P`` (fp32), the rescale factor and the new maximum; the caller
     adds the row sums once ``P`` is published.
