@@ -14,7 +14,13 @@ import argparse
 
 import torch
 
-from fp8mla.attention.planner import PINGPONG_TILE, PINGPONG_TILE_64, WGMMA_TILE
+from fp8mla.attention.planner import (
+    FP8QK_TILE_32,
+    PINGPONG8_TILE,
+    PINGPONG_TILE,
+    PINGPONG_TILE_64,
+    WGMMA_TILE,
+)
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.measure import copy_bandwidth_tbps
@@ -40,12 +46,18 @@ CASES = {
 }
 # name: (tile, the kernel's compile-time options overridden)
 VARIANTS = {
+    "planned": (None, {}),  # the planner's choice
     "wgmma": (WGMMA_TILE, {}),
     "pingpong": (PINGPONG_TILE, {}),
     # 16-bit pools: 64-token tiles in two buffers released by column halves
     "pingpong64": (PINGPONG_TILE_64, {}),
     # the FP8 producer loading one 128-column chunk ahead instead of the whole 32-token tile
     "pingpong-chunked": (PINGPONG_TILE, {"WHOLE_TILE": False}),
+    # FP8 pools: the FP8 × FP8 kernel's 32-row tiles, and the ping-pong order on FP8 tiles
+    "fp8qk": (FP8QK_TILE_32, {}),
+    "pingpong8": (PINGPONG8_TILE, {}),
+    # its scores in eight chains of 64 latent columns instead of four of 128
+    "pingpong8-parts8": (PINGPONG8_TILE, {"QK_PARTS": 8}),
 }
 
 
@@ -60,7 +72,7 @@ def variant_runner(inp, pool: torch.Tensor, variant: tuple) -> tuple[I.Runner, o
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if v != "planned"])
     ap.add_argument("--cases", nargs="+", default=list(CASES))
     ap.add_argument("--kv-dtypes", nargs="+", default=["float8_e4m3fn", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds per case")

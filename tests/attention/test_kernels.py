@@ -16,6 +16,7 @@ from fp8mla.attention.planner import (
     FEWROWS_TILE_32,
     FP8QK_TILE_16,
     FP8QK_TILE_32,
+    PINGPONG8_TILE,
     PINGPONG_TILE,
     PINGPONG_TILE_64,
     WGMMA_TILE,
@@ -47,6 +48,8 @@ def orientation(kind: str, rows: int) -> KernelConfig:
         return PINGPONG_TILE
     if kind == "pingpong64":
         return PINGPONG_TILE_64
+    if kind == "pingpong8":
+        return PINGPONG8_TILE
     if kind == "fewrows":
         if rows > 32:
             pytest.skip("the fewrows kernel serves at most 32 rows per request")
@@ -64,6 +67,7 @@ def test_every_variant_is_tested():
         "wgmma",
         "pingpong",
         "pingpong64",
+        "pingpong8",
         "fewrows",
         "fp8qk",
     }

@@ -14,6 +14,7 @@ from fp8mla.attention.planner import (
     FEWROWS_TILE_32,
     FP8QK_TILE_16,
     FP8QK_TILE_32,
+    PINGPONG8_TILE,
     PINGPONG_TILE,
     PINGPONG_TILE_64,
     SM90_TABLE,
@@ -54,6 +55,16 @@ def test_sm90_table():
             assert choose_config(rows, dtype, t) == FP8QK_TILE_32
             # queries that are not bf16 (the hi/lo split holds 8 bits): the wgmma kernel
             assert choose_config(rows, dtype, t, q_dtype=torch.float16) == WGMMA_TILE
+        # more than 64 rows where 64-row programs fill the SMs without KV splits: the
+        # ping-pong kernel on FP8 tiles
+        kw = dict(num_heads=128, max_qo_len=1, max_kv_len=4096, sms=132,
+                  max_splits_by_workspace=64, target=t, kv_dtype=dtype)  # fmt: skip
+        plan = make_launch_plan(batch=64, **kw)
+        assert (plan.config, plan.m_tiles, plan.num_splits) == (PINGPONG8_TILE, 2, 1)
+        for batch in (8, 32):  # fewer programs: the 32-row tiles with KV splits
+            assert make_launch_plan(batch=batch, **kw).config == FP8QK_TILE_32
+        assert make_launch_plan(batch=64, num_splits=2, **kw).config == FP8QK_TILE_32
+        assert make_launch_plan(batch=64, **dict(kw, num_heads=64)).config == FP8QK_TILE_32
         for rows in (129, 4096 * 128):  # more: the wgmma kernel
             assert choose_config(rows, dtype, t) == WGMMA_TILE
     # 16-bit KV: Gluon kernels copying the tiles instead of converting them
@@ -300,20 +311,22 @@ def test_rdna3_wave32_tiles():
 @pytest.mark.parametrize("name", list(TARGETS))
 def test_selectable_configs_cover_every_choice(name):
     """Every tile make_launch_plan can run: the tables' choices and, for the FP8 × FP8
-    kernel's, the few-row tile that stands in for single-tile programs and fp16 queries."""
+    kernel's, the few-row tile that stands in for single-tile programs and fp16 queries and
+    the FP8 ping-pong tile that does for batches that fill the SMs without KV splits."""
     t = TARGETS[name]
     for dtype in KV_DTYPES:
         picked = set()
         for rows in ROWS:
             for kpe in (64, 0):
-                for max_kv, q in (
-                    (None, torch.bfloat16),
-                    (64, torch.bfloat16),
-                    (None, torch.float16),
+                for max_kv, q, batch in (
+                    (None, torch.bfloat16, 1),
+                    (64, torch.bfloat16, 1),
+                    (None, torch.float16, 1),
+                    (None, torch.bfloat16, 128),  # programs enough to fill the SMs unsplit
                 ):
                     picked.add(
                         make_launch_plan(
-                            batch=1, num_heads=rows, max_qo_len=1, max_kv_len=max_kv, sms=132,
+                            batch=batch, num_heads=rows, max_qo_len=1, max_kv_len=max_kv, sms=132,
                             max_splits_by_workspace=64, target=t, kv_dtype=dtype,
                             head_dim_kpe=kpe, q_dtype=q,
                         ).config

@@ -59,6 +59,9 @@ class ConfigTable:
     # this tile (None: wide_16bit)
     shared_16bit: KernelConfig | None = None
     shared_16bit_rows: int = 0
+    # FP8 pools whose requests of more than MANY_ROWS rows take row_tiles_fp8: this tile
+    # instead where its programs fill the GPU without KV splits (make_launch_plan)
+    unsplit_fp8: KernelConfig | None = None
 
     def pick(
         self, rows: int, kv_dtype: torch.dtype, q_dtype: torch.dtype = torch.bfloat16
@@ -116,6 +119,9 @@ WGMMA_TILE = KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")
 PINGPONG_TILE = KernelConfig(64, 32, 4, 1, variant="pingpong", fp8_cvt="ptx")
 # The same kernel on 64-token tiles (16-bit pools): two buffers released by column halves.
 PINGPONG_TILE_64 = KernelConfig(64, 64, 4, 1, variant="pingpong64")
+# SM90 FP8 pools, 65-128 rows a request where no KV split is needed: the ping-pong order on
+# 64-token FP8 tiles, Q·Kᵀ in FP8 × FP8 wgmma, V converted by the consumers (kernels/mla_pp8.py).
+PINGPONG8_TILE = KernelConfig(64, 64, 4, 1, variant="pingpong8", fp8_cvt="ptx")
 # SM90 up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N (FP8 32 x 32 x 4096:
 # 75 vs 122 us for the 16-row Triton tile, in the same run; bf16 pool 51.5 vs 82.0 us).
 FEWROWS_TILE_16 = KernelConfig(16, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
@@ -157,6 +163,12 @@ SM90_TABLE = dataclasses.replace(
     # at 128 heads, staged: 77.3 -> 68.5 ms, 580 TFLOP/s (NOTES.md rounds 28-29)
     shared_16bit=PINGPONG_TILE_64,
     shared_16bit_rows=65,
+    # FP8 requests of 65-128 rows (bf16 queries) whose 64-row programs fill at least 90% of the
+    # SMs without KV splits: the ping-pong order on FP8 tiles, which reads, copies and converts
+    # each tile once for 64 rows (H200, same run, CUDA graph, against the 32-row tiles: 64 ×
+    # 128 × 4,096 158.5-160.9 vs 175.7-176.1 µs; with KV splits it loses: 8 × 128 × 16,384
+    # 105.3-105.6 vs 91.4-92.4, 64 × 64 × 4,096 117.3 vs 91.3-93.1; benchmarks/NOTES.md round 32)
+    unsplit_fp8=PINGPONG8_TILE,
     fallback=TRITON_TABLE,
     # FP8 batches whose 64-row tiles read each KV token >= 16 times staged in fp16 for the
     # ping-pong kernel (H200, same run: extend 4,096 over 32,768 at 128 heads 89.5 → 77.5 ms,
@@ -269,6 +281,9 @@ def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[Ker
                 out.append(config)
                 if config.variant == "fp8qk":
                     out.append(_fewrows_tile(config))
+                    unsplit = _unsplit_fp8(config, target)
+                    if unsplit is not None and rows > MANY_ROWS:
+                        out.append(unsplit)
     return list(dict.fromkeys(out))
 
 
@@ -307,7 +322,7 @@ def tile_for_variant(
         for table in chain
         for config in (table.tiny_fp8, table.few_fp8, table.many_fp8, table.wide_fp8,
                        table.row_tiles_fp8, table.tiny_16bit, table.few_16bit, table.many_16bit,
-                       table.wide_16bit, table.shared_16bit)
+                       table.wide_16bit, table.shared_16bit, table.unsplit_fp8)
         if config is not None and config.variant == name
     ]  # fmt: skip
     holding = [c for c in tiles if c.block_m >= rows] if variant.one_row_tile else tiles
@@ -383,6 +398,7 @@ def make_launch_plan(
                 f"expected a kernel config that serves this batch, got {config.variant} ({why})"
             )
     m_tiles = max(1, -(-rows // config.block_m))
+    auto_splits = num_splits is None
     if num_splits is None:
         num_splits = choose_splits(
             batch * m_tiles * get_variant(config.variant).programs_per_tile,
@@ -393,6 +409,11 @@ def make_launch_plan(
         )
     if config.variant == "fp8qk":
         config = _fp8qk_or_fewrows(config, chosen, max_kv_len, num_splits, q_dtype, m_tiles)
+        unsplit = _unsplit_fp8(config, target) if chosen and auto_splits else None
+        tiles = -(-rows // unsplit.block_m) if unsplit is not None else 0
+        # more rows than one of its tiles, whose programs fill the SMs without a split
+        if rows > MANY_ROWS and batch * tiles >= UNSPLIT_FILL * sms:
+            config, m_tiles, num_splits = unsplit, tiles, 1
     rows_per_request = m_tiles * config.block_m
     variant = get_variant(config.variant)
     half = num_splits > 1 and variant.half_partials
@@ -436,6 +457,18 @@ def _fp8qk_or_fewrows(
     if chosen and m_tiles == 1 and (q_dtype != torch.bfloat16 or one_tile_programs):
         return _fewrows_tile(config)
     return config
+
+
+UNSPLIT_FILL = 0.9  # the share of the SMs unsplit_fp8's programs must fill
+
+
+def _unsplit_fp8(config: KernelConfig, target: Target | None) -> KernelConfig | None:
+    """The table's ``unsplit_fp8`` tile for a batch that takes the FP8 × FP8 kernel's row
+    tiles ``config`` (None: the table has none, or ``config`` is not its row tile)."""
+    for table in config_table(target).chain():
+        if table.row_tiles_fp8 == config and table.unsplit_fp8 is not None:
+            return table.unsplit_fp8
+    return None
 
 
 def _fewrows_tile(config: KernelConfig) -> KernelConfig:

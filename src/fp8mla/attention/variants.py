@@ -246,6 +246,20 @@ PINGPONG64 = register(
         mark="p",
     )
 )
+PINGPONG8 = register(
+    Variant(
+        name="pingpong8",
+        kernel="fp8mla.kernels.mla_pp8:_mla_attn_pp8_kernel",
+        summary="Gluon, SM90, FP8 pools; the ping-pong order on 64-token FP8 tiles staged by "
+        "cp.async as they are: Q·Kᵀ in FP8 × FP8 wgmma with the query's hi and lo parts in "
+        "one accumulator chain, each consumer converting its 256 value columns into wgmma's "
+        "register operand (many rows)",
+        supports=_sm90_fp8,
+        check_tile=_fixed_tile(64, 64, 4),
+        gluon=True,
+        mark="e",
+    )
+)
 FEWROWS = register(
     Variant(
         name="fewrows",

@@ -150,7 +150,8 @@ class BatchMLAPagedAttentionWrapper:
         ``num_splits`` and ``kernel_config`` (keyword-only, fp8mla extensions) override the
         planner's KV split count per request and its kernel: a :class:`KernelConfig`, or a
         variant name (``"rows"``, ``"vsplit"``, ``"wgmma"``, ``"pingpong"``, ``"pingpong64"``,
-        ``"fewrows"``, ``"fp8qk"``: see ``fp8mla.attention.variants``) run in its table tile;
+        ``"pingpong8"``, ``"fewrows"``, ``"fp8qk"``: see ``fp8mla.attention.variants``) run
+        in its table tile;
         for tuning and tests.
 
         ``stage_kv`` (keyword-only): an FP8 batch whose row tiles read each KV token many

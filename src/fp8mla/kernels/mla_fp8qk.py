@@ -125,7 +125,13 @@ def _store_output(
         # 16 contiguous bytes, and a store instruction's lanes write 4 rows × 128 contiguous
         # bytes (whole sectors) from where the reorder left them: only the registers' order
         # changes (n: j, t, k of the accumulator; columns: h, a, b in registers, g in lanes)
-        if BLOCK_R == 32:
+        if BLOCK_R == 64:  # (the FP8 ping-pong kernel's 64 rows, kernels/mla_pp8.py)
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8], [0, 16], [0, 32]],
+                lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        elif BLOCK_R == 32:
             o_st: gl.constexpr = gl.DistributedLinearLayout(
                 reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1], [0, 8], [0, 16]],
                 lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
@@ -142,7 +148,13 @@ def _store_output(
         # fp32: each store instruction: 16 lanes × 16 bytes = one row's 256 contiguous bytes,
         # two rows (whole 32-byte sectors; 16 bytes per lane at a 32-byte stride half-filled
         # each sector and took twice the L2 writes)
-        if BLOCK_R == 32:
+        if BLOCK_R == 64:
+            o_st: gl.constexpr = gl.DistributedLinearLayout(
+                reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8], [0, 16], [0, 32]],
+                lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],
+                warp_bases=[[64, 0], [128, 0]], block_bases=[], shape=[HALF, BLOCK_R],
+            )  # fmt: skip
+        elif BLOCK_R == 32:
             o_st: gl.constexpr = gl.DistributedLinearLayout(
                 reg_bases=[[1, 0], [2, 0], [0, 2], [0, 4], [0, 8], [0, 16]],
                 lane_bases=[[4, 0], [8, 0], [16, 0], [32, 0], [0, 1]],

@@ -1,0 +1,479 @@
+"""Hopper (SM90) MLA attention of FP8 pools for many query rows, in Gluon: the ping-pong order
+of ``kernels/mla_pingpong.py`` on 64-token FP8 tiles used as they are.
+
+One program owns 64 query rows (all 128 heads of a token take two programs) and runs three
+warpgroups:
+
+* a **copier** (``fp8qk_stage._copier``, the default partition) moves each 64-token tile's
+  FP8 rows through the page table into one of ``STAGES`` shared stages by ``cp.async``; no
+  registers, no conversion;
+* two **consumer** warpgroups (``ROLE`` 0 and 1). Tile ``j`` is *owned* by warpgroup
+  ``j % 2``: it computes ``S_j [64, 64] = Q·K_jᵀ`` alone on FP8 tensor cores, its online
+  softmax from the running maximum the other published for tile ``j - 1``, and publishes
+  tile ``j``'s maximum, rescale factor and ``P_j`` (fp16) in shared memory. Each warpgroup
+  accumulates 256 of the 512 output columns over every tile, transposed as in the FP8 × FP8
+  decode kernel (``kernels/mla_fp8qk.py``): ``Oᵀ [256, 64 rows] += Vᵀ·Pᵀ`` with ``Vᵀ`` as
+  wgmma's register operand, read from the stage's FP8 bytes and converted in registers
+  (``mla_fp8qk._value_operand``), and ``Pᵀ`` read from shared memory. So an FP8 tile is never
+  converted in shared memory: the scores read its bytes as e4m3/e5m2, and each consumer
+  converts only its own 256 value columns, in registers, when it applies the tile.
+
+**Scores.** The query is held as two e4m3 operands under a power of two per row and part,
+``q·s = hi + lo`` (exact for bf16 queries but for elements ~2^10 below the row's largest,
+whose last bits fall in e4m3's subnormals). Each part of ``S`` is one accumulator chain: the
+``lo`` columns, then the ``hi`` columns against the same key bytes, so the tensor cores add
+the two and the accumulator keeps the query's 64 rows as wgmma's M (the FP8 × FP8 decode
+kernel puts hi and lo in separate rows, which takes twice the accumulator registers, too many
+beside a 64-row ``Oᵀ``). Hopper's FP8 wgmma accumulates at reduced precision: the latent part
+is summed in ``QK_PARTS`` column ranges, each chain then added in fp32 (one long chain
+measured LSE errors of 3.9e-3; ``benchmarks/NOTES-2026-12-01.md``, round 15), the RoPE part
+apart (its scale differs); the small lo products go first, so that each chain rounds at the
+hi products' magnitude only once per hi step (hi first failed the LSE bound of 2e-3).
+
+**Order.** A warpgroup's tile ``j``: its scores first, which need nothing of the other
+warpgroup's, so they run while the other scores or applies its own tile; then the running
+maximum of tile ``j - 1`` awaited, the softmax, ``P_j`` and the statistics published; then
+the other's tile ``j - 1`` applied (``Oᵀ`` rescaled by its factor, ``P_{j-1}·V_{j-1}``
+added), then tile ``j``. So the two warpgroups wait on each other only for the softmax's
+maximum (H200, 64 × 128 × 4,096: 158.5-160.9 µs; applying tile ``j - 1`` before the scores,
+as the 16-bit ping-pong kernel does, measured 190-193 µs in an earlier run with the same
+parts; ``benchmarks/NOTES.md`` round 32).
+``P`` and the statistics have ``SLOTS`` = 3 places (``j % 3``): tile ``j``'s are read by the
+other warpgroup after it published tile ``j + 1``, and rewritten by tile ``j + 3``'s owner,
+the other warpgroup, after that read. A stage is free once both warpgroups applied its tile
+(``empty`` counts two).
+
+Shared memory for ``STAGES`` = 3: the stages 114 KB (37 KB each with the RoPE part, 1 KB of
+token-group scales), the query's hi and lo operands 72 KB, ``P`` 24 KB (about 211 KB: one
+program per SM). Same arguments and results as ``_mla_attn_pingpong_kernel``; ``BLOCK_M`` 64,
+``BLOCK_N`` 64, FP8 pools (e4m3 or e5m2, as ``FP8_CVT`` names them) with per-tensor or
+token-group scales, a 64-dim RoPE part; launched with 4 warps (the consumers' 8 come on top).
+Gluon has no interpreter: SM90 only.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fp8mla.kernels import mla_tiles as T
+from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N
+from fp8mla.kernels.fp8qk_stage import SC_L, _copier, _pow2_scale, _slab_rows
+from fp8mla.kernels.mla_fp8qk import HALF, _store_output, _value_operand
+from fp8mla.kernels.mla_wgmma import (
+    NEG_INF,
+    _mask_scores,
+    _request_span,
+    _store_lse,
+    _unmasked_end,
+)
+
+ROWS = gl.constexpr(64)  # query rows per program: the scores' M, the value products' N
+HALF_N = gl.constexpr(32)  # tokens per value product step
+SLOTS = gl.constexpr(3)  # tiles whose P and statistics are kept (see the module docstring)
+COPIER_WARPS = gl.constexpr(4)
+CONSUMER_REGS = gl.constexpr(232)  # each consumer; the copier (the default partition) keeps 40
+
+
+@gluon.jit
+def _stage_query8(q_smem, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
+                  num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+                  D_CKV: gl.constexpr, D_KPE: gl.constexpr, ROLE: gl.constexpr):  # fmt: skip
+    """Consumer ``ROLE``'s half of the query staging: rows ``32·ROLE … 32·ROLE + 31`` of the
+    program's tile (``row0 + …``; rows from ``rows_end`` on as 0), per row and part a power of
+    two ``s`` (``fp8qk_stage._pow2_scale``), ``hi = e4m3(q·s)`` into ``q_smem[0]`` and
+    ``lo = e4m3(q·s − hi)`` into ``q_smem[1]`` (the RoPE part likewise into ``qpe_smem``),
+    ``1 / s`` of both parts into ``inv_smem [2, 64]``."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    for i in gl.static_range(4):
+        x = _slab_rows(q_nope_ptr, 4 * ROLE + i, q_start, row0, rows_end, num_heads, num_tokens,
+                       stride_qn_t, stride_qn_h, D_CKV, ld, 0)  # fmt: skip
+        p = _slab_rows(q_pe_ptr, 4 * ROLE + i, q_start, row0, rows_end, num_heads, num_tokens,
+                       stride_qp_t, stride_qp_h, D_KPE, ld, 0)  # fmt: skip
+        _stage_rows8(q_smem, inv_smem.index(0), x, 4 * ROLE + i)
+        _stage_rows8(qpe_smem, inv_smem.index(1), p, 4 * ROLE + i)
+
+
+@gluon.jit
+def _stage_rows8(q_smem, inv_smem, x, w: gl.constexpr):
+    """One 8-row slab ``x`` of one part of the query into rows ``8w … 8w + 7`` of the hi
+    (``q_smem[0]``) and lo (``q_smem[1]``) operands, ``1 / s`` into ``inv_smem[8w : 8w + 8]``."""
+    x = x.to(gl.float32)
+    s = _pow2_scale(gl.max(gl.abs(x), axis=1))
+    x = x * s[:, None]
+    hi = x.to(gl.float8e4nv)
+    q_smem.index(0).slice(8 * w, 8, dim=0).store(hi)
+    q_smem.index(1).slice(8 * w, 8, dim=0).store((x - hi.to(gl.float32)).to(gl.float8e4nv))
+    inv_smem.slice(8 * w, 8).store(1.0 / s)
+
+
+@gluon.jit
+def _chain(q_smem, z, kt, c0: gl.constexpr, W: gl.constexpr, s_layout: gl.constexpr):
+    """One part of the scores in flight: columns ``[c0, c0 + W)`` of the lo operand, then of
+    the hi operand, against the same key columns, one accumulator (two wgmma groups). The
+    small lo products first: the tensor cores' reduced-precision accumulation then rounds
+    at the hi products' magnitude only once per hi step."""
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    a = warpgroup_mma(q_smem.index(z + 1).slice(c0, W, dim=1), kt.slice(c0, W, dim=0), s_zero,
+                      use_acc=False, is_async=True)  # fmt: skip
+    return warpgroup_mma(q_smem.index(z).slice(c0, W, dim=1), kt.slice(c0, W, dim=0), a,
+                         is_async=True)  # fmt: skip
+
+
+@gluon.jit
+def _group_scale(sc_stages, st, g: gl.constexpr, tok_l: gl.constexpr):
+    """The token-group scale of latent columns ``[128g, 128g + 128)`` for the stage's 64
+    tokens, along ``S``'s columns."""
+    sc = sc_stages.index(st).load(SC_L)
+    col = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_L))[None, :]
+    return gl.convert_layout(gl.sum(gl.where(col == g, sc, 0.0), axis=1), tok_l)
+
+
+@gluon.jit
+def _scores8(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
+             PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+             s_layout: gl.constexpr):  # fmt: skip
+    """``S [64 rows, 64 tokens]`` of stage ``st`` in units of the latent part's scale (the
+    caller multiplies by it): the RoPE part times ``pe_ratio`` (its scale over the latent
+    part's, per row) plus the latent part in ``PARTS`` chains, each awaited and added in fp32
+    (times its tokens' group scales where ``TOKEN_GROUP``). (A chain started before the one
+    before it is added holds a second accumulator: 1.1 KB spilled beside ``Oᵀ``.)"""
+    W: gl.constexpr = D_CKV // PARTS
+    tok_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+    kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
+    pt = pe_stages.index(st).permute((1, 0))
+    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    acc = warpgroup_mma(qpe_smem.index(z + 1), pt, s_zero, use_acc=False, is_async=True)
+    acc = warpgroup_mma(qpe_smem.index(z), pt, acc, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[acc]) * pe_ratio[:, None]
+    for g in gl.static_range(PARTS):
+        a = warpgroup_mma_wait(0, deps=[_chain(q_smem, z, kt, g * W, W, s_layout)])
+        if TOKEN_GROUP:
+            s = s + a * _group_scale(sc_stages, st, (g * W) // 128, tok_l)[None, :]
+        else:
+            s = s + a
+    return s
+
+
+@gluon.jit
+def _apply(o, k_stages, sc_stages, p_smem, st, sl, TOKEN_GROUP: gl.constexpr,
+           FP8_CVT: gl.constexpr, ROLE: gl.constexpr, a_l: gl.constexpr):  # fmt: skip
+    """``Oᵀ += Vᵀ·Pᵀ`` for the tile in stage ``st`` whose ``P`` is in slot ``sl``: this
+    consumer's 256 value columns in two 32-token steps, each step's operand built from the
+    stage's FP8 bytes once the step before is done (its registers free again: ``Oᵀ`` alone
+    is 128 registers a thread). (Four 16-token steps, fewer registers, measured slower: H200,
+    64 × 128 × 4,096, 164.8-167.1 vs 158.5-160.9 µs; benchmarks/NOTES.md round 32.)"""
+    for h in gl.static_range(2):
+        a = _value_operand(k_stages, sc_stages, st, h, ROLE, TOKEN_GROUP, FP8_CVT, a_l)
+        o = warpgroup_mma(a, p_smem.index(2 * sl + h).permute((1, 0)), o, is_async=True)
+        o = warpgroup_mma_wait(0, deps=[o, a])[0]
+    return o
+
+
+@gluon.jit
+def _apply_tile(o, r, alpha, k_stages, sc_stages, ready, empty, p_smem, stat_smem,
+                STAGES: gl.constexpr, SLOTS: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+                FP8_CVT: gl.constexpr, ROLE: gl.constexpr, o_cols: gl.constexpr,
+                a_l: gl.constexpr):  # fmt: skip
+    """``Oᵀ ← Oᵀ·α_r + (P_r·V_r)ᵀ`` for tile ``r``, whose statistics and ``P`` are published
+    (slot ``r % SLOTS``), then this warpgroup's share of its stage released. ``alpha``: this
+    warpgroup's own factor of tile ``r`` (its registers), or None (the other's, read from the
+    slot). (Reading the own factor from the slot too let the compiler load it before the
+    other's tile is applied: 16 registers more there, which spilled and serialized every
+    wgmma of the kernel.)"""
+    sl = r % SLOTS
+    st = r % STAGES
+    mbarrier.wait(ready.index(st), (r // STAGES) & 1)  # landed (its owner saw it): no wait
+    if alpha is None:
+        alpha_o = stat_smem.index(2 * sl + 1).load(o_cols)
+    else:  # this warpgroup's own factor, from its registers
+        alpha_o = gl.convert_layout(alpha, o_cols)
+    o = _apply(o * alpha_o[None, :], k_stages, sc_stages, p_smem, st, sl, TOKEN_GROUP, FP8_CVT,
+               ROLE, a_l)  # fmt: skip
+    _BARRIER()
+    mbarrier.arrive(empty.index(st))
+    return o
+
+
+@gluon.jit
+def _published(r, stat_smem, stat_bar, SLOTS: gl.constexpr, s_rows: gl.constexpr):
+    """Tile ``r``'s running maximum and rescale factor once its owner published them."""
+    mbarrier.wait(stat_bar, r & 1)
+    sl = r % SLOTS
+    return stat_smem.index(2 * sl).load(s_rows), stat_smem.index(2 * sl + 1).load(s_rows)
+
+
+@gluon.jit
+def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
+              p_smem, stat_smem, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
+              causal_limit, STAGES: gl.constexpr, SLOTS: gl.constexpr, PARTS: gl.constexpr,
+              D_CKV: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+              FP8_CVT: gl.constexpr, ROLE: gl.constexpr,
+              s_layout: gl.constexpr, s_rows: gl.constexpr, o_cols: gl.constexpr,
+              a_l: gl.constexpr):  # fmt: skip
+    """Tile ``j``, owned by this warpgroup: its scores (which need nothing of the other's, so
+    they run while the other warpgroup scores or applies its own tile), then the running
+    maximum of tile ``j - 1`` awaited, the online softmax (only a tile that reaches
+    ``mask_from`` is masked; a bad page entry's NaN turns its rows NaN), ``P_j`` and the
+    statistics published, and tiles ``j - 1`` (the other's) and ``j`` applied."""
+    st = j % STAGES
+    mbarrier.wait(ready.index(st), (j // STAGES) & 1)
+    fence_async_shared()  # the copier's cp.async bytes, to wgmma's async proxy
+    # the query's descriptors formed here, not hoisted out of the loop (j >> 30 is 0)
+    s = _scores8(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, j >> 30, pe_ratio,
+                 PARTS, D_CKV, TOKEN_GROUP, s_layout)  # fmt: skip
+    if j >= 1:  # the other's tile j - 1: its maximum, and its factor for the row sums
+        m_i, alpha_r = _published(j - 1, stat_smem, stat_bar, SLOTS, s_rows)
+        l_i = l_i * alpha_r
+    n0 = n_begin + j * BLOCK_N
+    if n0 + BLOCK_N > mask_from:
+        s = _mask_scores(s, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
+    # the scale per row is positive: the maximum of the unscaled scores, scaled after
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * nope_scale)
+    m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p = gl.exp2(s * nope_scale[:, None] - m_use[:, None])
+    sl = j % SLOTS
+    p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float16), [ROWS, 2, HALF_N]), (0, 2, 1)))
+    p_smem.index(2 * sl).store(p0)
+    p_smem.index(2 * sl + 1).store(p1)
+    stat_smem.index(2 * sl).store(m_new)
+    stat_smem.index(2 * sl + 1).store(alpha)
+    fence_async_shared()
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    _BARRIER()
+    mbarrier.arrive(stat_bar)
+    if j >= 1:  # the other's tile j - 1, published before this one
+        o = _apply_tile(o, j - 1, None, k_stages, sc_stages, ready, empty, p_smem, stat_smem,
+                        STAGES, SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l)  # fmt: skip
+    o = _apply_tile(o, j, alpha, k_stages, sc_stages, ready, empty, p_smem, stat_smem, STAGES,
+                    SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l)  # fmt: skip
+    return o, l_i, m_new
+
+
+@gluon.jit
+def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
+                  WRITE_LSE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
+                  STAGES: gl.constexpr, PARTS: gl.constexpr, ROLE: gl.constexpr):  # fmt: skip
+    """Consumer warpgroup ``ROLE``: stages its half of the query rows, owns tiles ``ROLE,
+    ROLE + 2, …``, applies every tile to output columns ``256·ROLE + π(m)``
+    (``mla_fp8qk._store_output``), and stores them as ``O / l`` times the value scale
+    (``ROLE`` 0 also the base-2 LSE). ``args``: the run-time values, one tuple."""
+    (k_stages, pe_stages, sc_stages, ready, empty, q_smem, qpe_smem, inv_smem, q_ready, p_smem,
+     stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
+     qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
+     pe_factor, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
+     stride_o_t, stride_o_h, stride_lse_split, stride_lse_t) = args  # fmt: skip
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 16]
+    )
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)  # along the query rows (N)
+
+    row0 = m_tile * ROWS
+    rows_end = gl.minimum(rows_total, row0 + ROWS)
+    _stage_query8(q_smem, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
+                  num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+                  D_CKV, D_KPE, ROLE)  # fmt: skip
+    fence_async_shared()
+    _BARRIER()
+    mbarrier.arrive(q_ready)
+    mbarrier.wait(q_ready, 0)  # both halves staged
+    inv_s = inv_smem.index(0).load(s_rows)
+    # the latent part's products to log2 units, per row; the RoPE part's relative to it
+    nope_scale = inv_s * qk_scale
+    pe_ratio = inv_smem.index(1).load(s_rows) / inv_s * pe_factor
+
+    rs = row0 + gl.arange(0, ROWS, layout=s_rows)
+    causal_limit = kv_len - qo_len + rs // num_heads
+    mask_from = _unmasked_end(n_end, kv_len, qo_len, row0, num_heads, CAUSAL)
+    m_i = gl.full([ROWS], NEG_INF, gl.float32, layout=s_rows)
+    l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
+    o = gl.zeros([HALF, ROWS], gl.float32, layout=o_layout)
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    for j in range(ROLE, n_tiles, 2):
+        o, l_i, m_i = _own_tile(
+            o, l_i, m_i, j, q_smem, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
+            p_smem, stat_smem, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
+            causal_limit, STAGES, SLOTS, PARTS, D_CKV, CAUSAL, TOKEN_GROUP, FP8_CVT, ROLE,
+            s_layout, s_rows, o_cols, a_l,
+        )  # fmt: skip
+    last = n_tiles - 1
+    if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
+        m_i, alpha_r = _published(last, stat_smem, stat_bar, SLOTS, s_rows)
+        l_i = l_i * alpha_r
+        o = _apply_tile(o, last, None, k_stages, sc_stages, ready, empty, p_smem, stat_smem, STAGES,
+                        SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l)  # fmt: skip
+
+    # the row sums of both warpgroups' tiles
+    l_smem.index(ROLE).store(l_i)
+    _BARRIER()
+    mbarrier.arrive(l_bar)
+    mbarrier.wait(l_bar, 0)
+    l_o = l_smem.index(0).load(o_cols) + l_smem.index(1).load(o_cols)
+    has = l_o > 0.0
+    inv_l = gl.where(has, v_scale / gl.where(has, l_o, 1.0), 0.0)
+    _store_output(
+        o * inv_l[None, :], o_ptr, q_start, rows_total, split, num_heads, num_tokens,
+        stride_o_split, stride_o_t, stride_o_h, ROLE, ROWS, True, 0, None,
+    )  # fmt: skip
+    if WRITE_LSE and ROLE == 0:
+        l_t = l_i + l_smem.index(1).load(s_rows)
+        _store_lse(m_i, l_t, lse_ptr, split, q_start, rs, rows_total, num_heads, num_tokens,
+                   stride_lse_split, stride_lse_t)  # fmt: skip
+
+
+@gluon.jit
+def _pp8_copier(args, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+                TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, P_WARPS: gl.constexpr):  # fmt: skip
+    """``fp8qk_stage._copier`` with its run-time values as one tuple."""
+    (k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr, page_base,
+     n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s) = args  # fmt: skip
+    _copier(
+        k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr, page_base,
+        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+        stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE, D_CKV,
+        D_KPE, TOKEN_GROUP, STAGES, P_WARPS, 0, None,
+    )  # fmt: skip
+
+
+@gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
+def _mla_attn_pp8_kernel(
+    q_nope_ptr,
+    q_pe_ptr,
+    ckv_ptr,
+    kpe_ptr,
+    scale_arr_ptr,
+    ckv_scale_ptr,
+    kpe_scale_ptr,
+    qo_indptr_ptr,
+    kv_indptr_ptr,
+    kv_indices_ptr,
+    kv_len_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    stride_ckv_p,
+    stride_ckv_s,
+    stride_kpe_p,
+    stride_kpe_s,
+    stride_sa_p,
+    stride_sa_s,
+    stride_o_split,
+    stride_o_t,
+    stride_o_h,
+    stride_lse_split,
+    stride_lse_t,
+    num_heads,
+    num_tokens,
+    num_pages,
+    num_indices,
+    nan_row_ckv,
+    nan_row_kpe,
+    sm_scale_log2,
+    ckv_scale_val,
+    kpe_scale_val,
+    PAGE_SIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D_CKV: gl.constexpr,
+    D_KPE: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr,
+    CKV_SCALE_PTR: gl.constexpr,
+    KPE_SCALE_PTR: gl.constexpr,
+    DOT_DTYPE: gl.constexpr,
+    WRITE_LSE: gl.constexpr,
+    FP8_CVT: gl.constexpr,
+    STAGES: gl.constexpr = 3,  # FP8 tiles in flight (37 KB each)
+    # the latent part of Q·Kᵀ in QK_PARTS column ranges, each summed by the tensor cores (at
+    # their reduced FP8 accumulation precision) and added to the others in fp32 (in one A/B
+    # at 64 × 128 × 4,096, an earlier order: 8 parts 175.8-176.9 µs, 4 parts 169.2-170.9;
+    # the same errors, LSE within 2e-3 on the GPU suite)
+    QK_PARTS: gl.constexpr = 4,
+):
+    gl.static_assert(BLOCK_M == 64, "64 query rows per program")
+    gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile")
+    gl.static_assert(D_CKV == 2 * HALF, "the latent dimension is 512")
+    gl.static_assert(D_KPE == 64, "the RoPE dimension is 64")
+    gl.static_assert(gl.num_warps() == 4, "four warps in the default partition")
+    gl.static_assert(
+        FP8_CVT == T.CVT_PTX_E4M3 or FP8_CVT == T.CVT_PTX_E5M2, "FP8 bytes read as e4m3 or e5m2"
+    )
+    KV8: gl.constexpr = gl.float8e4nv if FP8_CVT == T.CVT_PTX_E4M3 else gl.float8e5
+    ckv8 = ckv_ptr.to(gl.pointer_type(KV8), bitcast=True)
+    kpe8 = kpe_ptr.to(gl.pointer_type(KV8), bitcast=True)
+
+    k_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    pe_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    p_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    vec_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    vec2_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    k_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_CKV], k_sh)
+    pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_KPE], pe_sh)
+    sc_stages = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], vec2_sh)
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, D_CKV], k_sh)  # hi, lo
+    qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, D_KPE], pe_sh)
+    inv_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_sh)
+    # P and the statistics (maximum, factor) of the last SLOTS tiles, P in two halves
+    p_smem = gl.allocate_shared_memory(gl.float16, [2 * SLOTS, ROWS, HALF_N], p_sh)
+    stat_smem = gl.allocate_shared_memory(gl.float32, [2 * SLOTS, ROWS], vec_sh)
+    l_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_sh)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    stat_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=COPIER_WARPS * 32)  # every copier thread's copies
+        mbarrier.init(empty.index(i), count=2)  # both consumers
+    mbarrier.init(q_ready, count=2)
+    mbarrier.init(stat_bar, count=1)
+    mbarrier.init(l_bar, count=2)
+    fence_async_shared()
+    _BARRIER()
+
+    m_tile = gl.program_id(0)
+    b = gl.program_id(1)
+    split = gl.program_id(2)
+    (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
+     pe_factor, v_scale) = _request_span(
+        qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
+        ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
+        BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    )  # fmt: skip
+
+    consumer = (
+        k_stages, pe_stages, sc_stages, ready, empty, q_smem, qpe_smem, inv_smem, q_ready, p_smem,
+        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
+        qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
+        pe_factor, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
+        stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
+    )  # fmt: skip
+    copier = (
+        k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr, page_base,
+        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+        stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+    )  # fmt: skip
+    gl.warp_specialize(
+        [(_pp8_copier, (copier, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS)),
+         (_pp8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
+                          QK_PARTS, 0)),
+         (_pp8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
+                          QK_PARTS, 1))],
+        [4, 4],
+        [CONSUMER_REGS, CONSUMER_REGS],
+    )  # fmt: skip
