@@ -408,6 +408,9 @@ def _mla_attn_pp8_kernel(
     gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile")
     gl.static_assert(D_CKV == 2 * HALF, "the latent dimension is 512")
     gl.static_assert(D_KPE == 64, "the RoPE dimension is 64")
+    gl.static_assert(
+        not TOKEN_GROUP or D_CKV // QK_PARTS <= 128, "a scores part within one scale group"
+    )
     gl.static_assert(gl.num_warps() == 4, "four warps in the default partition")
     gl.static_assert(
         FP8_CVT == T.CVT_PTX_E4M3 or FP8_CVT == T.CVT_PTX_E5M2, "FP8 bytes read as e4m3 or e5m2"
