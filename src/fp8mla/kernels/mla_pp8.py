@@ -333,7 +333,8 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
 
 @gluon.jit
 def _pp8_copier(args, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
-                TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, P_WARPS: gl.constexpr):  # fmt: skip
+                TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr,
+                P_WARPS: gl.constexpr):  # fmt: skip
     """``fp8qk_stage._copier`` with its run-time values as one tuple."""
     (k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr, page_base,
      n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
