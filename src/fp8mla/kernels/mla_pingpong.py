@@ -204,7 +204,8 @@ def _softmax_tile(s, m_prev, l_i, n0, n_end, causal_limit, qk_scale, BLOCK_N: gl
 
 @gluon.jit
 def _softmax_tile64(s, m_prev, n0, mask_from, n_end, causal_limit, qk_scale, BLOCK_N: gl.constexpr,
-                    CAUSAL: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
+                    CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+                    ROW_SCALE: gl.constexpr = False):  # fmt: skip
     """:func:`_softmax_tile` for 64-token tiles, whose softmax lies on the other warpgroup's
     path (it waits for ``P``): ``P`` (fp32), the rescale factor and the new maximum; the caller
     adds the row sums once ``P`` is published.
@@ -214,13 +215,19 @@ def _softmax_tile64(s, m_prev, n0, mask_from, n_end, causal_limit, qk_scale, BLO
     (``qk_scale`` > 0), so each score costs one fused multiply-add and one exp2. (H200, bf16
     pool, against :func:`_softmax_tile` on the same tiles: 64 × 128 × 4,096 139.8-149.0 vs
     147.1-160.1 µs. The 32-token tiles, whose softmax runs beside the other's product, lose
-    with it: 8 × 128 × 16,384 88.9-89.4 vs 85.7-85.8; benchmarks/NOTES.md round 30.)"""
+    with it: 8 × 128 × 16,384 88.9-89.4 vs 85.7-85.8; benchmarks/NOTES.md round 30.)
+    ``ROW_SCALE``: ``qk_scale`` is one scale per row (the FP8 ping-pong kernel's query halves
+    carry a power of two per row), else one for all."""
     if n0 + BLOCK_N > mask_from:
         s = _mask_scores(s, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
     m_new = gl.maximum(m_prev, gl.max(s, axis=1) * qk_scale)
     m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
     alpha = gl.exp2(m_prev - m_use)
-    return gl.exp2(s * qk_scale - m_use[:, None]), alpha, m_new
+    if ROW_SCALE:
+        p = gl.exp2(s * qk_scale[:, None] - m_use[:, None])
+    else:
+        p = gl.exp2(s * qk_scale - m_use[:, None])
+    return p, alpha, m_new
 
 
 @gluon.jit

@@ -64,9 +64,9 @@ from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N
 from fp8mla.kernels.fp8qk_stage import SC_L, _copier, _pow2_scale, _slab_rows
 from fp8mla.kernels.mla_fp8qk import HALF, _store_output, _value_operand
+from fp8mla.kernels.mla_pingpong import _softmax_tile64
 from fp8mla.kernels.mla_wgmma import (
     NEG_INF,
-    _mask_scores,
     _request_span,
     _store_lse,
     _unmasked_end,
@@ -229,14 +229,10 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_stages, pe_stages, sc_stages, 
     if j >= 1:  # the other's tile j - 1: its maximum, and its factor for the row sums
         m_i, alpha_r = _published(j - 1, stat_smem, stat_bar, SLOTS, s_rows)
         l_i = l_i * alpha_r
-    n0 = n_begin + j * BLOCK_N
-    if n0 + BLOCK_N > mask_from:
-        s = _mask_scores(s, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
-    # the scale per row is positive: the maximum of the unscaled scores, scaled after
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * nope_scale)
-    m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
-    alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(s * nope_scale[:, None] - m_use[:, None])
+    # (the scale per row is positive: the maximum of the unscaled scores, scaled after)
+    p, alpha, m_new = _softmax_tile64(s, m_i, n_begin + j * BLOCK_N, mask_from, n_end,
+                                      causal_limit, nope_scale, BLOCK_N, CAUSAL, s_layout,
+                                      True)  # fmt: skip
     sl = j % SLOTS
     p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float16), [ROWS, 2, HALF_N]), (0, 2, 1)))
     p_smem.index(2 * sl).store(p0)
@@ -329,22 +325,6 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
         l_t = l_i + l_smem.index(1).load(s_rows)
         _store_lse(m_i, l_t, lse_ptr, split, q_start, rs, rows_total, num_heads, num_tokens,
                    stride_lse_split, stride_lse_t)  # fmt: skip
-
-
-@gluon.jit
-def _pp8_copier(args, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
-                TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr,
-                P_WARPS: gl.constexpr):  # fmt: skip
-    """``fp8qk_stage._copier`` with its run-time values as one tuple."""
-    (k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr, page_base,
-     n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
-     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s) = args  # fmt: skip
-    _copier(
-        k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr, page_base,
-        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
-        stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE, D_CKV,
-        D_KPE, TOKEN_GROUP, STAGES, P_WARPS, 0, None,
-    )  # fmt: skip
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
@@ -467,13 +447,12 @@ def _mla_attn_pp8_kernel(
         pe_factor, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
         stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
     )  # fmt: skip
-    copier = (
-        k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr, page_base,
-        n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
-        stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
-    )  # fmt: skip
     gl.warp_specialize(
-        [(_pp8_copier, (copier, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS)),
+        [(_copier, (k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr,
+                    page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
+                    stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
+                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS, 0,
+                    None)),
          (_pp8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
                           QK_PARTS, 0)),
          (_pp8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
