@@ -6,11 +6,17 @@ the kernel and grid that ran; FlashInfer's FP8 and bf16-pool
 paths in the same run when ``FP8MLA_FLASHINFER`` names its folder.
 
     python benchmarks/probe_manyrows.py --json OUT/probe.json [--variants wgmma pingpong]
+
+Variants named ``probe8-*`` are measurements, not answers (their outputs are wrong by design).
+``--trace [VARIANT …]``: instead, one eager call per case and variant of the FP8 ping-pong
+kernel with cycle stamps (``PROBE`` bit 8), the median cycles of each of its steps and one
+program's timeline of six tiles.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -58,6 +64,12 @@ VARIANTS = {
     "pingpong8": (PINGPONG8_TILE, {}),
     # its scores in eight chains of 64 latent columns instead of four of 128
     "pingpong8-parts8": (PINGPONG8_TILE, {"QK_PARTS": 8}),
+    # measurements (wrong answers): without the scores' products, every tile from the pool's
+    # first rows (L2 hits), without the value operands' loads
+    "probe8-noscores": (PINGPONG8_TILE, {"PROBE": 1}),
+    "probe8-cached": (PINGPONG8_TILE, {"PROBE": 2}),
+    "probe8-nooperand": (PINGPONG8_TILE, {"PROBE": 128}),
+    "probe8-noscores-nooperand": (PINGPONG8_TILE, {"PROBE": 129}),
 }
 
 
@@ -69,6 +81,75 @@ def variant_runner(inp, pool: torch.Tensor, variant: tuple) -> tuple[I.Runner, o
     return run, w
 
 
+def trace_pp8(inp, pool: torch.Tensor, options: dict) -> dict:
+    """Cycle stamps of the FP8 ping-pong kernel (``PROBE`` bit 8) in one eager call after a
+    warm-up: the median cycles of each step over the middle tiles of every program, and one
+    program's timeline of six tiles (each stamp relative to the first)."""
+    from fp8mla.attention import launch as L
+
+    run, w = variant_runner(inp, pool, (PINGPONG8_TILE, options))
+    grid = w._launch.kernel.grid
+    programs = grid[0] * grid[1] * grid[2]
+    trace = torch.zeros(programs, 4, 64, 8, dtype=torch.int64, device=pool.device)
+    probe = options.get("PROBE", 0) | 8
+    w._launch.kernel.options.update(PROBE=probe, trace_ptr=trace)
+    direct_ok = L.KernelLauncher._direct_ok
+    L.KernelLauncher._direct_ok = staticmethod(lambda: False)  # the stamps need Triton's path
+    try:
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+    finally:
+        L.KernelLauncher._direct_ok = direct_ok
+    return pp8_steps(trace.double().cpu())
+
+
+def pp8_steps(t: torch.Tensor) -> dict:
+    """Steps of ``trace [programs, 4, 64, 8]``: parts 1-2 the consumers, whose own tile ``j``
+    has events 0 start, 1 its bytes landed, 2 scores done, 3 the other's maximum of ``j - 1``
+    in, 4 ``P_j`` published, 5 tile ``j - 1`` applied, 6 tile ``j`` applied; part 3 the copier
+    (``fp8qk_stage._copier``: 3 entries checked, 0 before the empty wait, 1 after, 2 issued)."""
+    c0, c1, cp = t[:, 1], t[:, 2], t[:, 3]
+    own = torch.zeros(t.shape[0], 64, 8, dtype=torch.float64)  # each tile's owner's stamps
+    own[:, 0::2], own[:, 1::2] = c0[:, 0::2], c1[:, 1::2]
+    own[:, 0:3, 7] = 0  # (the program's stamps at tiles 0-2, event 7)
+    tiles = int((own[:, :, 0] > 0).sum(1).max())
+    mid = slice(4, max(5, tiles - 4))
+    nxt = slice(6, max(7, tiles - 2))
+    prev = slice(3, max(4, tiles - 5))
+
+    def step(later, earlier):
+        both = (later > 0) & (earlier > 0)
+        return round(float((later - earlier)[both].median()), 1) if both.any() else None
+
+    steps = {
+        "period (2 tiles, one consumer)": step(own[:, nxt, 0], own[:, mid, 0]),
+        "wait for the bytes": step(own[:, mid, 1], own[:, mid, 0]),
+        "scores": step(own[:, mid, 2], own[:, mid, 1]),
+        "wait for the other's maximum": step(own[:, mid, 3], own[:, mid, 2]),
+        "softmax, publish": step(own[:, mid, 4], own[:, mid, 3]),
+        "apply the other's tile": step(own[:, mid, 5], own[:, mid, 4]),
+        "apply the own tile": step(own[:, mid, 6], own[:, mid, 5]),
+        "own tile applied -> next own tile": step(own[:, nxt, 0], own[:, mid, 6]),
+        "other published j-1 -> own softmax starts": step(own[:, mid, 3], own[:, prev, 4]),
+        "publish j-1 -> publish j": step(own[:, mid, 4], own[:, prev, 4]),
+        "copier: empty wait": step(cp[:, mid, 1], cp[:, mid, 0]),
+        "copier: issue": step(cp[:, mid, 2], cp[:, mid, 1]),
+        "copier: issued -> consumer has the bytes": step(own[:, mid, 1], cp[:, mid, 2]),
+        "program: start -> loop end (consumer 0)": step(c0[:, 1, 7], c0[:, 0, 7]),
+        "program: loop end -> stored (consumer 0)": step(c0[:, 2, 7], c0[:, 1, 7]),
+        "tiles": tiles,
+    }
+    p = int(t.shape[0] // 2)  # one program's timeline: tiles 20-25, each consumer's stamps
+    base = float(own[p, 20, 0])
+    line = {}
+    for j in range(20, 26):
+        line[f"tile {j} (consumer {j % 2})"] = [
+            round(float(own[p, j, e]) - base) if own[p, j, e] > 0 else None for e in range(7)
+        ]
+    return dict(steps=steps, timeline=line)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
@@ -76,7 +157,13 @@ def main() -> int:
     ap.add_argument("--cases", nargs="+", default=list(CASES))
     ap.add_argument("--kv-dtypes", nargs="+", default=["float8_e4m3fn", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds per case")
+    ap.add_argument(
+        "--trace", nargs="*", metavar="VARIANT",
+        help="instead: cycle stamps of the FP8 ping-pong kernel in these variants (its options)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.trace is not None:
+        return trace_main(args)
     dev = torch.device("cuda")
     copy = copy_bandwidth_tbps(dev)
     cases = [CASES[n] for n in args.cases]
@@ -108,6 +195,30 @@ def main() -> int:
         f"copy {copy:.2f} TB/s; µs per call (CUDA graph; do_bench for extend chunks), TFLOP/s, "
         "rel err", [("case", -36), ("kv", -14), *VARIANT_COLUMNS],
     )  # fmt: skip
+    return 0
+
+
+def trace_main(args) -> int:
+    """``--trace``: the FP8 ping-pong kernel's steps per case and variant, into ``--json``."""
+    dev = torch.device("cuda")
+    cases = [CASES[n] for n in args.cases]
+    pools = Pools.for_cases(cases, dev)
+    out = []
+    for case in cases:
+        inp = pools.case_inputs(case)[0][0]
+        for name in args.trace or ["pingpong8"]:
+            tile, options = VARIANTS[name]
+            if tile is not PINGPONG8_TILE:
+                raise SystemExit(f"{name}: not the FP8 ping-pong kernel")
+            rec = dict(case=case.name, variant=name, **trace_pp8(inp, pools.fp8, options))
+            out.append(rec)
+            print(f"{case.name} {name}", flush=True)
+            for k, v in rec["steps"].items():
+                print(f"  {k:45s} {v}")
+            for k, v in rec["timeline"].items():
+                print(f"  {k:22s} {v}")
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=1)
     return 0
 
 

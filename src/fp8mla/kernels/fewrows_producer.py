@@ -27,7 +27,9 @@ def _stamp(trace_ptr, part: gl.constexpr, tile, event: gl.constexpr, PROBE: gl.c
     """Measurement only (``PROBE & 8``): the SM's cycle counter into
     ``trace[program, part, min(tile, 63), event]`` (int64 ``[programs, 4, 64, 8]``)."""
     if PROBE & 8:
-        pid = gl.program_id(1) * gl.num_programs(2) + gl.program_id(2)
+        pid = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(
+            2
+        ) + gl.program_id(2)
         t = gl.inline_asm_elementwise(
             "mov.u64 $0, %clock64;", "=l,r", [tile], dtype=gl.int64, is_pure=False, pack=1
         )

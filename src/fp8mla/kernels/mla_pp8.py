@@ -35,16 +35,22 @@ warpgroup's, so they run while the other scores or applies its own tile; then th
 maximum of tile ``j - 1`` awaited, the softmax, ``P_j`` and the statistics published; then
 the other's tile ``j - 1`` applied (``Oᵀ`` rescaled by its factor, ``P_{j-1}·V_{j-1}``
 added), then tile ``j``. So the two warpgroups wait on each other only for the softmax's
-maximum (H200, 64 × 128 × 4,096: 158.5-160.9 µs; applying tile ``j - 1`` before the scores,
-as the 16-bit ping-pong kernel does, measured 190-193 µs in an earlier run with the same
-parts; ``benchmarks/NOTES.md`` round 32).
-``P`` and the statistics have ``SLOTS`` = 3 places (``j % 3``): tile ``j``'s are read by the
-other warpgroup after it published tile ``j + 1``, and rewritten by tile ``j + 3``'s owner,
-the other warpgroup, after that read. A stage is free once both warpgroups applied its tile
-(``empty`` counts two).
+maximum (H200, 64 × 128 × 4,096, round 32's kernel: 158.5-160.9 µs; applying tile
+``j - 1`` before the scores, as the 16-bit ping-pong kernel does, measured 190-193 µs in an
+earlier run with the same parts; ``benchmarks/NOTES.md`` round 32; its cycle stamps, round
+33, show each warpgroup busy with its own steps, the other's maximum published long before).
+
+Each warpgroup publishes its tiles' ``P`` (two halves) and statistics in ``SLOTS`` = 2 places
+of its own (tile ``j`` in ``(j // 2) % 2``), four allocations apart from the other's: its
+stores and its loads of the other's values then touch different allocations, and the compiler
+puts no barrier of the warpgroup's four warps between them (round 33: with the stage waits of
+``_apply_tile`` gone, seven barriers a tile instead of nine, 161.3 → 157.4-158.7 µs). Tile
+``j``'s are read by the other warpgroup after it published tile ``j + 1``, and rewritten by the
+owner at tile ``j + 4``, after the other published tile ``j + 3``. A stage is free once both
+warpgroups applied its tile (``empty`` counts two).
 
 Shared memory for ``STAGES`` = 3: the stages 114 KB (37 KB each with the RoPE part, 1 KB of
-token-group scales), the query's hi and lo operands 72 KB, ``P`` 24 KB (about 211 KB: one
+token-group scales), the query's hi and lo operands 72 KB, ``P`` 32 KB (about 220 KB: one
 program per SM). Same arguments and results as ``_mla_attn_pingpong_kernel``; ``BLOCK_M`` 64,
 ``BLOCK_N`` 64, FP8 pools (e4m3 or e5m2, as ``FP8_CVT`` names them) with per-tensor or
 token-group scales, a 64-dim RoPE part; launched with 4 warps (the consumers' 8 come on top).
@@ -61,7 +67,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels import mla_tiles as T
-from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N
+from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_stage import SC_L, _copier, _pow2_scale, _slab_rows
 from fp8mla.kernels.mla_fp8qk import HALF, _store_output, _value_operand
 from fp8mla.kernels.mla_pingpong import _softmax_tile64
@@ -74,7 +80,7 @@ from fp8mla.kernels.mla_wgmma import (
 
 ROWS = gl.constexpr(64)  # query rows per program: the scores' M, the value products' N
 HALF_N = gl.constexpr(32)  # tokens per value product step
-SLOTS = gl.constexpr(3)  # tiles whose P and statistics are kept (see the module docstring)
+SLOTS = gl.constexpr(2)  # each warpgroup's own tiles whose P and statistics are kept
 COPIER_WARPS = gl.constexpr(4)
 CONSUMER_REGS = gl.constexpr(232)  # each consumer; the copier (the default partition) keeps 40
 
@@ -136,7 +142,7 @@ def _group_scale(sc_stages, st, g: gl.constexpr, tok_l: gl.constexpr):
 @gluon.jit
 def _scores8(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
              PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-             s_layout: gl.constexpr):  # fmt: skip
+             s_layout: gl.constexpr, PROBE: gl.constexpr = 0):  # fmt: skip
     """``S [64 rows, 64 tokens]`` of stage ``st`` in units of the latent part's scale (the
     caller multiplies by it): the RoPE part times ``pe_ratio`` (its scale over the latent
     part's, per row) plus the latent part in ``PARTS`` chains, each awaited and added in fp32
@@ -144,6 +150,8 @@ def _scores8(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
     before it is added holds a second accumulator: 1.1 KB spilled beside ``Oᵀ``.)"""
     W: gl.constexpr = D_CKV // PARTS
     tok_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+    if PROBE & 1:  # measurement only: the tile without its scores' products
+        return gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout) + pe_ratio[:, None]
     kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
     pt = pe_stages.index(st).permute((1, 0))
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
@@ -160,110 +168,123 @@ def _scores8(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
 
 
 @gluon.jit
-def _apply(o, k_stages, sc_stages, p_smem, st, sl, TOKEN_GROUP: gl.constexpr,
-           FP8_CVT: gl.constexpr, ROLE: gl.constexpr, a_l: gl.constexpr):  # fmt: skip
-    """``Oᵀ += Vᵀ·Pᵀ`` for the tile in stage ``st`` whose ``P`` is in slot ``sl``: this
-    consumer's 256 value columns in two 32-token steps, each step's operand built from the
-    stage's FP8 bytes once the step before is done (its registers free again: ``Oᵀ`` alone
-    is 128 registers a thread). (Four 16-token steps, fewer registers, measured slower: H200,
-    64 × 128 × 4,096, 164.8-167.1 vs 158.5-160.9 µs; benchmarks/NOTES.md round 32.)"""
-    for h in gl.static_range(2):
-        a = _value_operand(k_stages, sc_stages, st, h, ROLE, TOKEN_GROUP, FP8_CVT, a_l)
-        o = warpgroup_mma(a, p_smem.index(2 * sl + h).permute((1, 0)), o, is_async=True)
-        o = warpgroup_mma_wait(0, deps=[o, a])[0]
-    return o
+def _apply(o, k_stages, sc_stages, p_halves, st, sl, TOKEN_GROUP: gl.constexpr,
+           FP8_CVT: gl.constexpr, ROLE: gl.constexpr, a_l: gl.constexpr,
+           PROBE: gl.constexpr = 0):  # fmt: skip
+    """``Oᵀ += Vᵀ·Pᵀ`` for the tile in stage ``st`` whose ``P`` halves are in slot ``sl`` of
+    ``p_halves``: this consumer's 256 value columns, both 32-token operands built from the
+    stage's FP8 bytes first (their loads in flight together), then both products issued and
+    awaited once. (H200, 64 × 128 × 4,096, same runs: 153.5-156.2 µs against 157.4-158.7 for
+    each step's operand built once the step before is done, its registers free again;
+    benchmarks/NOTES.md round 33.)"""
+    a0 = _value_operand(k_stages, sc_stages, st, 0, ROLE, TOKEN_GROUP, FP8_CVT, a_l, PROBE)
+    a1 = _value_operand(k_stages, sc_stages, st, 1, ROLE, TOKEN_GROUP, FP8_CVT, a_l, PROBE)
+    o = warpgroup_mma(a0, p_halves[0].index(sl).permute((1, 0)), o, is_async=True)
+    o = warpgroup_mma(a1, p_halves[1].index(sl).permute((1, 0)), o, is_async=True)
+    return warpgroup_mma_wait(0, deps=[o, a0, a1])[0]
 
 
 @gluon.jit
-def _apply_tile(o, r, alpha, k_stages, sc_stages, ready, empty, p_smem, stat_smem,
+def _apply_tile(o, r, alpha, k_stages, sc_stages, empty, owner,
                 STAGES: gl.constexpr, SLOTS: gl.constexpr, TOKEN_GROUP: gl.constexpr,
                 FP8_CVT: gl.constexpr, ROLE: gl.constexpr, o_cols: gl.constexpr,
-                a_l: gl.constexpr):  # fmt: skip
-    """``Oᵀ ← Oᵀ·α_r + (P_r·V_r)ᵀ`` for tile ``r``, whose statistics and ``P`` are published
-    (slot ``r % SLOTS``), then this warpgroup's share of its stage released. ``alpha``: this
-    warpgroup's own factor of tile ``r`` (its registers), or None (the other's, read from the
-    slot). (Reading the own factor from the slot too let the compiler load it before the
-    other's tile is applied: 16 registers more there, which spilled and serialized every
-    wgmma of the kernel.)"""
-    sl = r % SLOTS
+                a_l: gl.constexpr, PROBE: gl.constexpr = 0):  # fmt: skip
+    """``Oᵀ ← Oᵀ·α_r + (P_r·V_r)ᵀ`` for tile ``r``, whose statistics and ``P`` its owner
+    published (``owner``: that warpgroup's slots, ``r`` in slot ``(r // 2) % SLOTS``), then
+    this warpgroup's share of its stage released. The stage's bytes are not awaited again:
+    the owner awaited them before it published (an mbarrier wait, then the published
+    statistics' arrive and wait carry it over). ``alpha``: this warpgroup's own factor of tile
+    ``r`` (its registers), or None (the other's, read from its slot). (Reading the own factor
+    from the slot too let the compiler load it before the other's tile is applied: 16
+    registers more there, which spilled and serialized every wgmma of the kernel.)"""
+    p_lo, p_hi, m_s, a_s = owner
+    sl = (r // 2) % SLOTS
     st = r % STAGES
-    mbarrier.wait(ready.index(st), (r // STAGES) & 1)  # landed (its owner saw it): no wait
     if alpha is None:
-        alpha_o = stat_smem.index(2 * sl + 1).load(o_cols)
+        alpha_o = a_s.index(sl).load(o_cols)
     else:  # this warpgroup's own factor, from its registers
         alpha_o = gl.convert_layout(alpha, o_cols)
-    o = _apply(o * alpha_o[None, :], k_stages, sc_stages, p_smem, st, sl, TOKEN_GROUP, FP8_CVT,
-               ROLE, a_l)  # fmt: skip
+    o = _apply(o * alpha_o[None, :], k_stages, sc_stages, (p_lo, p_hi), st, sl, TOKEN_GROUP,
+               FP8_CVT, ROLE, a_l, PROBE)  # fmt: skip
     _BARRIER()
     mbarrier.arrive(empty.index(st))
     return o
 
 
 @gluon.jit
-def _published(r, stat_smem, stat_bar, SLOTS: gl.constexpr, s_rows: gl.constexpr):
+def _published(r, owner, stat_bar, SLOTS: gl.constexpr, s_rows: gl.constexpr):
     """Tile ``r``'s running maximum and rescale factor once its owner published them."""
     mbarrier.wait(stat_bar, r & 1)
-    sl = r % SLOTS
-    return stat_smem.index(2 * sl).load(s_rows), stat_smem.index(2 * sl + 1).load(s_rows)
+    sl = (r // 2) % SLOTS
+    return owner[2].index(sl).load(s_rows), owner[3].index(sl).load(s_rows)
 
 
 @gluon.jit
 def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
-              p_smem, stat_smem, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
+              mine, theirs, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
               causal_limit, STAGES: gl.constexpr, SLOTS: gl.constexpr, PARTS: gl.constexpr,
               D_CKV: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_GROUP: gl.constexpr,
               FP8_CVT: gl.constexpr, ROLE: gl.constexpr,
               s_layout: gl.constexpr, s_rows: gl.constexpr, o_cols: gl.constexpr,
-              a_l: gl.constexpr):  # fmt: skip
+              a_l: gl.constexpr, PROBE: gl.constexpr = 0, trace_ptr=None):  # fmt: skip
     """Tile ``j``, owned by this warpgroup: its scores (which need nothing of the other's, so
     they run while the other warpgroup scores or applies its own tile), then the running
     maximum of tile ``j - 1`` awaited, the online softmax (only a tile that reaches
     ``mask_from`` is masked; a bad page entry's NaN turns its rows NaN), ``P_j`` and the
     statistics published, and tiles ``j - 1`` (the other's) and ``j`` applied."""
     st = j % STAGES
+    _stamp(trace_ptr, 1 + ROLE, j, 0, PROBE)
     mbarrier.wait(ready.index(st), (j // STAGES) & 1)
     fence_async_shared()  # the copier's cp.async bytes, to wgmma's async proxy
+    _stamp(trace_ptr, 1 + ROLE, j, 1, PROBE)
     # the query's descriptors formed here, not hoisted out of the loop (j >> 30 is 0)
     s = _scores8(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, j >> 30, pe_ratio,
-                 PARTS, D_CKV, TOKEN_GROUP, s_layout)  # fmt: skip
+                 PARTS, D_CKV, TOKEN_GROUP, s_layout, PROBE)  # fmt: skip
+    _stamp(trace_ptr, 1 + ROLE, j, 2, PROBE)
     if j >= 1:  # the other's tile j - 1: its maximum, and its factor for the row sums
-        m_i, alpha_r = _published(j - 1, stat_smem, stat_bar, SLOTS, s_rows)
+        m_i, alpha_r = _published(j - 1, theirs, stat_bar, SLOTS, s_rows)
         l_i = l_i * alpha_r
+    _stamp(trace_ptr, 1 + ROLE, j, 3, PROBE)
     # (the scale per row is positive: the maximum of the unscaled scores, scaled after)
     p, alpha, m_new = _softmax_tile64(s, m_i, n_begin + j * BLOCK_N, mask_from, n_end,
                                       causal_limit, nope_scale, BLOCK_N, CAUSAL, s_layout,
                                       True)  # fmt: skip
-    sl = j % SLOTS
+    sl = (j // 2) % SLOTS
     p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float16), [ROWS, 2, HALF_N]), (0, 2, 1)))
-    p_smem.index(2 * sl).store(p0)
-    p_smem.index(2 * sl + 1).store(p1)
-    stat_smem.index(2 * sl).store(m_new)
-    stat_smem.index(2 * sl + 1).store(alpha)
+    mine[0].index(sl).store(p0)
+    mine[1].index(sl).store(p1)
+    mine[2].index(sl).store(m_new)
+    mine[3].index(sl).store(alpha)
     fence_async_shared()
     l_i = l_i * alpha + gl.sum(p, axis=1)
     _BARRIER()
     mbarrier.arrive(stat_bar)
+    _stamp(trace_ptr, 1 + ROLE, j, 4, PROBE)
     if j >= 1:  # the other's tile j - 1, published before this one
-        o = _apply_tile(o, j - 1, None, k_stages, sc_stages, ready, empty, p_smem, stat_smem,
-                        STAGES, SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l)  # fmt: skip
-    o = _apply_tile(o, j, alpha, k_stages, sc_stages, ready, empty, p_smem, stat_smem, STAGES,
-                    SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l)  # fmt: skip
+        o = _apply_tile(o, j - 1, None, k_stages, sc_stages, empty, theirs,
+                        STAGES, SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l,
+                        PROBE)  # fmt: skip
+    _stamp(trace_ptr, 1 + ROLE, j, 5, PROBE)
+    o = _apply_tile(o, j, alpha, k_stages, sc_stages, empty, mine, STAGES,
+                    SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l, PROBE)  # fmt: skip
+    _stamp(trace_ptr, 1 + ROLE, j, 6, PROBE)
     return o, l_i, m_new
 
 
 @gluon.jit
 def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
                   WRITE_LSE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
-                  STAGES: gl.constexpr, PARTS: gl.constexpr, ROLE: gl.constexpr):  # fmt: skip
+                  STAGES: gl.constexpr, PARTS: gl.constexpr, ROLE: gl.constexpr,
+                  PROBE: gl.constexpr):  # fmt: skip
     """Consumer warpgroup ``ROLE``: stages its half of the query rows, owns tiles ``ROLE,
     ROLE + 2, …``, applies every tile to output columns ``256·ROLE + π(m)``
     (``mla_fp8qk._store_output``), and stores them as ``O / l`` times the value scale
     (``ROLE`` 0 also the base-2 LSE). ``args``: the run-time values, one tuple."""
-    (k_stages, pe_stages, sc_stages, ready, empty, q_smem, qpe_smem, inv_smem, q_ready, p_smem,
-     stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
+    (k_stages, pe_stages, sc_stages, ready, empty, q_smem, qpe_smem, inv_smem, q_ready, slots0,
+     slots1, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
      qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
      pe_factor, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
-     stride_o_t, stride_o_h, stride_lse_split, stride_lse_t) = args  # fmt: skip
+     stride_o_t, stride_o_h, stride_lse_split, stride_lse_t, trace_ptr) = args  # fmt: skip
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
     )
@@ -274,6 +295,13 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)  # along the query rows (N)
 
+    _stamp(trace_ptr, 1 + ROLE, 0, 7, PROBE)
+    if ROLE == 0:  # P and statistics: this warpgroup's own tiles', and the other's
+        mine = slots0
+        theirs = slots1
+    else:
+        mine = slots1
+        theirs = slots0
     row0 = m_tile * ROWS
     rows_end = gl.minimum(rows_total, row0 + ROWS)
     _stage_query8(q_smem, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
@@ -298,16 +326,17 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
     for j in range(ROLE, n_tiles, 2):
         o, l_i, m_i = _own_tile(
             o, l_i, m_i, j, q_smem, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
-            p_smem, stat_smem, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
+            mine, theirs, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
             causal_limit, STAGES, SLOTS, PARTS, D_CKV, CAUSAL, TOKEN_GROUP, FP8_CVT, ROLE,
-            s_layout, s_rows, o_cols, a_l,
+            s_layout, s_rows, o_cols, a_l, PROBE, trace_ptr,
         )  # fmt: skip
     last = n_tiles - 1
     if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
-        m_i, alpha_r = _published(last, stat_smem, stat_bar, SLOTS, s_rows)
+        m_i, alpha_r = _published(last, theirs, stat_bar, SLOTS, s_rows)
         l_i = l_i * alpha_r
-        o = _apply_tile(o, last, None, k_stages, sc_stages, ready, empty, p_smem, stat_smem, STAGES,
-                        SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l)  # fmt: skip
+        o = _apply_tile(o, last, None, k_stages, sc_stages, empty, theirs, STAGES,
+                        SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l, PROBE)  # fmt: skip
+    _stamp(trace_ptr, 1 + ROLE, 1, 7, PROBE)
 
     # the row sums of both warpgroups' tiles
     l_smem.index(ROLE).store(l_i)
@@ -325,6 +354,7 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
         l_t = l_i + l_smem.index(1).load(s_rows)
         _store_lse(m_i, l_t, lse_ptr, split, q_start, rs, rows_total, num_heads, num_tokens,
                    stride_lse_split, stride_lse_t)  # fmt: skip
+    _stamp(trace_ptr, 1 + ROLE, 2, 7, PROBE)
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
@@ -384,6 +414,12 @@ def _mla_attn_pp8_kernel(
     # at 64 × 128 × 4,096, an earlier order: 8 parts 175.8-176.9 µs, 4 parts 169.2-170.9;
     # the same errors, LSE within 2e-3 on the GPU suite)
     QK_PARTS: gl.constexpr = 4,
+    # measurement only (benchmarks/probe_manyrows.py): 8 the cycle stamps into ``trace_ptr``
+    # (fewrows_producer._stamp: parts 1-2 the consumers, 3 the copier), 1 the tiles without
+    # their scores' products, 2 every tile from the pool's first rows (L2 hits), 128 the value
+    # products without their operands' loads (wrong answers but for 8)
+    PROBE: gl.constexpr = 0,
+    trace_ptr=None,
 ):
     gl.static_assert(BLOCK_M == 64, "64 query rows per program")
     gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile")
@@ -412,9 +448,20 @@ def _mla_attn_pp8_kernel(
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, D_CKV], k_sh)  # hi, lo
     qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, D_KPE], pe_sh)
     inv_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_sh)
-    # P and the statistics (maximum, factor) of the last SLOTS tiles, P in two halves
-    p_smem = gl.allocate_shared_memory(gl.float16, [2 * SLOTS, ROWS, HALF_N], p_sh)
-    stat_smem = gl.allocate_shared_memory(gl.float32, [2 * SLOTS, ROWS], vec_sh)
+    # each warpgroup's P (two halves) and statistics (maximum, factor) of its last SLOTS
+    # tiles, each in an allocation of its own: stores to one, loads of another, no barrier
+    slots0 = (
+        gl.allocate_shared_memory(gl.float16, [SLOTS, ROWS, HALF_N], p_sh),
+        gl.allocate_shared_memory(gl.float16, [SLOTS, ROWS, HALF_N], p_sh),
+        gl.allocate_shared_memory(gl.float32, [SLOTS, ROWS], vec_sh),
+        gl.allocate_shared_memory(gl.float32, [SLOTS, ROWS], vec_sh),
+    )
+    slots1 = (
+        gl.allocate_shared_memory(gl.float16, [SLOTS, ROWS, HALF_N], p_sh),
+        gl.allocate_shared_memory(gl.float16, [SLOTS, ROWS, HALF_N], p_sh),
+        gl.allocate_shared_memory(gl.float32, [SLOTS, ROWS], vec_sh),
+        gl.allocate_shared_memory(gl.float32, [SLOTS, ROWS], vec_sh),
+    )
     l_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_sh)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
@@ -441,22 +488,22 @@ def _mla_attn_pp8_kernel(
     )  # fmt: skip
 
     consumer = (
-        k_stages, pe_stages, sc_stages, ready, empty, q_smem, qpe_smem, inv_smem, q_ready, p_smem,
-        stat_smem, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
+        k_stages, pe_stages, sc_stages, ready, empty, q_smem, qpe_smem, inv_smem, q_ready, slots0,
+        slots1, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
         qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
         pe_factor, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
-        stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
+        stride_o_t, stride_o_h, stride_lse_split, stride_lse_t, trace_ptr,
     )  # fmt: skip
     gl.warp_specialize(
         [(_copier, (k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr,
                     page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
-                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS, 0,
-                    None)),
+                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS, PROBE,
+                    trace_ptr)),
          (_pp8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
-                          QK_PARTS, 0)),
+                          QK_PARTS, 0, PROBE)),
          (_pp8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
-                          QK_PARTS, 1))],
+                          QK_PARTS, 1, PROBE))],
         [4, 4],
         [CONSUMER_REGS, CONSUMER_REGS],
     )  # fmt: skip

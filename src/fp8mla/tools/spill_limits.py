@@ -51,20 +51,21 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
         "the ping-pong kernel's 64-token tiles (16-bit pools, more than one row tile a "
         "request): both consumer warpgroups at 224 registers hold S [64, 64], P and a 64 × 256 "
         "accumulator; Triton 3.9 spills 268-304 B, Triton 3.6 (the H200 runs) 56-64 B, "
-        "measured 586 TFLOP/s on the 4,096-token extend at 128 heads (benchmarks/NOTES.md, "
-        "rounds 28-30)",
+        "measured 586 TFLOP/s on the 4,096-token extend at 128 heads "
+        "(benchmarks/NOTES-2026-12-01-rounds-28-29.md and NOTES.md round 30)",
     ),
     (
         ("sm90",),
         "attention",
         "64x64e",
-        2048,
+        2560,
         "the ping-pong kernel on FP8 tiles: both consumer warpgroups at 232 registers hold a "
-        "64 × 256 accumulator, S [64, 64], a scores part and the value operand; Triton 3.6 "
-        "(the H200 runs) spills 44-112 B with per-tensor scales (measured 452 TFLOP/s at 64 × "
-        "128 × 4,096) and 1,968 B with token-group scales (3-7% slower there than the 32-row "
-        "FP8 × FP8 tiles, benchmarks/NOTES.md round 32); Triton 3.9 752 and 1,140 B, and "
-        "its ptxas serializes the wgmma there (the H200's Triton 3.6 builds do not)",
+        "64 × 256 accumulator, S [64, 64], a scores part and two value operands; Triton 3.6 "
+        "(the H200 runs) spills 148-200 B with per-tensor scales (measured 476 TFLOP/s at 64 × "
+        "128 × 4,096) and 1,632 B with token-group scales (3-7% slower there than the 32-row "
+        "FP8 × FP8 tiles in round 32, benchmarks/NOTES.md); Triton 3.9 760-772 B and 2,268 B, "
+        "and its ptxas serializes the wgmma there (the H200's Triton 3.6 per-tensor builds do "
+        "not)",
     ),
     (
         ("sm90",),
