@@ -159,8 +159,9 @@ SM90_TABLE = dataclasses.replace(
     # 4,096 (96 rows) 81.3-81.7 vs 85.7-85.9, 8 × 8 × 16 × 8,192 50.5 vs 51.5-51.7, 8 × 4 ×
     # 128 × 8,192 146.6-147.4 vs 157.0-157.6, 4 × 16 × 128 × 8,192 272.8-273.8 vs 294.0-294.5;
     # one request of 128 heads, 128-token splits, loses 3%: 17.9 vs 17.4; one row tile loses:
-    # 64 × 64 × 4,096 100.3 vs 97.3; NOTES.md round 29). The FP8 extend of 4,096 over 32,768
-    # at 128 heads, staged: 77.3 -> 68.5 ms, 580 TFLOP/s (NOTES.md rounds 28-29)
+    # 64 × 64 × 4,096 100.3 vs 97.3; round 29). The FP8 extend of 4,096 over 32,768 at 128
+    # heads, staged: 77.3 -> 68.5 ms, 580 TFLOP/s (benchmarks/NOTES-2026-12-01-rounds-28-29.md,
+    # rounds 28-29)
     shared_16bit=PINGPONG_TILE_64,
     shared_16bit_rows=65,
     # FP8 requests of 65-128 rows (bf16 queries) whose 64-row programs fill at least 90% of the

@@ -307,8 +307,8 @@ def _kv_copier_halves(
     arrivals; the consumers fence the bytes to wgmma's async proxy after their wait). The
     copier never waits for a copy, so a half is requested as soon as it is freed, whatever
     the previous tile's copies are doing (H200, bf16 pool, against waiting for each tile's
-    copies before the next: 64 × 128 × 4,096 149.1-152.1 vs 154.3-158.9 µs; benchmarks/NOTES.md
-    round 29)."""
+    copies before the next: 64 × 128 × 4,096 149.1-152.1 vs 154.3-158.9 µs;
+    benchmarks/NOTES-2026-12-01-rounds-28-29.md, round 29)."""
     gl.static_assert(D_KPE == 64, "the RoPE part is one 64-column copy")
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
     rows_l: gl.constexpr = gl.SliceLayout(1, ld)
