@@ -1,8 +1,8 @@
 """What the A/B probes (``probe_manyrows.py``, ``probe_stage.py``, ``probe_rowtiles.py``,
 ``probe_headgroups.py``) share: the FP8 pool and its bf16 copy, FlashInfer when
 ``FP8MLA_FLASHINFER`` names its folder, a case's inputs and reference, fp8mla planned on
-either pool, timing over rotated placements, one variant's measurement, and the rows they
-print and write."""
+either pool, timing over rotated placements, one variant's measurement, the rows they print
+and write, and the reading of cycle stamps (also ``probe_fewrows.py``'s)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,13 @@ class Pools:
         except I.Unavailable as exc:
             return dict(base, variant=name, error=str(exc))
         return dict(base, variant=name, us=round(us, 2), tflops=round(fl / us / 1e6, 1))
+
+
+def stamp_step(later: torch.Tensor, earlier: torch.Tensor) -> float | None:
+    """Median cycles of ``later - earlier`` over the kernel's cycle stamps where both were
+    written (an unwritten stamp is 0); None where none was."""
+    both = (later > 0) & (earlier > 0)
+    return float((later - earlier)[both].median()) if both.any() else None
 
 
 def fp8mla_runner(inp, pool: torch.Tensor, **plan_kw) -> tuple[I.Runner, object]:

@@ -36,6 +36,7 @@ from fp8mla.bench.inputs import build_inputs, random_pool
 from fp8mla.bench.measure import Timing, copy_bandwidth_tbps, time_graph
 from fp8mla.bench.runner import placements, reference_subset
 from fp8mla.testing import rel_err
+from probe_common import stamp_step as _step
 
 CASES = [Case(32, 32, 4096), Case(64, 16, 4096), Case(8, 32, 16384), Case(1, 32, 4096)]
 VARIANTS: dict[str, dict[str, int]] = {
@@ -159,13 +160,6 @@ def trace_case(inp, options: dict[str, int | str]) -> dict[str, float | None]:
         L.KernelLauncher._direct_ok = direct_ok
     steps = trace_steps_fp8qk(trace) if variant == "fp8qk" else trace_steps(trace)
     return dict(kernel=variant, **steps)
-
-
-def _step(later: torch.Tensor, earlier: torch.Tensor) -> float | None:
-    """Median of ``later - earlier`` where both stamps were written (an unwritten stamp is 0);
-    None where none was."""
-    both = (later > 0) & (earlier > 0)
-    return float((later - earlier)[both].median()) if both.any() else None
 
 
 def trace_steps_fp8qk(trace: torch.Tensor) -> dict[str, float | None]:

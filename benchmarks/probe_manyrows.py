@@ -30,7 +30,7 @@ from fp8mla.attention.planner import (
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.measure import copy_bandwidth_tbps
-from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure
+from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure, stamp_step
 
 CASES = {
     c.name: c
@@ -118,26 +118,22 @@ def pp8_steps(t: torch.Tensor) -> dict:
     nxt = slice(6, max(7, tiles - 2))
     prev = slice(3, max(4, tiles - 5))
 
-    def step(later, earlier):
-        both = (later > 0) & (earlier > 0)
-        return round(float((later - earlier)[both].median()), 1) if both.any() else None
-
     steps = {
-        "period (2 tiles, one consumer)": step(own[:, nxt, 0], own[:, mid, 0]),
-        "wait for the bytes": step(own[:, mid, 1], own[:, mid, 0]),
-        "scores": step(own[:, mid, 2], own[:, mid, 1]),
-        "wait for the other's maximum": step(own[:, mid, 3], own[:, mid, 2]),
-        "softmax, publish": step(own[:, mid, 4], own[:, mid, 3]),
-        "apply the other's tile": step(own[:, mid, 5], own[:, mid, 4]),
-        "apply the own tile": step(own[:, mid, 6], own[:, mid, 5]),
-        "own tile applied -> next own tile": step(own[:, nxt, 0], own[:, mid, 6]),
-        "other published j-1 -> own softmax starts": step(own[:, mid, 3], own[:, prev, 4]),
-        "publish j-1 -> publish j": step(own[:, mid, 4], own[:, prev, 4]),
-        "copier: empty wait": step(cp[:, mid, 1], cp[:, mid, 0]),
-        "copier: issue": step(cp[:, mid, 2], cp[:, mid, 1]),
-        "copier: issued -> consumer has the bytes": step(own[:, mid, 1], cp[:, mid, 2]),
-        "program: start -> loop end (consumer 0)": step(c0[:, 1, 7], c0[:, 0, 7]),
-        "program: loop end -> stored (consumer 0)": step(c0[:, 2, 7], c0[:, 1, 7]),
+        "period (2 tiles, one consumer)": stamp_step(own[:, nxt, 0], own[:, mid, 0]),
+        "wait for the bytes": stamp_step(own[:, mid, 1], own[:, mid, 0]),
+        "scores": stamp_step(own[:, mid, 2], own[:, mid, 1]),
+        "wait for the other's maximum": stamp_step(own[:, mid, 3], own[:, mid, 2]),
+        "softmax, publish": stamp_step(own[:, mid, 4], own[:, mid, 3]),
+        "apply the other's tile": stamp_step(own[:, mid, 5], own[:, mid, 4]),
+        "apply the own tile": stamp_step(own[:, mid, 6], own[:, mid, 5]),
+        "own tile applied -> next own tile": stamp_step(own[:, nxt, 0], own[:, mid, 6]),
+        "other published j-1 -> own softmax starts": stamp_step(own[:, mid, 3], own[:, prev, 4]),
+        "publish j-1 -> publish j": stamp_step(own[:, mid, 4], own[:, prev, 4]),
+        "copier: empty wait": stamp_step(cp[:, mid, 1], cp[:, mid, 0]),
+        "copier: issue": stamp_step(cp[:, mid, 2], cp[:, mid, 1]),
+        "copier: issued -> consumer has the bytes": stamp_step(own[:, mid, 1], cp[:, mid, 2]),
+        "program: start -> loop end (consumer 0)": stamp_step(c0[:, 1, 7], c0[:, 0, 7]),
+        "program: loop end -> stored (consumer 0)": stamp_step(c0[:, 2, 7], c0[:, 1, 7]),
         "tiles": tiles,
     }
     p = int(t.shape[0] // 2)  # one program's timeline: tiles 20-25, each consumer's stamps
