@@ -2,7 +2,7 @@
 ``probe_headgroups.py``) share: the FP8 pool and its bf16 copy, FlashInfer when
 ``FP8MLA_FLASHINFER`` names its folder, a case's inputs and reference, fp8mla planned on
 either pool, timing over rotated placements, one variant's measurement, the rows they print
-and write, and the reading of cycle stamps (also ``probe_fewrows.py``'s)."""
+and write, and the kernels' cycle stamps, taken and read (also ``probe_fewrows.py``'s)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,27 @@ def stamp_step(later: torch.Tensor, earlier: torch.Tensor) -> float | None:
     written (an unwritten stamp is 0); None where none was."""
     both = (later > 0) & (earlier > 0)
     return float((later - earlier)[both].median()) if both.any() else None
+
+
+def stamped_trace(w, run, options: dict, device: torch.device) -> torch.Tensor:
+    """The cycle stamps of the kernel wrapper ``w`` launches (``options`` with ``PROBE`` bit 8)
+    in the last of three eager calls of ``run`` (after compilation and a warm-up): int64
+    ``[programs, 4, 64, 8]``, as the kernels' ``_stamp`` writes it."""
+    from fp8mla.attention import launch as L
+
+    grid = w._launch.kernel.grid
+    trace = torch.zeros(grid[0] * grid[1] * grid[2], 4, 64, 8, dtype=torch.int64, device=device)
+    opts = dict(options, PROBE=options.get("PROBE", 0) | 8)
+    w._launch.kernel.options.update(opts, trace_ptr=trace)
+    direct_ok = L.KernelLauncher._direct_ok
+    L.KernelLauncher._direct_ok = staticmethod(lambda: False)  # the stamps need Triton's path
+    try:
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+    finally:
+        L.KernelLauncher._direct_ok = direct_ok
+    return trace
 
 
 def fp8mla_runner(inp, pool: torch.Tensor, **plan_kw) -> tuple[I.Runner, object]:

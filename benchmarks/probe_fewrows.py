@@ -37,6 +37,7 @@ from fp8mla.bench.measure import Timing, copy_bandwidth_tbps, time_graph
 from fp8mla.bench.runner import placements, reference_subset
 from fp8mla.testing import rel_err
 from probe_common import stamp_step as _step
+from probe_common import stamped_trace
 
 CASES = [Case(32, 32, 4096), Case(64, 16, 4096), Case(8, 32, 16384), Case(1, 32, 4096)]
 VARIANTS: dict[str, dict[str, int]] = {
@@ -136,28 +137,18 @@ def variant_runner(inp, options: dict[str, int | str]):
 def trace_case(inp, options: dict[str, int | str]) -> dict[str, float | None]:
     """Median cycles per tile of each partition's steps (middle tiles of every program), for
     the kernel ``options["KERNEL"]`` names (default: the planner's)."""
-    from fp8mla.attention import launch as L
-
     opts = dict(options)
     kernel = opts.pop("KERNEL", None)
     w = I.planned_wrapper(inp, inp.pool.dtype, **({"kernel_config": kernel} if kernel else {}))
     variant = w._launch.variant.name
     if variant not in ("fewrows", "fp8qk"):
         raise SystemExit(f"{inp.case.name}: planned {variant}, not a few-row kernel")
-    grid = w._launch.kernel.grid
-    programs = grid[0] * grid[1] * grid[2]
-    trace = torch.zeros(programs, 4, 64, 8, dtype=torch.int64, device=inp.pool.device)
-    opts["PROBE"] = opts.get("PROBE", 0) | 8
-    w._launch.kernel.options.update(opts, trace_ptr=trace)
-    direct_ok = L.KernelLauncher._direct_ok
-    L.KernelLauncher._direct_ok = staticmethod(lambda: False)  # the stamps need Triton's path
-    try:
-        ckv, kpe = inp.paged()
-        for _ in range(3):  # the last call's stamps, after compilation and a warm-up
-            w.run(inp.q_nope, inp.q_pe, ckv, kpe, ckv_scale=inp.scale, kpe_scale=inp.scale)
-        torch.cuda.synchronize()
-    finally:
-        L.KernelLauncher._direct_ok = direct_ok
+    ckv, kpe = inp.paged()
+    s = inp.scale
+    trace = stamped_trace(
+        w, lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, ckv_scale=s, kpe_scale=s), opts,
+        inp.pool.device,
+    )  # fmt: skip
     steps = trace_steps_fp8qk(trace) if variant == "fp8qk" else trace_steps(trace)
     return dict(kernel=variant, **steps)
 

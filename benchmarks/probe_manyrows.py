@@ -30,7 +30,15 @@ from fp8mla.attention.planner import (
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
 from fp8mla.bench.measure import copy_bandwidth_tbps
-from probe_common import VARIANT_COLUMNS, Pools, Rows, fp8mla_runner, measure, stamp_step
+from probe_common import (
+    VARIANT_COLUMNS,
+    Pools,
+    Rows,
+    fp8mla_runner,
+    measure,
+    stamp_step,
+    stamped_trace,
+)
 
 CASES = {
     c.name: c
@@ -85,23 +93,8 @@ def trace_pp8(inp, pool: torch.Tensor, options: dict) -> dict:
     """Cycle stamps of the FP8 ping-pong kernel (``PROBE`` bit 8) in one eager call after a
     warm-up: the median cycles of each step over the middle tiles of every program, and one
     program's timeline of six tiles (each stamp relative to the first)."""
-    from fp8mla.attention import launch as L
-
     run, w = variant_runner(inp, pool, (PINGPONG8_TILE, options))
-    grid = w._launch.kernel.grid
-    programs = grid[0] * grid[1] * grid[2]
-    trace = torch.zeros(programs, 4, 64, 8, dtype=torch.int64, device=pool.device)
-    probe = options.get("PROBE", 0) | 8
-    w._launch.kernel.options.update(PROBE=probe, trace_ptr=trace)
-    direct_ok = L.KernelLauncher._direct_ok
-    L.KernelLauncher._direct_ok = staticmethod(lambda: False)  # the stamps need Triton's path
-    try:
-        for _ in range(3):
-            run()
-        torch.cuda.synchronize()
-    finally:
-        L.KernelLauncher._direct_ok = direct_ok
-    return pp8_steps(trace.double().cpu())
+    return pp8_steps(stamped_trace(w, run, options, pool.device).double().cpu())
 
 
 def pp8_steps(t: torch.Tensor) -> dict:

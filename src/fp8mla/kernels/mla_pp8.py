@@ -197,7 +197,7 @@ def _apply_tile(o, r, alpha, k_stages, sc_stages, empty, owner,
     ``r`` (its registers), or None (the other's, read from its slot). (Reading the own factor
     from the slot too let the compiler load it before the other's tile is applied: 16
     registers more there, which spilled and serialized every wgmma of the kernel.)"""
-    p_lo, p_hi, m_s, a_s = owner
+    p_lo, p_hi, _, a_s = owner  # (P halves, maximum, factor)
     sl = (r // 2) % SLOTS
     st = r % STAGES
     if alpha is None:
