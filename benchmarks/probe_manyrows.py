@@ -100,12 +100,15 @@ def trace_pp8(inp, pool: torch.Tensor, options: dict) -> dict:
 def pp8_steps(t: torch.Tensor) -> dict:
     """Steps of ``trace [programs, 4, 64, 8]``: parts 1-2 the consumers, whose own tile ``j``
     has events 0 start, 1 its bytes landed, 2 scores done, 3 the other's maximum of ``j - 1``
-    in, 4 ``P_j`` published, 5 tile ``j - 1`` applied, 6 tile ``j`` applied; part 3 the copier
-    (``fp8qk_stage._copier``: 3 entries checked, 0 before the empty wait, 1 after, 2 issued)."""
+    in, 4 ``P_j`` published, 5 tile ``j - 1`` applied, 6 tile ``j`` applied, and event 7 at
+    tiles 0-5 the program's start, loop end, stores, its query half staged, both halves
+    staged, loop start; part 3 the copier (``fp8qk_stage._copier``: 3 entries checked, 0
+    before the empty wait, 1 after, 2 issued, 6 at tile 0 its start); part 0 nanoseconds
+    (:func:`pp8_edges`)."""
     c0, c1, cp = t[:, 1], t[:, 2], t[:, 3]
     own = torch.zeros(t.shape[0], 64, 8, dtype=torch.float64)  # each tile's owner's stamps
     own[:, 0::2], own[:, 1::2] = c0[:, 0::2], c1[:, 1::2]
-    own[:, 0:3, 7] = 0  # (the program's stamps at tiles 0-2, event 7)
+    own[:, 0:6, 7] = 0  # (the program's stamps at tiles 0-5, event 7)
     tiles = int((own[:, :, 0] > 0).sum(1).max())
     mid = slice(4, max(5, tiles - 4))
     nxt = slice(6, max(7, tiles - 2))
@@ -129,6 +132,7 @@ def pp8_steps(t: torch.Tensor) -> dict:
         "program: loop end -> stored (consumer 0)": stamp_step(c0[:, 2, 7], c0[:, 1, 7]),
         "tiles": tiles,
     }
+    steps.update(pp8_edges(t, own, steps["period (2 tiles, one consumer)"] or 0.0, tiles))
     p = int(t.shape[0] // 2)  # one program's timeline: tiles 20-25, each consumer's stamps
     base = float(own[p, 20, 0])
     line = {}
@@ -137,6 +141,51 @@ def pp8_steps(t: torch.Tensor) -> dict:
             round(float(own[p, j, e]) - base) if own[p, j, e] > 0 else None for e in range(7)
         ]
     return dict(steps=steps, timeline=line)
+
+
+def pp8_edges(t: torch.Tensor, own: torch.Tensor, period: float, tiles: int) -> dict:
+    """Where a program's time goes outside its steady tiles (medians over programs): the
+    first tiles' starts and bytes' waits from the consumer's start, the copier's first
+    tiles, the end; from the nanosecond stamps (part 0: consumer ``r``'s events ``4r``
+    start, ``4r + 1`` loop end, ``4r + 2`` stored) the clock and the programs' spread."""
+    c0, cp = t[:, 1], t[:, 3]
+    start = c0[:, 0, 7]
+
+    def med(x: torch.Tensor) -> int:
+        return round(float(x.median()))
+
+    out = {
+        "consumer 0: start -> query staged": med(c0[:, 3, 7] - start),
+        "consumer 0: start -> both halves staged": med(c0[:, 4, 7] - start),
+        "consumer 0: start -> loop start": med(c0[:, 5, 7] - start),
+        "consumer 1: start -> query staged": med(t[:, 2, 3, 7] - t[:, 2, 0, 7]),
+        "consumer 1 start - consumer 0 start": med(t[:, 2, 0, 7] - start),
+        "copier start - consumer 0 start": med(cp[:, 0, 6] - start),
+        "copier: start -> tile 0 entries checked": med(cp[:, 0, 3] - cp[:, 0, 6]),
+    }
+    for j in range(4):
+        out[f"start -> tile {j} start"] = med(own[:, j, 0] - start)
+        out[f"tile {j}: bytes wait"] = med(own[:, j, 1] - own[:, j, 0])
+        out[f"copier: start -> tile {j} issued"] = med(cp[:, j, 2] - cp[:, 0, 6])
+    out["start -> tile 4 start, less 2 periods"] = med(own[:, 4, 0] - start) - 2 * period
+    last = tiles - 2 - tiles % 2  # an even tile near the end (consumer 0's)
+    out["mean period (tiles 4 .. last)"] = med((own[:, last, 0] - own[:, 4, 0]) / ((last - 4) / 2))
+    out["start -> loop end, less (tiles / 2) periods"] = (
+        med(c0[:, 1, 7] - start) - tiles / 2 * period
+    )
+    out["consumer 0 loop end -> consumer 1 loop end"] = med(t[:, 2, 1, 7] - c0[:, 1, 7])
+    out["consumer 0: loop end -> stored"] = med(c0[:, 2, 7] - c0[:, 1, 7])
+    ns = t[:, 0, 0].double()
+    if bool((ns[:, 0] > 0).all()):
+        wall = ns[:, 2] - ns[:, 0]
+        out["clock (GHz, consumer 0 start -> stored)"] = round(
+            float(((c0[:, 2, 7] - start) / wall).median()), 3
+        )
+        out["program wall ns: median, max"] = [med(wall), round(float(wall.max()))]
+        out["programs' starts: spread ns"] = round(float(ns[:, 0].max() - ns[:, 0].min()))
+        out["programs' ends: spread ns"] = round(float(ns[:, 2].max() - ns[:, 2].min()))
+        out["first start -> last end ns"] = round(float(ns[:, 2].max() - ns[:, 0].min()))
+    return out
 
 
 def main() -> int:
@@ -203,7 +252,7 @@ def trace_main(args) -> int:
             out.append(rec)
             print(f"{case.name} {name}", flush=True)
             for k, v in rec["steps"].items():
-                print(f"  {k:45s} {v}")
+                print(f"  {k:48s} {v}")
             for k, v in rec["timeline"].items():
                 print(f"  {k:22s} {v}")
     with open(args.json, "w") as f:

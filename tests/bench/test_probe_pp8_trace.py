@@ -30,6 +30,16 @@ def _stamps(programs: int = 4, tiles: int = 64, period: int = 7600) -> torch.Ten
         t[pid, 1, 0, 7] = start  # consumer 0: program start, loop end, stored
         t[pid, 1, 1, 7] = start + 250_000
         t[pid, 1, 2, 7] = start + 255_000
+        t[pid, 1, 3, 7] = start + 300  # its query half staged, both halves, loop start
+        t[pid, 1, 4, 7] = start + 400
+        t[pid, 1, 5, 7] = start + 450
+        t[pid, 2, 0, 7] = start + 20  # consumer 1: start, its half staged, loop end
+        t[pid, 2, 3, 7] = start + 380
+        t[pid, 2, 1, 7] = start + 250_700
+        t[pid, 3, 0, 6] = start - 100  # the copier's start
+        # nanoseconds (part 0): consumer 0's start and stored, at 2 cycles a nanosecond
+        t[pid, 0, 0, 0] = 1_000_000 + 64 * pid
+        t[pid, 0, 0, 2] = 1_000_000 + 64 * pid + 127_500
     return t
 
 
@@ -66,3 +76,35 @@ def test_unwritten_stamps_are_none():
     assert steps["copier: issued -> consumer has the bytes"] is None
     assert steps["scores"] == 2000
     assert steps["tiles"] == 64
+
+
+def test_prologue_and_end():
+    steps = pp8_steps(_stamps().double())["steps"]
+    assert steps["consumer 0: start -> query staged"] == 300
+    assert steps["consumer 0: start -> both halves staged"] == 400
+    assert steps["consumer 0: start -> loop start"] == 450
+    assert steps["consumer 1: start -> query staged"] == 360
+    assert steps["consumer 1 start - consumer 0 start"] == 20
+    assert steps["copier start - consumer 0 start"] == -100
+    assert steps["start -> tile 0 start"] == 500
+    assert steps["start -> tile 1 start"] == 500 + 3800
+    assert steps["tile 1: bytes wait"] == 300
+    assert steps["copier: start -> tile 0 issued"] == 500 - 1200 + 100
+    # tile 4 starts two periods after tile 0: what is left is the time before tile 0
+    assert steps["start -> tile 4 start, less 2 periods"] == 500
+    assert steps["mean period (tiles 4 .. last)"] == 7600
+    assert steps["start -> loop end, less (tiles / 2) periods"] == 250_000 - 32 * 7600
+    assert steps["consumer 0 loop end -> consumer 1 loop end"] == 700
+    assert steps["consumer 0: loop end -> stored"] == 5000
+    assert steps["clock (GHz, consumer 0 start -> stored)"] == 2.0
+    assert steps["program wall ns: median, max"] == [127_500, 127_500]
+    assert steps["programs' starts: spread ns"] == 3 * 64
+    assert steps["first start -> last end ns"] == 3 * 64 + 127_500
+
+
+def test_without_nanosecond_stamps_no_clock():
+    t = _stamps()
+    t[:, 0] = 0
+    steps = pp8_steps(t.double())["steps"]
+    assert "clock (GHz, consumer 0 start -> stored)" not in steps
+    assert steps["start -> tile 0 start"] == 500

@@ -23,16 +23,20 @@ CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
 
 
 @gluon.jit
-def _stamp(trace_ptr, part: gl.constexpr, tile, event: gl.constexpr, PROBE: gl.constexpr):
-    """Measurement only (``PROBE & 8``): the SM's cycle counter into
-    ``trace[program, part, min(tile, 63), event]`` (int64 ``[programs, 4, 64, 8]``)."""
+def _stamp(trace_ptr, part: gl.constexpr, tile, event: gl.constexpr, PROBE: gl.constexpr,
+           NS: gl.constexpr = False):  # fmt: skip
+    """Measurement only (``PROBE & 8``): the SM's cycle counter (``NS``: the GPU's global
+    nanosecond timer) into ``trace[program, part, min(tile, 63), event]`` (int64
+    ``[programs, 4, 64, 8]``)."""
     if PROBE & 8:
         pid = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(
             2
         ) + gl.program_id(2)
-        t = gl.inline_asm_elementwise(
-            "mov.u64 $0, %clock64;", "=l,r", [tile], dtype=gl.int64, is_pure=False, pack=1
-        )
+        if NS:
+            asm: gl.constexpr = "mov.u64 $0, %globaltimer;"
+        else:
+            asm: gl.constexpr = "mov.u64 $0, %clock64;"
+        t = gl.inline_asm_elementwise(asm, "=l,r", [tile], dtype=gl.int64, is_pure=False, pack=1)
         gl.store(trace_ptr + ((pid * 4 + part) * 64 + gl.minimum(tile, 63)) * 8 + event, t)
 
 

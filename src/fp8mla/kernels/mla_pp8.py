@@ -68,7 +68,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
-from fp8mla.kernels.fp8qk_stage import SC_L, _copier, _pow2_scale, _slab_rows
+from fp8mla.kernels.fp8qk_stage import SC_L, _copier, _pow2_scale
 from fp8mla.kernels.mla_fp8qk import HALF, _store_output, _value_operand
 from fp8mla.kernels.mla_pingpong import _softmax_tile64
 from fp8mla.kernels.mla_wgmma import (
@@ -83,51 +83,117 @@ HALF_N = gl.constexpr(32)  # tokens per value product step
 SLOTS = gl.constexpr(2)  # each warpgroup's own tiles whose P and statistics are kept
 COPIER_WARPS = gl.constexpr(4)
 CONSUMER_REGS = gl.constexpr(232)  # each consumer; the copier (the default partition) keeps 40
+# a shared-memory view of another shape: ``_reinterpret`` in Triton 3.6, ``reinterpret`` later
+_REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @gluon.jit
-def _stage_query8(q_smem, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
+def _stage_query8(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
                   num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
                   D_CKV: gl.constexpr, D_KPE: gl.constexpr, ROLE: gl.constexpr):  # fmt: skip
-    """Consumer ``ROLE``'s half of the query staging: rows ``32·ROLE … 32·ROLE + 31`` of the
-    program's tile (``row0 + …``; rows from ``rows_end`` on as 0), per row and part a power of
-    two ``s`` (``fp8qk_stage._pow2_scale``), ``hi = e4m3(q·s)`` into ``q_smem[0]`` and
-    ``lo = e4m3(q·s − hi)`` into ``q_smem[1]`` (the RoPE part likewise into ``qpe_smem``),
-    ``1 / s`` of both parts into ``inv_smem [2, 64]``."""
+    """Consumer ``ROLE``'s half of the query staging: slabs ``4·ROLE … 4·ROLE + 3`` of eight
+    rows (the program's rows ``row0 + …``; rows from ``rows_end`` on as 0), per row and part a
+    power of two ``s`` (``fp8qk_stage._pow2_scale``), ``hi = e4m3(q·s)`` into the hi operand's
+    column blocks (``q_blocks[0 : NB]``, ``NB = D_CKV / 128``) and ``lo = e4m3(q·s − hi)`` into
+    the lo operand's (``q_blocks[NB : 2 NB]``), the RoPE part likewise into ``qpe_smem``, ``1 / s``
+    of both parts into ``inv_smem [2, 64]``.
+
+    One slab's code in a run-time loop, the next slab's rows loaded while one is converted.
+    Unrolled, the staging was ~30 KB of instructions per consumer, fetched cold at the
+    program's start, the second consumer's after the first's: 24,800 cycles from a consumer's
+    start to both halves staged, against 13,300 as a loop, 153.7-154.1 µs a call against
+    146.4-147.1 (H200, 64 × 128 × 4,096, the same run; ``benchmarks/NOTES.md`` round 34). A
+    run-time slab is stored through the operands' swizzle atoms (8 rows × 128 bytes, 1 KB
+    each and in order within a column block of ``q_blocks``), each column block loaded and
+    stored apart (a reshape and split of one ``[8, 4, 128]`` slab put hi values into the lo
+    blocks)."""
+    gl.static_assert(D_CKV == 512, "four column blocks of 128")
+    # 8 rows x 128 columns, 8 a thread (the RoPE part's 64 columns: each element held by two)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    for i in gl.static_range(4):
-        x = _slab_rows(q_nope_ptr, 4 * ROLE + i, q_start, row0, rows_end, num_heads, num_tokens,
-                       stride_qn_t, stride_qn_h, D_CKV, ld, 0)  # fmt: skip
-        p = _slab_rows(q_pe_ptr, 4 * ROLE + i, q_start, row0, rows_end, num_heads, num_tokens,
-                       stride_qp_t, stride_qp_h, D_KPE, ld, 0)  # fmt: skip
-        _stage_rows8(q_smem, inv_smem.index(0), x, 4 * ROLE + i)
-        _stage_rows8(qpe_smem, inv_smem.index(1), p, 4 * ROLE + i)
+    # the operands as swizzle atoms of 8 rows x 128 bytes: block b's rows 8w ... at 8b + w
+    if _REINTERPRET_PUBLIC:
+        atoms = q_blocks.reinterpret(gl.float8e4nv, [8 * 8, 8, 128], q_blocks.type.layout)
+        pe_atoms = qpe_smem.reinterpret(gl.float8e4nv, [2 * 8, 8, D_KPE], qpe_smem.type.layout)
+        inv8 = inv_smem.reinterpret(gl.float32, [2 * 8, 8], inv_smem.type.layout)
+    else:
+        atoms = q_blocks._reinterpret(gl.float8e4nv, [8 * 8, 8, 128], q_blocks.type.layout)
+        pe_atoms = qpe_smem._reinterpret(gl.float8e4nv, [2 * 8, 8, D_KPE], qpe_smem.type.layout)
+        inv8 = inv_smem._reinterpret(gl.float32, [2 * 8, 8], inv_smem.type.layout)
+    a = (q_nope_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_qn_t, stride_qn_h)
+    pa = (q_pe_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_qp_t, stride_qp_h)
+    w = 4 * ROLE
+    x0 = _rows8(a, w, 0, 128, ld)
+    x1 = _rows8(a, w, 128, 128, ld)
+    x2 = _rows8(a, w, 256, 128, ld)
+    x3 = _rows8(a, w, 384, 128, ld)
+    p = _rows8(pa, w, 0, D_KPE, ld)
+    for w in range(4 * ROLE, 4 * ROLE + 4):
+        n0 = _rows8(a, w + 1, 0, 128, ld)
+        n1 = _rows8(a, w + 1, 128, 128, ld)
+        n2 = _rows8(a, w + 1, 256, 128, ld)
+        n3 = _rows8(a, w + 1, 384, 128, ld)
+        pn = _rows8(pa, w + 1, 0, D_KPE, ld)
+        x0 = x0.to(gl.float32)
+        x1 = x1.to(gl.float32)
+        x2 = x2.to(gl.float32)
+        x3 = x3.to(gl.float32)
+        m01 = gl.maximum(gl.max(gl.abs(x0), axis=1), gl.max(gl.abs(x1), axis=1))
+        m23 = gl.maximum(gl.max(gl.abs(x2), axis=1), gl.max(gl.abs(x3), axis=1))
+        s = _pow2_scale(gl.maximum(m01, m23))
+        _stage_block(atoms, x0, s, w)
+        _stage_block(atoms, x1, s, 8 + w)
+        _stage_block(atoms, x2, s, 16 + w)
+        _stage_block(atoms, x3, s, 24 + w)
+        inv8.index(w).store(1.0 / s)
+        p = p.to(gl.float32)
+        s = _pow2_scale(gl.max(gl.abs(p), axis=1))
+        _stage_block(pe_atoms, p, s, w)
+        inv8.index(8 + w).store(1.0 / s)
+        x0 = n0
+        x1 = n1
+        x2 = n2
+        x3 = n3
+        p = pn
 
 
 @gluon.jit
-def _stage_rows8(q_smem, inv_smem, x, w: gl.constexpr):
-    """One 8-row slab ``x`` of one part of the query into rows ``8w … 8w + 7`` of the hi
-    (``q_smem[0]``) and lo (``q_smem[1]``) operands, ``1 / s`` into ``inv_smem[8w : 8w + 8]``."""
-    x = x.to(gl.float32)
-    s = _pow2_scale(gl.max(gl.abs(x), axis=1))
+def _rows8(a, w, c0: gl.constexpr, CW: gl.constexpr, ld: gl.constexpr):
+    """Columns ``[c0, c0 + CW)`` of query rows ``row0 + 8w … row0 + 8w + 7`` (row = token ×
+    heads + head; rows from ``rows_end`` on, and slabs past the program's eight, as 0),
+    ``[8, CW]``. ``a``: the part's pointer, ``q_start, row0, rows_end, num_heads,
+    num_tokens`` and its two strides."""
+    q_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_t, stride_h = a
+    r = row0 + w * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, ld))
+    tok = q_start + r // num_heads
+    r_ok = (r < rows_end) & (tok < num_tokens) & (w < 8)
+    rows = q_ptr + tok.to(gl.int64) * stride_t + (r % num_heads) * stride_h
+    d = c0 + gl.arange(0, CW, layout=gl.SliceLayout(0, ld))
+    return gl.load(rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
+
+
+@gluon.jit
+def _stage_block(atoms, x, s, a):
+    """``hi = e4m3(x·s)`` into ``atoms[a]`` and ``lo = e4m3(x·s − hi)`` into the lo operand's
+    atom ``a + len(atoms) / 2`` (``x [8, CW]`` fp32, ``s`` per row)."""
     x = x * s[:, None]
     hi = x.to(gl.float8e4nv)
-    q_smem.index(0).slice(8 * w, 8, dim=0).store(hi)
-    q_smem.index(1).slice(8 * w, 8, dim=0).store((x - hi.to(gl.float32)).to(gl.float8e4nv))
-    inv_smem.slice(8 * w, 8).store(1.0 / s)
+    atoms.index(a).store(hi)
+    atoms.index(a + atoms.shape[0] // 2).store((x - hi.to(gl.float32)).to(gl.float8e4nv))
 
 
 @gluon.jit
-def _chain(q_smem, z, kt, c0: gl.constexpr, W: gl.constexpr, s_layout: gl.constexpr):
+def _chain(q_blocks, z, kt, c0: gl.constexpr, W: gl.constexpr, s_layout: gl.constexpr):
     """One part of the scores in flight: columns ``[c0, c0 + W)`` of the lo operand, then of
-    the hi operand, against the same key columns, one accumulator (two wgmma groups). The
-    small lo products first: the tensor cores' reduced-precision accumulation then rounds
-    at the hi products' magnitude only once per hi step."""
+    the hi operand (column blocks of 128 in ``q_blocks``: hi ``[0, NB)``, lo ``[NB, 2 NB)``;
+    ``z`` is 0), against the same key columns, one accumulator (two wgmma groups). The small
+    lo products first: the tensor cores' reduced-precision accumulation then rounds at the hi
+    products' magnitude only once per hi step."""
+    NB: gl.constexpr = q_blocks.shape[0] // 2
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    a = warpgroup_mma(q_smem.index(z + 1).slice(c0, W, dim=1), kt.slice(c0, W, dim=0), s_zero,
-                      use_acc=False, is_async=True)  # fmt: skip
-    return warpgroup_mma(q_smem.index(z).slice(c0, W, dim=1), kt.slice(c0, W, dim=0), a,
-                         is_async=True)  # fmt: skip
+    lo = q_blocks.index(z + NB + c0 // 128).slice(c0 % 128, W, dim=1)
+    hi = q_blocks.index(z + c0 // 128).slice(c0 % 128, W, dim=1)
+    a = warpgroup_mma(lo, kt.slice(c0, W, dim=0), s_zero, use_acc=False, is_async=True)
+    return warpgroup_mma(hi, kt.slice(c0, W, dim=0), a, is_async=True)
 
 
 @gluon.jit
@@ -140,7 +206,7 @@ def _group_scale(sc_stages, st, g: gl.constexpr, tok_l: gl.constexpr):
 
 
 @gluon.jit
-def _scores8(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
+def _scores8(q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
              PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
              s_layout: gl.constexpr, PROBE: gl.constexpr = 0):  # fmt: skip
     """``S [64 rows, 64 tokens]`` of stage ``st`` in units of the latent part's scale (the
@@ -159,7 +225,7 @@ def _scores8(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
     acc = warpgroup_mma(qpe_smem.index(z), pt, acc, is_async=True)
     s = warpgroup_mma_wait(0, deps=[acc]) * pe_ratio[:, None]
     for g in gl.static_range(PARTS):
-        a = warpgroup_mma_wait(0, deps=[_chain(q_smem, z, kt, g * W, W, s_layout)])
+        a = warpgroup_mma_wait(0, deps=[_chain(q_blocks, z, kt, g * W, W, s_layout)])
         if TOKEN_GROUP:
             s = s + a * _group_scale(sc_stages, st, (g * W) // 128, tok_l)[None, :]
         else:
@@ -220,7 +286,7 @@ def _published(r, owner, stat_bar, SLOTS: gl.constexpr, s_rows: gl.constexpr):
 
 
 @gluon.jit
-def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
+def _own_tile(o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
               mine, theirs, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
               causal_limit, STAGES: gl.constexpr, SLOTS: gl.constexpr, PARTS: gl.constexpr,
               D_CKV: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_GROUP: gl.constexpr,
@@ -238,7 +304,7 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_stages, pe_stages, sc_stages, 
     fence_async_shared()  # the copier's cp.async bytes, to wgmma's async proxy
     _stamp(trace_ptr, 1 + ROLE, j, 1, PROBE)
     # the query's descriptors formed here, not hoisted out of the loop (j >> 30 is 0)
-    s = _scores8(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, j >> 30, pe_ratio,
+    s = _scores8(q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, st, j >> 30, pe_ratio,
                  PARTS, D_CKV, TOKEN_GROUP, s_layout, PROBE)  # fmt: skip
     _stamp(trace_ptr, 1 + ROLE, j, 2, PROBE)
     if j >= 1:  # the other's tile j - 1: its maximum, and its factor for the row sums
@@ -280,7 +346,7 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
     ROLE + 2, …``, applies every tile to output columns ``256·ROLE + π(m)``
     (``mla_fp8qk._store_output``), and stores them as ``O / l`` times the value scale
     (``ROLE`` 0 also the base-2 LSE). ``args``: the run-time values, one tuple."""
-    (k_stages, pe_stages, sc_stages, ready, empty, q_smem, qpe_smem, inv_smem, q_ready, slots0,
+    (k_stages, pe_stages, sc_stages, ready, empty, q_blocks, qpe_smem, inv_smem, q_ready, slots0,
      slots1, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
      qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
      pe_factor, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
@@ -296,6 +362,7 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)  # along the query rows (N)
 
     _stamp(trace_ptr, 1 + ROLE, 0, 7, PROBE)
+    _stamp(trace_ptr, 0, 0, 4 * ROLE, PROBE, True)
     if ROLE == 0:  # P and statistics: this warpgroup's own tiles', and the other's
         mine = slots0
         theirs = slots1
@@ -304,13 +371,15 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
         theirs = slots0
     row0 = m_tile * ROWS
     rows_end = gl.minimum(rows_total, row0 + ROWS)
-    _stage_query8(q_smem, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
+    _stage_query8(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
                   num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
                   D_CKV, D_KPE, ROLE)  # fmt: skip
+    _stamp(trace_ptr, 1 + ROLE, 3, 7, PROBE)
     fence_async_shared()
     _BARRIER()
     mbarrier.arrive(q_ready)
     mbarrier.wait(q_ready, 0)  # both halves staged
+    _stamp(trace_ptr, 1 + ROLE, 4, 7, PROBE)
     inv_s = inv_smem.index(0).load(s_rows)
     # the latent part's products to log2 units, per row; the RoPE part's relative to it
     nope_scale = inv_s * qk_scale
@@ -323,9 +392,10 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
     l_i = gl.zeros([ROWS], gl.float32, layout=s_rows)
     o = gl.zeros([HALF, ROWS], gl.float32, layout=o_layout)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    _stamp(trace_ptr, 1 + ROLE, 5, 7, PROBE)
     for j in range(ROLE, n_tiles, 2):
         o, l_i, m_i = _own_tile(
-            o, l_i, m_i, j, q_smem, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
+            o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
             mine, theirs, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
             causal_limit, STAGES, SLOTS, PARTS, D_CKV, CAUSAL, TOKEN_GROUP, FP8_CVT, ROLE,
             s_layout, s_rows, o_cols, a_l, PROBE, trace_ptr,
@@ -337,6 +407,7 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
         o = _apply_tile(o, last, None, k_stages, sc_stages, empty, theirs, STAGES,
                         SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l, PROBE)  # fmt: skip
     _stamp(trace_ptr, 1 + ROLE, 1, 7, PROBE)
+    _stamp(trace_ptr, 0, 0, 4 * ROLE + 1, PROBE, True)
 
     # the row sums of both warpgroups' tiles
     l_smem.index(ROLE).store(l_i)
@@ -355,6 +426,7 @@ def _pp8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.con
         _store_lse(m_i, l_t, lse_ptr, split, q_start, rs, rows_total, num_heads, num_tokens,
                    stride_lse_split, stride_lse_t)  # fmt: skip
     _stamp(trace_ptr, 1 + ROLE, 2, 7, PROBE)
+    _stamp(trace_ptr, 0, 0, 4 * ROLE + 2, PROBE, True)
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
@@ -415,7 +487,8 @@ def _mla_attn_pp8_kernel(
     # the same errors, LSE within 2e-3 on the GPU suite)
     QK_PARTS: gl.constexpr = 4,
     # measurement only (benchmarks/probe_manyrows.py): 8 the cycle stamps into ``trace_ptr``
-    # (fewrows_producer._stamp: parts 1-2 the consumers, 3 the copier), 1 the tiles without
+    # (fewrows_producer._stamp: parts 1-2 the consumers, 3 the copier, 0 the consumers'
+    # nanosecond stamps of their start, loop end and stores), 1 the tiles without
     # their scores' products, 2 every tile from the pool's first rows (L2 hits), 128 the value
     # products without their operands' loads (wrong answers but for 8)
     PROBE: gl.constexpr = 0,
@@ -445,7 +518,8 @@ def _mla_attn_pp8_kernel(
     k_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_CKV], k_sh)
     pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_KPE], pe_sh)
     sc_stages = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], vec2_sh)
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, D_CKV], k_sh)  # hi, lo
+    # the query's hi and lo operands in column blocks of 128: hi [0, 4), lo [4, 8)
+    q_blocks = gl.allocate_shared_memory(gl.float8e4nv, [2 * D_CKV // 128, ROWS, 128], k_sh)
     qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, D_KPE], pe_sh)
     inv_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_sh)
     # each warpgroup's P (two halves) and statistics (maximum, factor) of its last SLOTS
@@ -488,7 +562,7 @@ def _mla_attn_pp8_kernel(
     )  # fmt: skip
 
     consumer = (
-        k_stages, pe_stages, sc_stages, ready, empty, q_smem, qpe_smem, inv_smem, q_ready, slots0,
+        k_stages, pe_stages, sc_stages, ready, empty, q_blocks, qpe_smem, inv_smem, q_ready, slots0,
         slots1, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
         qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
         pe_factor, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,

@@ -61,9 +61,9 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
         2560,
         "the ping-pong kernel on FP8 tiles: both consumer warpgroups at 232 registers hold a "
         "64 × 256 accumulator, S [64, 64], a scores part and two value operands; Triton 3.6 "
-        "(the H200 runs) spills 148-200 B with per-tensor scales (measured 476 TFLOP/s at 64 × "
-        "128 × 4,096) and 1,632 B with token-group scales (3-7% slower there than the 32-row "
-        "FP8 × FP8 tiles in round 32, benchmarks/NOTES.md); Triton 3.9 760-772 B and 2,268 B, "
+        "(the H200 runs) spills 76-208 B with per-tensor scales (measured 500 TFLOP/s at 64 × "
+        "128 × 4,096) and 1,668 B with token-group scales (3-7% slower there than the 32-row "
+        "FP8 × FP8 tiles in round 32, benchmarks/NOTES.md); Triton 3.9 768-780 B and 2,376 B, "
         "and its ptxas serializes the wgmma there (the H200's Triton 3.6 per-tensor builds do "
         "not)",
     ),
