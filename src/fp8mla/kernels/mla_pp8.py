@@ -99,14 +99,14 @@ def _stage_query8(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, r
     of both parts into ``inv_smem [2, 64]``.
 
     One slab's code in a run-time loop, the next slab's rows loaded while one is converted.
-    Unrolled, the staging was ~30 KB of instructions per consumer, fetched cold at the
-    program's start, the second consumer's after the first's: 24,800 cycles from a consumer's
-    start to both halves staged, against 13,300 as a loop, 153.7-154.1 µs a call against
-    146.4-147.1 (H200, 64 × 128 × 4,096, the same run; ``benchmarks/NOTES.md`` round 34). A
-    run-time slab is stored through the operands' swizzle atoms (8 rows × 128 bytes, 1 KB
-    each and in order within a column block of ``q_blocks``), each column block loaded and
-    stored apart (a reshape and split of one ``[8, 4, 128]`` slab put hi values into the lo
-    blocks)."""
+    Unrolled, the staging was ~30 KB of instructions per consumer, run once per program (so
+    fetched cold), and the second consumer finished ~13,000 cycles after the first: 24,800
+    cycles from a consumer's start to both halves staged, against 10,400 as this loop;
+    153.7-154.1 µs a call against 146.4-147.1 for a first form of the loop in the same run
+    (H200, 64 × 128 × 4,096; ``benchmarks/NOTES.md`` round 34). A run-time slab is stored
+    through the operands' swizzle atoms (8 rows × 128 bytes, 1 KB each and in order within a
+    column block of ``q_blocks``), each column block loaded and stored apart (a reshape and
+    split of one ``[8, 4, 128]`` slab put hi values into the lo blocks)."""
     gl.static_assert(D_CKV == 512, "four column blocks of 128")
     # 8 rows x 128 columns, 8 a thread (the RoPE part's 64 columns: each element held by two)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
