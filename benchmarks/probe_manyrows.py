@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 
@@ -78,13 +79,29 @@ VARIANTS = {
     "probe8-cached": (PINGPONG8_TILE, {"PROBE": 2}),
     "probe8-nooperand": (PINGPONG8_TILE, {"PROBE": 128}),
     "probe8-noscores-nooperand": (PINGPONG8_TILE, {"PROBE": 129}),
+    # launched without the programmatic dependency (FP8MLA_DEPENDENT_LAUNCH=0 at plan())
+    "pingpong8-nopdl": (PINGPONG8_TILE, {"DEPENDENT_LAUNCH": False}),
 }
 
 
 def variant_runner(inp, pool: torch.Tensor, variant: tuple) -> tuple[I.Runner, object]:
-    """fp8mla in the variant's tile and compile-time options on ``pool``."""
+    """fp8mla in the variant's tile and compile-time options on ``pool`` (the option
+    ``DEPENDENT_LAUNCH``: False plans it without programmatic dependent launch)."""
     config, options = variant
-    run, w = fp8mla_runner(inp, pool, kernel_config=config)
+    options = dict(options)
+    env = {}
+    if "DEPENDENT_LAUNCH" in options:
+        env["FP8MLA_DEPENDENT_LAUNCH"] = "1" if options.pop("DEPENDENT_LAUNCH") else "0"
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        run, w = fp8mla_runner(inp, pool, kernel_config=config)
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
     w._launch.kernel.options.update(options)
     return run, w
 

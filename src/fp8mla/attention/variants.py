@@ -258,6 +258,7 @@ PINGPONG8 = register(
         check_tile=_fixed_tile(64, 64, 4),
         gluon=True,
         mark="e",
+        launches_dependents=True,
     )
 )
 FEWROWS = register(

@@ -54,7 +54,9 @@ token-group scales), the query's hi and lo operands 72 KB, ``P`` 32 KB (about 22
 program per SM). Same arguments and results as ``_mla_attn_pingpong_kernel``; ``BLOCK_M`` 64,
 ``BLOCK_N`` 64, FP8 pools (e4m3 or e5m2, as ``FP8_CVT`` names them) with per-tensor or
 token-group scales, a 64-dim RoPE part; launched with 4 warps (the consumers' 8 come on top).
-Gluon has no interpreter: SM90 only.
+On SM90 the planner launches it as a programmatic dependent (``WAIT_PRIOR``; its programs set
+up their barriers before the grid ahead of it ends) and it lets its own dependents launch
+early (``kernels/grid_dependency.py``). Gluon has no interpreter: SM90 only.
 """
 
 from triton.experimental import gluon
@@ -69,6 +71,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_stage import SC_L, _copier, _pow2_scale
+from fp8mla.kernels.grid_dependency import launch_dependents, wait_prior
 from fp8mla.kernels.mla_fp8qk import HALF, _store_output, _value_operand
 from fp8mla.kernels.mla_pingpong import _softmax_tile64
 from fp8mla.kernels.mla_wgmma import (
@@ -480,6 +483,8 @@ def _mla_attn_pp8_kernel(
     DOT_DTYPE: gl.constexpr,
     WRITE_LSE: gl.constexpr,
     FP8_CVT: gl.constexpr,
+    # launched as a programmatic dependent of the grid before it: no global read before it ends
+    WAIT_PRIOR: gl.constexpr = False,
     STAGES: gl.constexpr = 3,  # FP8 tiles in flight (37 KB each)
     # the latent part of Q·Kᵀ in QK_PARTS column ranges, each summed by the tensor cores (at
     # their reduced FP8 accumulation precision) and added to the others in fp32 (in one A/B
@@ -499,7 +504,7 @@ def _mla_attn_pp8_kernel(
     gl.static_assert(D_CKV == 2 * HALF, "the latent dimension is 512")
     gl.static_assert(D_KPE == 64, "the RoPE dimension is 64")
     gl.static_assert(
-        not TOKEN_GROUP or D_CKV // QK_PARTS <= 128, "a scores part within one scale group"
+        D_CKV // QK_PARTS <= 128, "a scores part within one column block (and scale group)"
     )
     gl.static_assert(gl.num_warps() == 4, "four warps in the default partition")
     gl.static_assert(
@@ -551,6 +556,14 @@ def _mla_attn_pp8_kernel(
     fence_async_shared()
     _BARRIER()
 
+    if WAIT_PRIOR:
+        wait_prior()
+    # the grid launched as this one's programmatic dependent (the split merge, the next
+    # layer's call) may be scheduled from now on: its programs wait on the SMs this grid
+    # leaves idle or has ended on (one program per SM), set up, instead of being launched
+    # after this grid's end (H200, 64 × 128 × 4,096, same runs: 145.9 and 150.8 µs a call
+    # against 147.0 and 152.3 without; benchmarks/NOTES.md round 35)
+    launch_dependents()
     m_tile = gl.program_id(0)
     b = gl.program_id(1)
     split = gl.program_id(2)
