@@ -512,20 +512,22 @@ def test_variant_named_in_plan_serves_every_row(kernel, heads, qo_len):
 @pytest.mark.skipif(not IS_SM90, reason="programmatic dependent launches of the SM90 kernels")
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("num_splits", [None, 1], ids=["split", "unsplit"])
-@pytest.mark.parametrize("kernel", ["fewrows", "fp8qk"])
+@pytest.mark.parametrize("kernel", ["fewrows", "fp8qk", "pingpong8"])
 def test_back_to_back_layers_through_one_plan(kernel, num_splits, graph):
     """Layers run back to back through one plan, each over its own pool and queries: each
     attention kernel is a programmatic dependent of the grid before it (the previous layer's
     merge or attention) and shares the plan's partials with it, so it must touch nothing
     before that grid has ended. Every layer's output against float64, eagerly and replayed
-    from a CUDA graph."""
+    from a CUDA graph (the FP8 ping-pong kernel at 128 heads, its 64-row programs)."""
     import dataclasses
 
     from fp8mla import BatchMLAPagedAttentionWrapper
 
     from attention_utils import workspace
 
-    base = make_batch([4096, 1000, 3001, 17], 32, page_size=1, device="cuda", generator=gen(31))
+    heads = 128 if kernel == "pingpong8" else 32
+    base = make_batch([4096, 1000, 3001, 17], heads, page_size=1, device="cuda",
+                      generator=gen(31))  # fmt: skip
     g = torch.Generator(device="cuda").manual_seed(32)
     layers = []
     for _ in range(6):
@@ -538,7 +540,7 @@ def test_back_to_back_layers_through_one_plan(kernel, num_splits, graph):
             q_pe=torch.randn(base.q_pe.shape, generator=g, device="cuda").to(torch.bfloat16),
         ))  # fmt: skip
     w = BatchMLAPagedAttentionWrapper(workspace("cuda"), backend="triton")
-    w.plan(*base.plan_args(), 32, 512, 64, 1, False, SM_SCALE, torch.bfloat16, base.ckv.dtype,
+    w.plan(*base.plan_args(), heads, 512, 64, 1, False, SM_SCALE, torch.bfloat16, base.ckv.dtype,
            num_splits=num_splits, kernel_config=kernel)  # fmt: skip
     assert w._launch.plan.attention_waits
     outs = [torch.empty_like(b.q_nope) for b in layers]

@@ -258,7 +258,7 @@ def test_a_plan_of_two_row_tiles_for_a_one_tile_kernel_is_refused(variant):
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("variant", ["fewrows", "fp8qk"])
+@pytest.mark.parametrize("variant", ["fewrows", "fp8qk", "pingpong8"])
 @pytest.mark.parametrize("splits", [1, 4])
 def test_attention_waits_compiles_the_wait_and_launches_as_a_dependent(variant, splits):
     """A plan whose attention kernel waits on the grid before it compiles the kernel with the

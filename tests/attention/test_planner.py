@@ -459,14 +459,14 @@ def test_merge_waits_where_the_attention_kernel_lets_it_launch_early(target, con
 @pytest.mark.parametrize(
     "target, config, waits",
     [("sm90", None, True), ("sm90", "fp8qk", True), ("sm90", "fewrows", True),
-     ("sm90", "rows", False), ("sm90", "wgmma", False), ("sm100", None, False),
-     ("sm80", None, False)],
+     ("sm90", "pingpong8", True), ("sm90", "rows", False), ("sm90", "wgmma", False),
+     ("sm90", "pingpong", False), ("sm100", None, False), ("sm80", None, False)],
 )  # fmt: skip
 @pytest.mark.parametrize("splits", [None, 1])
 def test_attention_waits_on_the_grid_before_it_where_its_kernel_can(target, config, waits, splits):
-    """The few-row and FP8 × FP8 kernels on SM90 are launched as programmatic dependents of
-    the grid before them on the stream (split or not); the other kernels, other GPUs and the
-    interpreter get an ordinary launch."""
+    """The few-row, FP8 × FP8 and FP8 ping-pong kernels on SM90 are launched as programmatic
+    dependents of the grid before them on the stream (split or not); the other kernels, other
+    GPUs and the interpreter get an ordinary launch."""
     kw = dict(batch=1, num_heads=32, max_qo_len=1, max_kv_len=4096, sms=132,
               max_splits_by_workspace=64, num_splits=splits)  # fmt: skip
     assert make_launch_plan(target=TARGETS[target], config=config, **kw).attention_waits == waits
