@@ -163,7 +163,7 @@ def _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit, CAUSAL: gl
     reaches ``mask_from`` (the split's end, or the first causal limit of the tile's rows) is
     masked (H200, FP8 pool, against masking every tile: 64 × 128 × 4,096 177.4-182.0 vs
     185.0-193.7 µs, 64 × 64 90.7-91.0 vs 95.5-95.7, 32 × 32 32.0 vs 32.4;
-    benchmarks/NOTES.md round 30)."""
+    benchmarks/NOTES-2026-12-02-rounds-30-31.md, round 30)."""
     _stamp(trace_ptr, 0, j, 5, PROBE)
     n0 = n_begin + j * BLOCK_N
     if n0 + BLOCK_N > mask_from:

@@ -215,7 +215,8 @@ def _softmax_tile64(s, m_prev, n0, mask_from, n_end, causal_limit, qk_scale, BLO
     (``qk_scale`` > 0), so each score costs one fused multiply-add and one exp2. (H200, bf16
     pool, against :func:`_softmax_tile` on the same tiles: 64 × 128 × 4,096 139.8-149.0 vs
     147.1-160.1 µs. The 32-token tiles, whose softmax runs beside the other's product, lose
-    with it: 8 × 128 × 16,384 88.9-89.4 vs 85.7-85.8; benchmarks/NOTES.md round 30.)
+    with it: 8 × 128 × 16,384 88.9-89.4 vs 85.7-85.8; round 30 in
+    benchmarks/NOTES-2026-12-02-rounds-30-31.md.)
     ``ROW_SCALE``: ``qk_scale`` is one scale per row (the FP8 ping-pong kernel's query halves
     carry a power of two per row), else one for all."""
     if n0 + BLOCK_N > mask_from:

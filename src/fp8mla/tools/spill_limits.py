@@ -52,7 +52,7 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
         "request): both consumer warpgroups at 224 registers hold S [64, 64], P and a 64 × 256 "
         "accumulator; Triton 3.9 spills 268-304 B, Triton 3.6 (the H200 runs) 56-64 B, "
         "measured 586 TFLOP/s on the 4,096-token extend at 128 heads "
-        "(benchmarks/NOTES-2026-12-01-rounds-28-29.md and NOTES.md round 30)",
+        "(benchmarks/NOTES-2026-12-01-rounds-28-29.md and NOTES-2026-12-02-rounds-30-31.md)",
     ),
     (
         ("sm90",),
