@@ -28,7 +28,7 @@ from fp8mla.bench.cases import Case
 from fp8mla.bench.inputs import build_inputs, random_pool
 from fp8mla.bench.measure import time_graph
 from fp8mla.bench.runner import placements
-from fp8mla.kernels.grid_dependency import launch_next_grid, wait_prior_grid
+from fp8mla.kernels.portable.grid_dependency import launch_next_grid, wait_prior_grid
 
 CASES = {c.name: c for c in (Case(1, 32, 4096), Case(32, 32, 4096), Case(64, 16, 4096))}
 

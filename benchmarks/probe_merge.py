@@ -23,7 +23,7 @@ import torch
 from fp8mla.attention.planner import make_launch_plan, merge_block_s
 from fp8mla.attention.targets import TARGETS
 from fp8mla.bench.measure import time_graph
-from fp8mla.kernels.merge import _mla_merge_kernel
+from fp8mla.kernels.portable.merge import _mla_merge_kernel
 from fp8mla.testing import rel_err
 
 # (requests, heads, context): the decode goal cases that split

@@ -49,12 +49,12 @@ def test_kernel_conversions_on_gpu(dtype, mode):
     import triton.language as tl
 
     from fp8mla.attention.launch import fp8_conversion
-    from fp8mla.kernels.mla_tiles import _fp8_bytes_to_f16
+    from fp8mla.kernels.portable.fp8_decode import fp8_bytes_to_f16
 
     @triton.jit
     def convert(src, dst, FP8_CVT: tl.constexpr):
         i = tl.arange(0, 256)
-        tl.store(dst + i, _fp8_bytes_to_f16(tl.load(src + i), FP8_CVT))
+        tl.store(dst + i, fp8_bytes_to_f16(tl.load(src + i), FP8_CVT))
 
     codes, finite = all_codes(dtype)
     out = torch.empty(256, dtype=torch.float16, device="cuda")

@@ -11,7 +11,7 @@ import triton.language as tl
 from fp8mla.attention.launch import fp8_conversion
 from fp8mla.attention.planner import KernelConfig
 from fp8mla.attention.targets import TARGETS
-from fp8mla.kernels.mla_tiles import _fp8_bytes_to_f16
+from fp8mla.kernels.portable.fp8_decode import fp8_bytes_to_f16
 from fp8mla.testing import make_batch
 
 from attention_utils import assert_matches_reference, run_wrapper
@@ -23,7 +23,7 @@ FORMATS = [torch.float8_e4m3fn, torch.float8_e5m2]
 @triton.jit
 def _convert_kernel(src, dst, FP8_CVT: tl.constexpr):
     i = tl.arange(0, 256)
-    tl.store(dst + i, _fp8_bytes_to_f16(tl.load(src + i), FP8_CVT))
+    tl.store(dst + i, fp8_bytes_to_f16(tl.load(src + i), FP8_CVT))
 
 
 @pytest.mark.parametrize("dtype", FORMATS, ids=str)
@@ -58,7 +58,7 @@ def test_attention_with_portable_decoding(device, dtype, scale_mode):
 
 
 def test_auto_picks_the_integer_paths_per_target():
-    from fp8mla.kernels import mla_tiles as T
+    from fp8mla.kernels.portable import fp8_decode as T
 
     cuda = torch.device("cuda")  # a device object only: nothing is asked of CUDA
     e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2

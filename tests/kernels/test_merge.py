@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fp8mla.attention.planner import merge_block_s
-from fp8mla.kernels.merge import _mla_merge_kernel
+from fp8mla.kernels.portable.merge import _mla_merge_kernel
 
 
 def _merge64(mid_o: torch.Tensor, mid_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,8 +66,8 @@ def test_merge_imports_without_gluon():
                 if name.startswith("triton.experimental.gluon"):
                     raise ImportError(name)
         sys.meta_path.insert(0, Hide())
-        import fp8mla.kernels.grid_dependency as g
-        from fp8mla.kernels.merge import _mla_merge_kernel
+        import fp8mla.kernels.portable.grid_dependency as g
+        from fp8mla.kernels.portable.merge import _mla_merge_kernel
         assert not hasattr(g, "launch_dependents")
         print("ok")
         """

@@ -61,7 +61,7 @@ def fp8_conversion(
     into finite values). ``portable`` forces the Triton-op integer path anywhere; ``native``
     Triton's cast; ``ptx`` falls back to ``int`` below SM89 and both fall back to ``portable``
     on AMD."""
-    from fp8mla.kernels import mla_tiles as T
+    from fp8mla.kernels.portable import fp8_decode as T
 
     if choice not in FP8_CVT_CHOICES:
         raise ValueError(f"expected fp8_cvt in {'/'.join(FP8_CVT_CHOICES)}, got {choice!r}")
@@ -150,7 +150,7 @@ def _merge_launch(
     plan: LaunchPlan, partials: Partials, qo: torch.Tensor, heads: int, batch: int, index: int
 ) -> tuple[KernelLauncher, dict[str, Any]]:
     """The split merge of ``plan``: its launcher and the arguments bound at plan()."""
-    from fp8mla.kernels.merge import _mla_merge_kernel
+    from fp8mla.kernels.portable.merge import _mla_merge_kernel
 
     block_s = merge_block_s(
         plan.num_splits, plan.merge_block_d, plan.merge_warps, plan.half_partials

@@ -187,7 +187,7 @@ def _tile_few(config: KernelConfig) -> str | None:
 ROWS = register(
     Variant(
         name="rows",
-        kernel="fp8mla.kernels.mla_attention:_mla_attn_rows_kernel",
+        kernel="fp8mla.kernels.portable.rows:_mla_rows_kernel",
         summary="Triton; S = Q·Kᵀ then O += P·V with the query rows as M (any target)",
         supports=_anywhere,
         check_tile=_any_tile,
@@ -196,7 +196,7 @@ ROWS = register(
 VSPLIT = register(
     Variant(
         name="vsplit",
-        kernel="fp8mla.kernels.mla_attention:_mla_attn_vsplit_kernel",
+        kernel="fp8mla.kernels.portable.vsplit:_mla_vsplit_kernel",
         summary="Triton; two programs per row tile, each with half of the 512 output columns "
         "(many rows: the accumulator fits in registers)",
         supports=_anywhere,

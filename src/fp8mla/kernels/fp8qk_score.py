@@ -16,8 +16,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_stage import LO_GAIN, SC_L, _tile_rows
-from fp8mla.kernels.grid_dependency import launch_dependents
 from fp8mla.kernels.mla_wgmma import _mask_scores, _store_lse, _unmasked_end
+from fp8mla.kernels.portable.grid_dependency import launch_dependents
 
 RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
 HALF_N = gl.constexpr(32)  # tokens per P·V step of the value warpgroups

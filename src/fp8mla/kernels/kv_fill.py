@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from fp8mla.kernels import mla_tiles as T
+from fp8mla.kernels.portable import fp8_decode as T
 
 # a barrier over the calling partition's warps (renamed after Triton 3.6)
 _BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
@@ -35,10 +35,10 @@ PRODUCER_WARPS = gl.constexpr(4)
 @gluon.jit
 def _fp8_to_f16(b, FP8_CVT: gl.constexpr):
     """FP8 codes → fp16: Triton's cast for ``CVT_NATIVE`` (FP8 pointers), else the bit moves
-    of ``mla_tiles._fp8_bytes_to_f16`` on the bytes."""
+    of ``mla_tiles.fp8_bytes_to_f16`` on the bytes."""
     if FP8_CVT == T.CVT_NATIVE:
         return b.to(gl.float16)
-    return T._fp8_bytes_to_f16(b, FP8_CVT)
+    return T.fp8_bytes_to_f16(b, FP8_CVT)
 
 
 @gluon.jit

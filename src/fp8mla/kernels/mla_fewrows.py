@@ -27,7 +27,7 @@ partitions:
 * the **value warpgroup** accumulates output columns 256–511 from the same ``Pᵀ``.
 
 Shared memory for R = 32: two fp16 KV tiles 144 KB, the query 36 KB, two ``Pᵀ`` buffers 8 KB
-(about 190 KB: one program per SM). Same arguments and results as ``_mla_attn_rows_kernel``
+(about 190 KB: one program per SM). Same arguments and results as ``_mla_rows_kernel``
 (``kernels/mla_attention.py``) plus the bounds of the cache and of the index array; FP8 KV with
 a 64-dim RoPE part; launched with 4 warps (the other partitions' warps come on top). Gluon has
 no interpreter: this kernel runs on SM90 GPUs only.
@@ -43,9 +43,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, CHUNK, _producer, _stamp
-from fp8mla.kernels.grid_dependency import launch_dependents, wait_prior
 from fp8mla.kernels.kv_fill import _kv_copier
 from fp8mla.kernels.mla_wgmma import _request_span, _store_lse
+from fp8mla.kernels.portable.grid_dependency import launch_dependents, wait_prior
 
 HALF = gl.constexpr(256)  # output columns per consumer warpgroup
 NEG_INF = gl.constexpr(float("-inf"))

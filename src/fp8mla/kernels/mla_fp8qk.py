@@ -52,12 +52,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_score import HALF_N, RQ, _score_wg
 from fp8mla.kernels.fp8qk_stage import _copier, _stage_query_half, _tile_rows
-from fp8mla.kernels.grid_dependency import launch_dependents, wait_prior
 from fp8mla.kernels.mla_wgmma import _request_span
+from fp8mla.kernels.portable import fp8_decode as T
+from fp8mla.kernels.portable.grid_dependency import launch_dependents, wait_prior
 
 HALF = gl.constexpr(256)  # output columns per value warpgroup
 # measurement only: the PROBE bits that take each tile without the value warpgroups' products
@@ -91,7 +91,7 @@ def _value_operand(
     if PROBE & 128:
         return gl.zeros([HALF, HALF_N], gl.float16, a_l)
     v8 = k_stages.index(st).slice(H * HALF, HALF, dim=1).slice(kh * HALF_N, HALF_N, dim=0)
-    v = T._fp8_bytes_to_f16(v8.load(V_LOAD).to(gl.uint8, bitcast=True), FP8_CVT)  # exact
+    v = T.fp8_bytes_to_f16(v8.load(V_LOAD).to(gl.uint8, bitcast=True), FP8_CVT)  # exact
     if TOKEN_GROUP:  # this warpgroup's two groups: columns 0-127 and 128-255
         sc = sc_stages.index(st).slice(kh * HALF_N, HALF_N, dim=0).load(SC_HALF)
         g = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_HALF))[None, :]

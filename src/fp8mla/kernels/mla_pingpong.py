@@ -31,7 +31,7 @@ sums are added once, after the loop. Nothing is in flight across a loop iteratio
 
 Shared memory: the query 72 KB, four fp16 KV buffers 144 KB, ``P`` 4 KB, the statistics
 1 KB (about 221 KB: one program per SM). Same arguments and results as
-``_mla_attn_rows_kernel``; ``BLOCK_M`` 64 and ``BLOCK_N`` 32, launched with 4 warps (the other
+``_mla_rows_kernel``; ``BLOCK_M`` 64 and ``BLOCK_N`` 32, launched with 4 warps (the other
 partitions' 8 warps come on top), a 64-dim RoPE part. Gluon has no interpreter: SM90 only.
 
 **64-token tiles** (``BLOCK_N`` 64, 16-bit pools; the planner's choice for requests of more

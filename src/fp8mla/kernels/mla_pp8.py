@@ -68,10 +68,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
 from fp8mla.kernels.fp8qk_stage import SC_L, _copier, _pow2_scale
-from fp8mla.kernels.grid_dependency import launch_dependents, wait_prior
 from fp8mla.kernels.mla_fp8qk import HALF, _store_output, _value_operand
 from fp8mla.kernels.mla_pingpong import _softmax_tile64
 from fp8mla.kernels.mla_wgmma import (
@@ -80,6 +78,8 @@ from fp8mla.kernels.mla_wgmma import (
     _store_lse,
     _unmasked_end,
 )
+from fp8mla.kernels.portable import fp8_decode as T
+from fp8mla.kernels.portable.grid_dependency import launch_dependents, wait_prior
 
 ROWS = gl.constexpr(64)  # query rows per program: the scores' M, the value products' N
 HALF_N = gl.constexpr(32)  # tokens per value product step

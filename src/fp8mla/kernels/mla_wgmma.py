@@ -25,7 +25,7 @@ base 2 as in the Triton kernels; ``S`` and the output are fp32 accumulators.
 
 Shared memory (RoPE part included): the query 72 KB, two fp16 KV tiles 144 KB, P 8 KB, the
 row maxima 0.5 KB (224.5 KB: one program per SM). Same arguments and results as
-``_mla_attn_rows_kernel`` (``kernels/mla_attention.py``); ``BLOCK_M`` and ``BLOCK_N`` are 64,
+``_mla_rows_kernel`` (``kernels/mla_attention.py``); ``BLOCK_M`` and ``BLOCK_N`` are 64,
 ``num_warps`` 8 (the producer's 4 warps come on top), the KV FP8 (read as bytes) with a 64-dim
 RoPE part. Gluon has no interpreter: this kernel runs on SM90 GPUs only, and the planner picks
 it only there.
@@ -40,7 +40,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fp8mla.kernels import mla_tiles as T
 from fp8mla.kernels.kv_fill import (
     _BARRIER,
     CHUNK,
@@ -48,6 +47,7 @@ from fp8mla.kernels.kv_fill import (
     _kv_copier,
     _kv_producer,
 )
+from fp8mla.kernels.portable import tiles as T
 
 NEG_INF = gl.constexpr(float("-inf"))
 NUM_BUF = gl.constexpr(2)  # fp16 KV tiles in flight
@@ -70,12 +70,12 @@ def _request_span(
     q_start = gl.load(qo_indptr_ptr + b)
     qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
     rows_total = qo_len * num_heads
-    qk_scale, pe_factor, v_scale = T._scales(
+    qk_scale, pe_factor, v_scale = T.kv_scales(
         ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
         CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
     kv_len = gl.load(kv_len_ptr + b)
-    n_begin, n_end = T._split_range(
+    n_begin, n_end = T.split_range(
         kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
     )
     n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)

@@ -45,9 +45,9 @@ CVT_NAMES = {
     5: "int-triton",
     6: "int-triton",
 }
-MERGE = "fp8mla.kernels.merge:_mla_merge_kernel"
-KV_WRITE = "fp8mla.kernels.kv_write:_kv_write_kernel"
-KV_STAGE = "fp8mla.kernels.kv_stage:_stage_kv_kernel"
+MERGE = "fp8mla.kernels.portable.merge:_mla_merge_kernel"
+KV_WRITE = "fp8mla.kernels.portable.kv_write:_kv_write_kernel"
+KV_STAGE = "fp8mla.kernels.portable.kv_stage:_kv_stage_kernel"
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ def kv_stage_jobs(target: Target) -> list[Job]:
     """The FP8 → fp16 staging of a plan's pages (``attention/stage.py``) for both FP8
     dtypes and scale modes, with the target's FP8 decoding."""
     from fp8mla.attention.launch import fp8_conversion
-    from fp8mla.kernels.kv_stage import STAGE_TOKENS
+    from fp8mla.kernels.portable.kv_stage import STAGE_TOKENS
 
     jobs = []
     for kv in KV_DTYPES:

@@ -30,7 +30,7 @@ compile error, on spills above the limit, or on shared memory over the target's 
 
 - **attention**: each kernel variant of the registry (`fp8mla.attention.variants`) in each
   tile the planner (`fp8mla.attention.planner`) can select for the target — the Triton
-  `_mla_attn_rows_kernel`, `_mla_attn_vsplit_kernel` for the value-split tiles marked `v`
+  `_mla_rows_kernel`, `_mla_vsplit_kernel` for the value-split tiles marked `v`
   (e.g. `128x64v`), and on SM90 the Gluon kernels, `_mla_attn_wgmma_kernel` (tile `64x64g`,
   FP8 above 32 rows), `_mla_attn_fewrows_kernel` (tiles `16x64f` and `32x64f`, up to 32 rows)
   and, for FP8 KV, `_mla_attn_fp8qk_kernel` (tiles `16x64q` and `32x64q`, up to 32 rows, and

@@ -21,7 +21,7 @@ next grid launch from its start.
 import triton
 import triton.language as tl
 
-from fp8mla.kernels.grid_dependency import launch_next_grid, wait_prior_grid
+from fp8mla.kernels.portable.grid_dependency import launch_next_grid, wait_prior_grid
 
 NEG_INF = tl.constexpr(float("-inf"))
 

@@ -10,7 +10,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _encode_fp8(x, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr):
+def encode_fp8(x, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr):
     """fp32 ``x`` (already clamped to the format's range; NaN allowed) → FP8 code as uint8,
     NaN as ``0x7F`` with its sign bit, as PyTorch's cast.
 
@@ -39,7 +39,7 @@ def _encode_fp8(x, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr):
 
 
 @triton.jit
-def _encode_bf16(x):
+def encode_bf16(x):
     """fp32 → bf16 bits as uint16, rounded to nearest even (finite inputs)."""
     bits = x.to(tl.uint32, bitcast=True)
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.uint16)

@@ -1,75 +1,32 @@
-"""Pieces shared by the MLA attention kernels: query rows, split ranges, KV tile loads."""
+"""Building blocks of the portable Triton attention kernels (``rows.py``, ``vsplit.py``):
+query rows, split ranges, the page table and its bounds, KV tile loads, the online softmax
+and the scales.
+
+Every kernel bounds what it reads by the arrays it is given at launch time, whatever the index
+arrays hold then: query rows past ``num_tokens`` are skipped; a page-table entry past the
+request's own entries or past ``num_indices``, or a page id outside ``[0, num_pages)``, is
+never dereferenced: the loads clamp their indices (:func:`safe_pages`) and one pass over the
+split's entries after the KV loop (:func:`scan_pages`) makes the rows of that request NaN: a
+visible wrong answer, never a quiet finite one.
+"""
 
 import triton
 import triton.language as tl
 
-# How FP8 tiles become fp16 (the ``FP8_CVT`` constexpr):
-CVT_NATIVE = tl.constexpr(0)  # ``.to(fp16)``: the interpreter, AMD
-CVT_PTX_E4M3 = tl.constexpr(1)  # cvt.rn.f16x2.e4m3x2 (SM89+)
-CVT_PTX_E5M2 = tl.constexpr(2)  # cvt.rn.f16x2.e5m2x2 (SM89+)
-CVT_INT_E4M3 = tl.constexpr(3)  # byte → fp16 bits with prmt/shift/lop3 (any CUDA GPU), value × 2^-8
-CVT_INT_E5M2 = tl.constexpr(4)  # byte → fp16 high byte (any CUDA GPU), exact
-CVT_TRITON_INT_E4M3 = tl.constexpr(5)  # the same bit moves in Triton integer ops (any target)
-CVT_TRITON_INT_E5M2 = tl.constexpr(6)  # (AMD, which has no inline PTX; the interpreter)
+from fp8mla.kernels.portable.fp8_decode import (
+    CVT_INT_E4M3,
+    CVT_NATIVE,
+    CVT_TRITON_INT_E4M3,
+    fp8_bytes_to_f16,
+)
+
+# Values that change between calls of one plan are not specialized on (a direct launch of the
+# compiled kernel stays valid for them).
+DYNAMIC_ARGS = ["num_tokens", "num_pages"]
 
 
 @triton.jit
-def _fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
-    """uint8 FP8 codes → fp16 in registers, four codes per PTX block.
-
-    The conversion is opaque inline assembly on purpose: Triton then keeps the fp16 tile as
-    the value both dots read, staging it through shared memory in fp16 (``ldmatrix``,
-    transposed for P·V) instead of re-loading FP8 bytes one by one for each dot.
-
-    ``CVT_TRITON_INT_*`` are the same bit moves as Triton integer operations, for targets
-    without inline PTX (AMD) and the interpreter: e4m3 → ``((b & 0x80) << 8) | t`` with
-    ``t = (b & 0x7F) << 7`` = 2^-8 × value, where the NaN code (``t == 0x3F80``) also sets bit
-    14 (``t | ((t + 0x80) & 0x4000)``: all exponent bits, an fp16 NaN); e5m2 → ``b << 8``.
-    Both are exact for all 256 codes, NaN included."""
-    if FP8_CVT == CVT_TRITON_INT_E4M3:
-        h = b.to(tl.uint16)
-        t = (h & 0x7F) << 7
-        t = t | ((t + 0x80) & 0x4000)
-        return (((h & 0x80) << 8) | t).to(tl.float16, bitcast=True)
-    if FP8_CVT == CVT_TRITON_INT_E5M2:
-        return (b.to(tl.uint16) << 8).to(tl.float16, bitcast=True)
-    if FP8_CVT == CVT_PTX_E4M3:
-        asm: tl.constexpr = """{ .reg .b16 lo, hi;
-        mov.b32 {lo, hi}, $2;
-        cvt.rn.f16x2.e4m3x2 $0, lo;
-        cvt.rn.f16x2.e4m3x2 $1, hi; }"""
-    elif FP8_CVT == CVT_PTX_E5M2:
-        asm: tl.constexpr = """{ .reg .b16 lo, hi;
-        mov.b32 {lo, hi}, $2;
-        cvt.rn.f16x2.e5m2x2 $0, lo;
-        cvt.rn.f16x2.e5m2x2 $1, hi; }"""
-    elif FP8_CVT == CVT_INT_E4M3:
-        # each code to the high byte of an fp16 lane; then the sign stays and exponent and
-        # mantissa move right by one: ((b & 0x80) << 8) | ((b & 0x7F) << 7) = 2^-8 × value;
-        # the NaN code's lane (0x3F80) + 0x80 carries into bit 14: OR-ed in, an fp16 NaN
-        asm: tl.constexpr = """{ .reg .b32 w0, w1, t0, t1, n0, n1;
-        prmt.b32 w0, $2, 0, 0x1404;
-        prmt.b32 w1, $2, 0, 0x3424;
-        and.b32 t0, w0, 0x7F007F00;
-        and.b32 t1, w1, 0x7F007F00;
-        shr.b32 t0, t0, 1;
-        shr.b32 t1, t1, 1;
-        add.u32 n0, t0, 0x00800080;
-        add.u32 n1, t1, 0x00800080;
-        lop3.b32 t0, n0, 0x40004000, t0, 0xEA;
-        lop3.b32 t1, n1, 0x40004000, t1, 0xEA;
-        lop3.b32 $0, w0, t0, 0x80008000, 0xEC;
-        lop3.b32 $1, w1, t1, 0x80008000, 0xEC; }"""
-    else:
-        asm: tl.constexpr = """{ prmt.b32 $0, $2, 0, 0x1404;
-        prmt.b32 $1, $2, 0, 0x3424; }"""
-    return tl.inline_asm_elementwise(
-        asm=asm, constraints="=r,=r,r", args=[b], dtype=tl.float16, is_pure=False, pack=4
-    )
-
-
-@triton.jit
-def _query_rows(qo_indptr_ptr, b, m_tile, num_heads, num_tokens, BLOCK_M: tl.constexpr):
+def query_rows(qo_indptr_ptr, b, m_tile, num_heads, num_tokens, BLOCK_M: tl.constexpr):
     """Rows ``(token, head)`` of this program's tile of request ``b``; rows whose token lies
     past the query tensor (``num_tokens``) are not ``row_ok``.
 
@@ -86,7 +43,7 @@ def _query_rows(qo_indptr_ptr, b, m_tile, num_heads, num_tokens, BLOCK_M: tl.con
 
 
 @triton.jit
-def _page_table(kv_indptr_ptr, kv_indices_ptr, b, num_indices):
+def page_table(kv_indptr_ptr, kv_indices_ptr, b, num_indices):
     """Request ``b``'s page-table entries: ``(page_base, n_entries)``. Entries outside
     ``kv_indices`` (an offset past its end, or a negative one) do not count, and the base
     stays inside ``kv_indices`` (which the launcher never passes empty)."""
@@ -101,11 +58,11 @@ SCAN_BLOCK = tl.constexpr(1024)  # page-table entries checked per step of the sc
 
 
 @triton.jit
-def _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE: tl.constexpr):
+def scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE: tl.constexpr):
     """Whether any page-table entry the split ``[n_begin, n_end)`` reads is bad: past the
     request's own entries, or a page id outside ``[0, num_pages)``. One pass over the split's
     entries (4 bytes per page, beside 576+ bytes of KV per token, hot in the L2) after the KV
-    loop, whose loads only clamp their indices (:func:`_safe_pages`); run before the loop it
+    loop, whose loads only clamp their indices (:func:`safe_pages`); run before the loop it
     made ptxas allocate SM80's 64-row FP8 tile 32 registers. ``SCAN_BLOCK`` entries a step:
     each step waits for its loads (an unpipelined loop), so a split takes one or two steps."""
     e_end = tl.cdiv(n_end, PAGE_SIZE)
@@ -120,17 +77,17 @@ def _scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE: tl.c
 
 
 @triton.jit
-def _safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE: tl.constexpr):
+def safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE: tl.constexpr):
     """Page ids of the tokens at ``pos`` (where ``n_ok``), every index clamped into range: the
     entry into the request's own, the page id into ``[0, num_pages)``. A clamped token reads the wrong row, but the split's
-    :func:`_scan_pages` has then made its output NaN; nothing outside the arrays is read."""
+    :func:`scan_pages` has then made its output NaN; nothing outside the arrays is read."""
     entry = tl.minimum(pos // PAGE_SIZE, tl.maximum(n_entries - 1, 0))
     page = tl.load(page_base + entry, mask=n_ok, other=0)
     return tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
 
 
 @triton.jit
-def _split_range(
+def split_range(
     kv_len,
     qo_len,
     m_tile,
@@ -154,7 +111,7 @@ def _split_range(
 
 
 @triton.jit
-def _load_kv_tile(
+def load_kv_tile(
     ckv_ptr,
     kpe_ptr,
     scale_arr_ptr,
@@ -180,15 +137,15 @@ def _load_kv_tile(
 
     Returns ``k [BLOCK_N, D_CKV]`` (keys and values) and ``kpe [BLOCK_N, D_KPE]`` (``k`` again
     when there is no RoPE part). Masked tokens load as 0 -- whatever bytes unused slots hold
-    (NaN included) are never read; indices are clamped into range (:func:`_safe_pages`)."""
-    page = _safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
+    (NaN included) are never read; indices are clamped into range (:func:`safe_pages`)."""
+    page = safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
     off = pos % PAGE_SIZE
-    k = _load_kv_cols(
+    k = load_kv_cols(
         ckv_ptr, scale_arr_ptr, page, off, n_ok, 0, stride_ckv_p, stride_ckv_s, stride_sa_p,
         stride_sa_s, D_CKV, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
     )  # fmt: skip
     if D_KPE > 0:
-        kpe = _load_kpe(
+        kpe = load_kpe(
             kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE, DOT_DTYPE, FP8_CVT
         )
     else:
@@ -197,7 +154,7 @@ def _load_kv_tile(
 
 
 @triton.jit
-def _load_kv_cols(
+def load_kv_cols(
     ckv_ptr,
     scale_arr_ptr,
     page,
@@ -219,7 +176,7 @@ def _load_kv_cols(
     d = tl.arange(0, COLS)
     rows = (page * stride_ckv_p + off * stride_ckv_s)[:, None] + (c0 + d)[None, :]
     if FP8_CVT != CVT_NATIVE:
-        k = _fp8_bytes_to_f16(tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0), FP8_CVT)
+        k = fp8_bytes_to_f16(tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0), FP8_CVT)
     else:
         k = tl.load(ckv_ptr + rows, mask=n_ok[:, None], other=0.0)
     if TOKEN_GROUP:  # one scale per 128 channels
@@ -236,7 +193,7 @@ def _load_kv_cols(
 
 
 @triton.jit
-def _load_kpe(
+def load_kpe(
     kpe_ptr,
     page,
     off,
@@ -252,7 +209,7 @@ def _load_kpe(
     kpe_rows = (page * stride_kpe_p + off * stride_kpe_s)[:, None] + e[None, :]
     if FP8_CVT != CVT_NATIVE:
         kpe = tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0)
-        return _fp8_bytes_to_f16(kpe, FP8_CVT).to(DOT_DTYPE)
+        return fp8_bytes_to_f16(kpe, FP8_CVT).to(DOT_DTYPE)
     return tl.load(kpe_ptr + kpe_rows, mask=n_ok[:, None], other=0.0).to(DOT_DTYPE)
 
 
@@ -260,7 +217,7 @@ NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
-def _online_softmax(s, m_i, l_i, visible, AXIS: tl.constexpr):
+def online_softmax(s, m_i, l_i, visible, AXIS: tl.constexpr):
     """One online-softmax step (base 2) over the KV tokens, axis ``AXIS`` of the scaled scores
     ``s``: returns ``(p, alpha, m_i, l_i)``, ``alpha`` rescaling what was accumulated before.
     Rows with nothing visible yet keep ``m = -inf`` and ``p = 0``. A visible NaN score (a token
@@ -275,7 +232,7 @@ def _online_softmax(s, m_i, l_i, visible, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _out_factor(l_i, v_scale):
+def out_factor(l_i, v_scale):
     """What the accumulator is multiplied by: the value scale over the softmax sum, 0 for
     rows that saw no token, NaN for rows whose sum is NaN."""
     has = l_i > 0.0
@@ -283,13 +240,13 @@ def _out_factor(l_i, v_scale):
 
 
 @triton.jit
-def _nan_if(x, bad):
+def nan_if(x, bad):
     """``x``, or NaN when the program read a bad page-table entry (``bad``, a scalar)."""
     return tl.where(bad, float("nan"), x)
 
 
 @triton.jit
-def _lse(m_i, l_i):
+def log_sum_exp2(m_i, l_i):
     """Base-2 log-sum-exp of the scores, -inf for rows that saw no token (computed after the
     output stores, so it is not live across them)."""
     has = l_i > 0.0
@@ -298,7 +255,7 @@ def _lse(m_i, l_i):
 
 
 @triton.jit
-def _scales(
+def kv_scales(
     ckv_scale_ptr,
     kpe_scale_ptr,
     ckv_scale_val,
@@ -330,7 +287,7 @@ def _scales(
 
 
 @triton.jit
-def _load_queries(
+def load_queries(
     q_nope_ptr,
     q_pe_ptr,
     tok,
@@ -354,7 +311,7 @@ def _load_queries(
         other=0.0,
     ).to(DOT_DTYPE)
     if D_KPE > 0:
-        q_pe = _load_q_pe(
+        q_pe = load_q_pe(
             q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h, pe_factor, D_KPE, DOT_DTYPE
         )
     else:
@@ -363,7 +320,7 @@ def _load_queries(
 
 
 @triton.jit
-def _load_q_pe(
+def load_q_pe(
     q_pe_ptr,
     tok,
     head,
@@ -385,7 +342,7 @@ def _load_q_pe(
 
 
 @triton.jit
-def _program_kv(
+def program_kv(
     ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
     b, m_tile, split, t_local, qo_len, num_heads, num_indices, sm_scale_log2, ckv_scale_val,
     kpe_scale_val, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
@@ -395,21 +352,21 @@ def _program_kv(
     """The KV side of a program before its loop: ``(qk_scale, pe_factor, v_scale)``, its
     split's KV range ``[n_begin, n_end)``, the request's page table (base, entries) and the
     last KV position each row may see under the causal mask."""
-    qk_scale, pe_factor, v_scale = _scales(
+    qk_scale, pe_factor, v_scale = kv_scales(
         ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
         CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
     kv_len = tl.load(kv_len_ptr + b)
-    n_begin, n_end = _split_range(
+    n_begin, n_end = split_range(
         kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
     )
-    page_base, n_entries = _page_table(kv_indptr_ptr, kv_indices_ptr, b, num_indices)
+    page_base, n_entries = page_table(kv_indptr_ptr, kv_indices_ptr, b, num_indices)
     causal_limit = kv_len - qo_len + t_local
     return qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, n_entries, causal_limit
 
 
 @triton.jit
-def _program_setup(
+def program_setup(
     q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
     kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
@@ -418,17 +375,17 @@ def _program_setup(
     CAUSAL: tl.constexpr, TOKEN_GROUP: tl.constexpr, CKV_SCALE_PTR: tl.constexpr,
     KPE_SCALE_PTR: tl.constexpr, DOT_DTYPE: tl.constexpr, FP8_CVT: tl.constexpr,
 ):  # fmt: skip
-    """What a full-width program needs before its KV loop: :func:`_program_kv` and its query
+    """What a full-width program needs before its KV loop: :func:`program_kv` and its query
     tile."""
     qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, n_entries, causal_limit = (
-        _program_kv(
+        program_kv(
             ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
             b, m_tile, split, t_local, qo_len, num_heads, num_indices, sm_scale_log2,
             ckv_scale_val, kpe_scale_val, BLOCK_M, BLOCK_N, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR,
             KPE_SCALE_PTR, FP8_CVT,
         )
     )  # fmt: skip
-    q_nope, q_pe = _load_queries(
+    q_nope, q_pe = load_queries(
         q_nope_ptr, q_pe_ptr, tok, head, row_ok, stride_qn_t, stride_qn_h, stride_qp_t,
         stride_qp_h, pe_factor, D_CKV, D_KPE, DOT_DTYPE,
     )  # fmt: skip

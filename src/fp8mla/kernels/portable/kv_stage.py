@@ -10,11 +10,11 @@ fp16, so attention over the staged pages equals attention over the FP8 pool.
 import triton
 import triton.language as tl
 
-from fp8mla.kernels.mla_tiles import (
+from fp8mla.kernels.portable.fp8_decode import (
     CVT_INT_E4M3,
     CVT_NATIVE,
     CVT_TRITON_INT_E4M3,
-    _fp8_bytes_to_f16,
+    fp8_bytes_to_f16,
 )
 
 STAGE_TOKENS = 16  # staged token rows per program
@@ -39,7 +39,7 @@ def _stage_cols(
     d = tl.arange(0, COLS)
     src = src_row[:, None] + d[None, :]
     if FP8_CVT != CVT_NATIVE:
-        x = _fp8_bytes_to_f16(tl.load(src_ptr + src, mask=ok[:, None], other=0), FP8_CVT)
+        x = fp8_bytes_to_f16(tl.load(src_ptr + src, mask=ok[:, None], other=0), FP8_CVT)
         x = x.to(tl.float32)
         if FP8_CVT == CVT_INT_E4M3 or FP8_CVT == CVT_TRITON_INT_E4M3:
             x = x * 256.0  # the integer e4m3 decoding yields 2^-8 × the value
@@ -54,7 +54,7 @@ def _stage_cols(
 
 
 @triton.jit
-def _stage_kv_kernel(
+def _kv_stage_kernel(
     ckv_ptr,  # [num_pages, PAGE_SIZE, D_CKV] FP8 (bytes where FP8_CVT decodes bits)
     kpe_ptr,  # [num_pages, PAGE_SIZE, D_KPE] FP8
     scale_arr_ptr,  # [num_pages, PAGE_SIZE, D_CKV // 128] fp32 (TOKEN_GROUP only)

@@ -7,7 +7,7 @@ rounding done in integer arithmetic, so the bytes equal PyTorch's casts on every
 import triton
 import triton.language as tl
 
-from fp8mla.kernels.codec import _encode_bf16, _encode_fp8
+from fp8mla.kernels.portable.codec import encode_bf16, encode_fp8
 
 
 @triton.jit
@@ -24,9 +24,9 @@ def _quantize(
     if STORE_KIND == 0:
         # clamp saturates ±inf and overflow; it would also turn NaN into a bound: keep NaN
         xc = tl.where(x != x, x, tl.clamp(x, -FP8_MAX, FP8_MAX))
-        return _encode_fp8(xc, MBITS, EMIN, BIAS)
+        return encode_fp8(xc, MBITS, EMIN, BIAS)
     elif STORE_KIND == 1:
-        return _encode_bf16(x)
+        return encode_bf16(x)
     else:
         return x.to(tl.float16)
 
