@@ -1,0 +1,112 @@
+"""The packed FP8 MLA cache of DeepSeek Sparse Attention models (``fp8_ds_mla``).
+
+DeepSeek-V3.2 and GLM-5 (``GlmMoeDsaForCausalLM``) store each token of the MLA cache in 656
+bytes, token-major, as vLLM (``--kv-cache-dtype fp8_ds_mla``) and SGLang (the ``dsa`` backend's
+pool) lay it out and FlashMLA's sparse kernels read it:
+
+====== ===================================================================
+bytes  content
+====== ===================================================================
+0-511  512 latent (NoPE) values, ``float8_e4m3fn``
+512-527 4 ``float32`` scales; scale ``j`` covers latent values ``[128 j, 128 j + 128)``
+528-655 64 RoPE values, ``bfloat16`` (not quantized)
+====== ===================================================================
+
+A value is ``e4m3[i] * scale[i // 128]``. Engines hand the cache over as a uint8 (or int8,
+or ``float8_e4m3fn``) tensor of pages, ``[pages, page_size, 656]`` (vLLM),
+``[pages, page_size, 1, 656]`` (FlashMLA's view) or ``[slots, 1, 656]`` (SGLang's pool); a
+token is named by its global slot id ``page * page_size + offset``. :func:`token_view` reads
+any of these shapes as one ``[pages, page_size, 656]`` byte view without a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NOPE_DIM = 512  # latent values per token (the attention's values, and keys' first part)
+ROPE_DIM = 64  # RoPE values per token (keys' second part)
+GROUP = 128  # latent values per scale
+GROUPS = NOPE_DIM // GROUP
+SCALE_OFFSET = NOPE_DIM  # byte offset of the four float32 scales
+ROPE_OFFSET = SCALE_OFFSET + 4 * GROUPS  # byte offset of the bf16 RoPE part (528)
+TOKEN_BYTES = ROPE_OFFSET + 2 * ROPE_DIM  # 656
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
+MAX_PAGE_SIZE = 128  # tokens per page this library's kernels take (engines use 64)
+
+CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
+
+
+@dataclass(frozen=True)
+class TokenView:
+    """A packed cache read as bytes: ``data [pages, page_size, 656]`` uint8 (a view of the
+    caller's tensor; strides in bytes), and its shape's meaning."""
+
+    data: torch.Tensor
+    page_size: int
+
+    @property
+    def num_slots(self) -> int:
+        """Slot ids ``[0, num_slots)`` name a token of the cache."""
+        return self.data.shape[0] * self.page_size
+
+    def addressing(self) -> tuple[int, int, int]:
+        """``(page_size, page_stride, token_stride)`` in bytes for a kernel that finds slot
+        ``s`` at ``(s // page_size) * page_stride + (s % page_size) * token_stride``: pages
+        that follow each other without a gap are one page of every slot (page size 1, no
+        division in the kernel)."""
+        pages, size, _ = self.data.shape
+        token = self.data.stride(1) if size > 1 else TOKEN_BYTES
+        if pages <= 1 or self.data.stride(0) == size * token:
+            return 1, token, token
+        return size, self.data.stride(0), token
+
+
+def token_view(cache: torch.Tensor, *, page_size: int | None = None) -> TokenView:
+    """``cache`` (``[pages, page_size, 656]``, ``[pages, page_size, 1, 656]`` or
+    ``[slots, 1, 656]``; uint8, int8 or float8_e4m3fn) as a uint8 ``[pages, page_size, 656]``
+    view, no copy. A ``[slots, 1, 656]`` pool is one page of ``slots`` tokens unless
+    ``page_size`` names its pages (SGLang's pool at page size 64). Each token's 656 bytes must be
+    contiguous and pages of a byte stride that keeps the float32 scales 4-byte aligned."""
+    if not isinstance(cache, torch.Tensor):
+        raise ValueError(f"expected the packed cache as a torch.Tensor, got {type(cache).__name__}")
+    if cache.dtype not in CACHE_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in CACHE_DTYPES)
+        raise ValueError(f"expected the packed cache's dtype in ({names}), got {cache.dtype}")
+    shape = tuple(cache.shape)
+    if cache.dim() == 4 and shape[2] == 1 and shape[3] == TOKEN_BYTES:
+        data = cache[:, :, 0, :]
+    elif cache.dim() == 3 and shape[2] == TOKEN_BYTES:
+        data = cache
+    else:
+        raise ValueError(
+            f"expected a packed cache of shape [pages, page_size, {TOKEN_BYTES}], "
+            f"[pages, page_size, 1, {TOKEN_BYTES}] or [slots, 1, {TOKEN_BYTES}], got {list(shape)}"
+        )
+    data = data.view(torch.uint8)
+    if page_size is not None:
+        if data.shape[1] != 1 or data.shape[0] % page_size:
+            raise ValueError(
+                f"expected page_size only for a [slots, 1, {TOKEN_BYTES}] pool whose slots it "
+                f"divides, got page_size {page_size} for shape {list(shape)}"
+            )
+        if data.shape[0] and data.stride(0) != TOKEN_BYTES:
+            raise ValueError(
+                f"expected a [slots, 1, {TOKEN_BYTES}] pool with contiguous tokens to take "
+                f"page_size, got a token stride of {data.stride(0)} bytes"
+            )
+        data = data.reshape(data.shape[0] // page_size, page_size, TOKEN_BYTES)
+    elif cache.dim() == 3 and shape[1] == 1:  # [slots, 1, 656]: one page of all slots
+        data = data.permute(1, 0, 2)
+    pages, size = data.shape[0], data.shape[1]
+    if data.stride(2) != 1:
+        raise ValueError("expected each token's 656 bytes to be contiguous, got a strided row")
+    if pages * size and (data.stride(1) % 4 or data.stride(0) % 4 or data.data_ptr() % 4):
+        raise ValueError(
+            "expected the packed cache's token and page strides and address to be multiples of "
+            f"4 bytes (its float32 scales are read in place), got strides {data.stride()[:2]}"
+        )
+    if size > MAX_PAGE_SIZE and pages > 1:
+        raise ValueError(f"expected a page size of at most {MAX_PAGE_SIZE}, got {size}")
+    return TokenView(data, size)
