@@ -1,8 +1,9 @@
 """What the A/B probes (``probe_manyrows.py``, ``probe_stage.py``, ``probe_rowtiles.py``,
 ``probe_headgroups.py``) share: the FP8 pool and its bf16 copy, FlashInfer when
 ``FP8MLA_FLASHINFER`` names its folder, a case's inputs and reference, fp8mla planned on
-either pool, timing over rotated placements, one variant's measurement, the rows they print
-and write, and the kernels' cycle stamps, taken and read (also ``probe_fewrows.py``'s)."""
+either pool (through the public ``plan()``: ``kernel_config``, ``kernel_options``), timing over
+rotated placements, one variant's measurement (``launch_info``: the kernel and grid that ran),
+and the rows they print and write."""
 
 from __future__ import annotations
 
@@ -60,34 +61,6 @@ class Pools:
         return dict(base, variant=name, us=round(us, 2), tflops=round(fl / us / 1e6, 1))
 
 
-def stamp_step(later: torch.Tensor, earlier: torch.Tensor) -> float | None:
-    """Median cycles of ``later - earlier`` over the kernel's cycle stamps where both were
-    written (an unwritten stamp is 0); None where none was."""
-    both = (later > 0) & (earlier > 0)
-    return float((later - earlier)[both].median()) if both.any() else None
-
-
-def stamped_trace(w, run, options: dict, device: torch.device) -> torch.Tensor:
-    """The cycle stamps of the kernel wrapper ``w`` launches (``options`` with ``PROBE`` bit 8)
-    in the last of three eager calls of ``run`` (after compilation and a warm-up): int64
-    ``[programs, 4, 64, 8]``, as the kernels' ``_stamp`` writes it."""
-    from fp8mla.attention import launch as L
-
-    grid = w._launch.kernel.grid
-    trace = torch.zeros(grid[0] * grid[1] * grid[2], 4, 64, 8, dtype=torch.int64, device=device)
-    opts = dict(options, PROBE=options.get("PROBE", 0) | 8)
-    w._launch.kernel.options.update(opts, trace_ptr=trace)
-    direct_ok = L.KernelLauncher._direct_ok
-    L.KernelLauncher._direct_ok = staticmethod(lambda: False)  # the stamps need Triton's path
-    try:
-        for _ in range(3):
-            run()
-        torch.cuda.synchronize()
-    finally:
-        L.KernelLauncher._direct_ok = direct_ok
-    return trace
-
-
 def fp8mla_runner(inp, pool: torch.Tensor, **plan_kw) -> tuple[I.Runner, object]:
     """fp8mla planned on ``pool`` (the FP8 pool with the inputs' scale, or a bf16 pool of its
     values), with ``plan()``'s overrides: the call and the wrapper."""
@@ -114,9 +87,9 @@ def measure(made: list[tuple[I.Runner, object]], ref, ref_rows, with_error: bool
     out = runs[0]()
     torch.cuda.synchronize()
     err = rel_err(out[ref_rows].float(), ref) if with_error else None
-    launch = made[0][1]._launch
+    info = made[0][1].launch_info
     return dict(us=round(timed_us(runs), 2), rel_err=err and float(f"{err:.2e}"),
-                kernel=launch.plan.config.variant, grid=list(launch.kernel.grid))  # fmt: skip
+                kernel=info.variant, grid=list(info.grid))  # fmt: skip
 
 
 # the table columns of a measured variant (:func:`measure`'s record, its round and TFLOP/s)

@@ -1,8 +1,8 @@
 """FP8 pools read directly against staged once in fp16 (``plan(stage_kv=...)``), over batches
 whose row tiles read each KV token from once to thousands of times, in one GPU run: error
 against the float64 reference (4 requests), µs per call (CUDA-graph replays over rotated
-placements as ``fp8mla bench`` times small cases; ``do_bench`` for extend chunks), the
-staging kernel alone, the reuse the planner computes, a bf16 pool through fp8mla, and
+placements as ``fp8mla bench`` times small cases; ``do_bench`` for extend chunks), whether
+the plan staged, the reuse the planner computes, a bf16 pool through fp8mla, and
 FlashInfer's bf16-pool path when ``FP8MLA_FLASHINFER`` names its folder. Sets the SM90
 table's ``stage_min_reuse``.
 
@@ -17,7 +17,6 @@ import torch
 
 from fp8mla.attention.planner import stage_reuse
 from fp8mla.bench.cases import Case
-from fp8mla.bench.measure import time_cuda
 from fp8mla.testing import rel_err
 from probe_common import Pools, Rows, fp8mla_runner, timed_us
 
@@ -83,21 +82,17 @@ def main() -> int:
                 us = timed_us(runs)
                 rec = dict(base, variant=name, round=rnd, us=round(us, 2),
                            tflops=round(fl / us / 1e6, 1), rel_err=err and float(f"{err:.2e}"),
-                           staged=made[0][1]._stage is not None)  # fmt: skip
-                stage = made[0][1]._stage
-                if stage is not None and rnd == 0:  # the conversion alone
-                    ckv, kpe = inputs[0].paged(pool)
-                    rec["stage_us"] = round(time_cuda(lambda s=stage, c=ckv, k=kpe: s(c, k, None)).us_median, 2)  # fmt: skip
+                           staged=made[0][1].launch_info.staged)  # fmt: skip
                 add(rec)
                 del made, runs
         del inputs
     log.write(args.json)
     rows = log.rows
-    print("\nµs per call, TFLOP/s, rel err, staging kernel alone")
+    print("\nµs per call, TFLOP/s, rel err, staged")
     for r in rows:
         print(f"{r['case']:<34} {r['page_size']:>3} {r['reuse']:>7} {r['variant']:<18} {r.get('round', ''):>2} "
               f"{r.get('us', r.get('error', ''))!s:>10} {r.get('tflops', '')!s:>7} "
-              f"{r.get('rel_err') or '':>8} {r.get('stage_us', '')}")  # fmt: skip
+              f"{r.get('rel_err') or '':>8} {r.get('staged', '')}")  # fmt: skip
     return 0
 
 

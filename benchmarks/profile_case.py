@@ -38,7 +38,7 @@ def main() -> int:
     for _ in range(args.calls):
         w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=inp.scale, kpe_scale=inp.scale)
     torch.cuda.synchronize()
-    print(f"{case.name}: {w._launch.variant.name}, grid {w._launch.kernel.grid}, "
+    print(f"{case.name}: {w.launch_info.variant}, grid {w.launch_info.grid}, "
           f"{args.calls} calls")  # fmt: skip
     return 0
 

@@ -41,7 +41,8 @@ def run_wrapper(
     kernel_options=None,
 ):
     """Plan and run ``batch`` through the wrapper; ``kernel_options``: compile-time options
-    of the planned attention kernel overridden (measurement switches, layouts)."""
+    of the planned attention kernel overridden (``plan(kernel_options=...)``: layouts,
+    stages)."""
     w = BatchMLAPagedAttentionWrapper(workspace(batch.q_nope.device), backend=backend)
     w.plan(
         *batch.plan_args(),
@@ -55,9 +56,8 @@ def run_wrapper(
         batch.ckv.dtype,
         num_splits=num_splits,
         kernel_config=config,
+        kernel_options=kernel_options,
     )
-    if kernel_options:
-        w._launch.kernel.options.update(kernel_options)
     return w.run(
         batch.q_nope,
         batch.q_pe,

@@ -19,6 +19,11 @@ SCALE_GROUP = 128
 HEAD_DIM_CKV = 512
 HEAD_DIM_KPE = 64
 
+# Tokens per page of a paged cache. The page size is a compile-time constant of every kernel
+# (each one is a build of its own), so the library takes the range its tests build and run:
+# 1 to 128, which holds the page sizes engines use for MLA pools (vLLM's and SGLang's 1-64).
+MAX_PAGE_SIZE = 128
+
 _NAMES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,

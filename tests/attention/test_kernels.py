@@ -17,8 +17,8 @@ from fp8mla.attention.planner import (
     FP8QK_TILE_16,
     FP8QK_TILE_32,
     PINGPONG8_TILE,
+    PINGPONG64_TILE,
     PINGPONG_TILE,
-    PINGPONG_TILE_64,
     WGMMA_TILE,
     selectable_configs,
 )
@@ -47,7 +47,7 @@ def orientation(kind: str, rows: int) -> KernelConfig:
     if kind == "pingpong":
         return PINGPONG_TILE
     if kind == "pingpong64":
-        return PINGPONG_TILE_64
+        return PINGPONG64_TILE
     if kind == "pingpong8":
         return PINGPONG8_TILE
     if kind == "fewrows":

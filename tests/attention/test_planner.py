@@ -15,8 +15,8 @@ from fp8mla.attention.planner import (
     FP8QK_TILE_16,
     FP8QK_TILE_32,
     PINGPONG8_TILE,
+    PINGPONG64_TILE,
     PINGPONG_TILE,
-    PINGPONG_TILE_64,
     SM90_TABLE,
     TABLES,
     TRITON_TABLE,
@@ -74,9 +74,9 @@ def test_sm90_table():
         for rows in (33, 64):  # one row tile: the ping-pong kernel
             assert choose_config(rows, dtype, t) == PINGPONG_TILE
         for rows in (65, 128, 1024, 4096 * 128):  # more: its 64-token tiles
-            assert choose_config(rows, dtype, t) == PINGPONG_TILE_64
+            assert choose_config(rows, dtype, t) == PINGPONG64_TILE
     # named, in a tile of its own; refused for FP8 pools (its tiles are copied)
-    assert tile_for_variant("pingpong64", 16, torch.bfloat16, t) == PINGPONG_TILE_64
+    assert tile_for_variant("pingpong64", 16, torch.bfloat16, t) == PINGPONG64_TILE
     with pytest.raises(ValueError, match="reads 16-bit pools only"):
         make_launch_plan(
             batch=1, num_heads=128, max_qo_len=16, max_kv_len=4096, sms=132,
@@ -175,8 +175,8 @@ def test_registry_entries_describe_themselves():
     for name, v in REGISTRY.items():
         assert v.name == name and v.summary and ":" in v.kernel
         assert v.programs_per_tile in (1, 2)
-    assert tile_name(WGMMA_TILE) == "64x64g" and tile_name(FEWROWS_TILE_16) == "16x64f"
-    assert tile_name(TRITON_TABLE.wide_fp8) == "128x64v"
+    assert tile_name(WGMMA_TILE) == "64x64 wgmma" and tile_name(FEWROWS_TILE_16) == "16x64 fewrows"
+    assert tile_name(TRITON_TABLE.wide_fp8) == "128x64 vsplit"
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The FP8 ping-pong kernel's query staging (``kernels/mla_pp8._stage_query8``) on an SM90 GPU:
+"""The FP8 ping-pong kernel's query staging (``kernels/sm90/fp8_stage.stage_query_blocks``) on an SM90 GPU:
 both consumers' halves staged into the kernel's shared-memory operands, read back and compared
 bit for bit with the same arithmetic in PyTorch: per row and part the power of two ``s``,
 ``hi = e4m3(q·s)`` in column blocks 0-3, ``lo = e4m3(q·s − hi)`` in blocks 4-7, the RoPE
@@ -17,8 +17,8 @@ try:  # Gluon (an SM90 build of Triton); the test is skipped without it
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from fp8mla.kernels.fewrows_producer import _BARRIER
-    from fp8mla.kernels.mla_pp8 import _stage_query8
+    from fp8mla.kernels.sm90.common import thread_barrier
+    from fp8mla.kernels.sm90.fp8_stage import stage_query_blocks
 except ImportError:
     gluon = None
 
@@ -56,13 +56,13 @@ if gluon is not None:
         inv = gl.allocate_shared_memory(gl.float32, [2, 64], vec_sh)
         row0 = gl.program_id(0) * 64
         rows_end = gl.minimum(rows_total, row0 + 64)
-        _stage_query8(q_blocks, qpe, inv, q_nope_ptr, q_pe_ptr, 0, row0, rows_end, num_heads,
+        stage_query_blocks(q_blocks, qpe, inv, q_nope_ptr, q_pe_ptr, 0, row0, rows_end, num_heads,
                       num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, 512, 64,
                       0)  # fmt: skip
-        _stage_query8(q_blocks, qpe, inv, q_nope_ptr, q_pe_ptr, 0, row0, rows_end, num_heads,
+        stage_query_blocks(q_blocks, qpe, inv, q_nope_ptr, q_pe_ptr, 0, row0, rows_end, num_heads,
                       num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, 512, 64,
                       1)  # fmt: skip
-        _BARRIER()
+        thread_barrier()
         ld: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))[:, None]
         c = gl.arange(0, 128, layout=gl.SliceLayout(0, ld))[None, :]

@@ -34,9 +34,8 @@ class KernelConfig:
         """Registers per thread that leave room for ``occupancy`` programs per SM (64K
         registers on every CUDA target), or None when the cap would be the hardware's 255.
         ptxas is told it (Triton's ``maxnreg``): left to itself it gave the H200's 8-warp FP8
-        16-row tile 142 registers, one program per SM where the split count counted on two
-        (that tile's runs went from 111 to 170 µs, the merge's share of it ~11 µs; capped at
-        128 registers its kernel time is within 4% of the release's)."""
+        16-row tile 142 registers, one program per SM where the split count counted on two,
+        which made its runs half again as slow (``docs/design/portable.md``)."""
         if self.occupancy <= 1:
             return None
         cap = REGISTERS_PER_SM // (self.occupancy * self.num_warps * warp_size)
@@ -69,3 +68,17 @@ class LaunchPlan:
     def rows_per_request(self) -> int:
         """Query rows of one request the grid covers: the capacity of a CUDA-graph capture."""
         return self.m_tiles * self.config.block_m
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """What a plan launches (``BatchMLAPagedAttentionWrapper.launch_info``): the kernel
+    variant, its tile, the attention grid ``(row tiles × programs per tile, requests,
+    splits)``, the KV splits per request (a merge follows when more than one) and whether
+    ``run()`` stages FP8 pages in fp16 first."""
+
+    variant: str
+    config: KernelConfig
+    grid: tuple[int, int, int]
+    num_splits: int
+    staged: bool = False

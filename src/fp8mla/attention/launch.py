@@ -192,6 +192,7 @@ class AttentionLaunch:
         kv_dtype: storage dtype of the cache.
         target: where it runs (``targets.INTERPRETER`` on the CPU).
         interpreted: Triton's interpreter runs the kernels.
+        kernel_options: compile-time options the kernel declares with defaults (tuning).
     """
 
     def __init__(
@@ -210,6 +211,7 @@ class AttentionLaunch:
         device: torch.device,
         target: Target,
         interpreted: bool,
+        kernel_options: dict[str, Any] | None = None,
     ) -> None:
         cfg = plan.config
         self.plan = plan
@@ -266,6 +268,18 @@ class AttentionLaunch:
         cap = cfg.max_registers(target.warp_size) if target.backend == "cuda" else None
         if cap is not None and not interpreted:
             options["maxnreg"] = cap
+        if kernel_options:  # compile-time options the kernel declares with defaults (tuning)
+            declared = {
+                p.name for p in getattr(kernel_fn, "params", ()) if getattr(p, "is_constexpr", 0)
+                and getattr(p, "has_default", False)
+            }  # fmt: skip
+            unknown = sorted(set(kernel_options) - declared)
+            if unknown:
+                raise ValueError(
+                    f"expected kernel_options among the {cfg.variant} kernel's "
+                    f"{sorted(declared)}, got {unknown}"
+                )
+            options.update(kernel_options)
         grid = (plan.m_tiles * self.variant.programs_per_tile, batch, plan.num_splits)
         index = device.index if device.index is not None else 0
         if device.type == "cuda" and device.index is None:

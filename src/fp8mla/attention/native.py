@@ -1,8 +1,8 @@
 """Kernel launches with their arguments bound at ``plan()``, through a small C extension.
 
 Triton's launcher parses every argument of every launch (~45 for the attention kernels) and
-wraps each launch in Python; for a decode step that is ~5 µs of host time per kernel before
-the driver. :func:`bind` makes a :class:`Launch` from a kernel Triton compiled: the plan's
+wraps each launch in Python: for a decode step, several times the host time of the launch
+itself (``docs/design/host.md``). :func:`bind` makes a :class:`Launch` from a kernel Triton compiled: the plan's
 values fill a parameter block once, and :func:`launch` writes only the call's values (tensor
 addresses, strides, lengths) and launches, the attention and the split merge in one call
 (:func:`launcher`).
@@ -15,9 +15,8 @@ it does not handle (scratch memory, clusters, a parameter specialized on its val
 it off.
 
 run()'s C path reads each tensor's dtype, device, shape, strides and address. Through the
-tensor's Python methods that is ~28 calls into PyTorch's argument parser per call (~7 µs on
-a slow host); ``csrc/tensor_fields.cpp`` reads them through PyTorch's C++ API in one call per
-tensor. It is built once against the installed PyTorch with the system's C++ compiler (~8 s,
+tensor's Python methods that is ~28 calls into PyTorch's argument parser per call; ``csrc/tensor_fields.cpp`` reads them through PyTorch's C++ API in one call per
+tensor. It is built once against the installed PyTorch with the system's C++ compiler (seconds;
 cached in Triton's cache); where it cannot be built the Python methods are used, with the
 same checks. ``FP8MLA_NATIVE_FIELDS=0`` keeps the Python methods.
 """

@@ -4,8 +4,9 @@ splits.
 Pure host-side arithmetic on the batch description, so it can be unit-tested anywhere and is
 called once per ``plan()``. Each target family has a :class:`ConfigTable` (measured on the H200
 for SM90; compiled, not timed, elsewhere: ``docs/compile_matrix.md``); a table's choice that its
-variant cannot serve (``variants.REGISTRY``) gives way to the table's fallback. The tuning
-history behind the numbers is in ``benchmarks/NOTES.md``.
+variant cannot serve (``variants.REGISTRY``) gives way to the table's fallback, and a variant's
+own rule (``Variant.refine``) may hand the batch to another tile. The measurements behind each
+entry are in ``docs/design/planner.md``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from fp8mla.attention.config import KernelConfig, LaunchPlan
 from fp8mla.attention.targets import INTERPRETER, KB, MEASURED, Target
-from fp8mla.attention.variants import get_variant
+from fp8mla.attention.variants import PlannedBatch, get_variant
 
 MAX_SPLITS = 64
 # Row counts per request (query tokens × heads) that separate the table's entries.
@@ -92,13 +93,13 @@ class ConfigTable:
         return tables
 
 
-# The Triton tiles of SM90/SM100 (227 KB), from the H200 tuning rounds. Up to 32 rows 16-row
+# The Triton tiles of SM90/SM100 (227 KB), from the H200 tuning sweeps. Up to 32 rows 16-row
 # tiles (a 32-head request runs as two tiles whose shared KV reads hit L2). FP8, 33-64 rows:
 # value-split 64-row tiles, 4 warps, 3 stages, two programs per SM (109 KB each); more rows:
 # value-split 128-row tiles with fp16 queries. 16-bit KV: the 64-row tile up to 64 rows, then
-# value-split 128-row tiles in one stage (two stages need 295 KB). These tiles spill 150-900 B
-# per thread and still measured fastest. This table serves SM100 and, on SM90, the batches the
-# Gluon kernels cannot (no 64-dim RoPE part).
+# value-split 128-row tiles in one stage (two stages need 295 KB). These tiles spill and still
+# measured fastest. This table serves SM100 and, on SM90, the batches the Gluon kernels cannot
+# (no 64-dim RoPE part).
 TRITON_TABLE = ConfigTable(
     few_fp8=KernelConfig(16, 64, 8, 1, occupancy=2),
     few_16bit=KernelConfig(16, 64, 4, 2, occupancy=2),
@@ -107,29 +108,26 @@ TRITON_TABLE = ConfigTable(
     wide_fp8=KernelConfig(128, 64, 8, 2, variant="vsplit", q_fp16_copy=True),
     wide_16bit=KernelConfig(128, 64, 8, 1, variant="vsplit", q_fp16_copy=True),
 )
-# SM90 above 32 rows: the warp-specialized Gluon wgmma kernel (FP8: 448 vs 215 TFLOP/s for the
-# 4096-token chunk with 128 heads; it decodes FP8 with cvt.rn.f16x2; 16-bit pools copied by
-# cp.async: 64 x 128 x 4096 181 vs 435 us for the Triton tile,
-# benchmarks/NOTES-2026-12-01.md round 14).
+# SM90 above 32 rows: the warp-specialized Gluon wgmma kernel (FP8 decoded with cvt.rn.f16x2,
+# 16-bit pools copied by cp.async), about twice the Triton tiles' rate there.
 WGMMA_TILE = KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx")
 # SM90 16-bit pools above 32 rows: two consumer warpgroups on alternate 32-token tiles
-# (kernels/mla_pingpong.py; bf16 pool, same run: 64 x 128 x 4096 153.3 vs 181.4 us for the
-# wgmma kernel, 8 x 128 x 16384 85.0 vs 100.0, extend 4096 over 32768 at 128 heads 506 vs 454
-# TFLOP/s; benchmarks/NOTES-2026-12-01-rounds-25-27.md, round 25).
+# (kernels/sm90/pingpong.py), faster than the wgmma kernel at every many-row case measured.
 PINGPONG_TILE = KernelConfig(64, 32, 4, 1, variant="pingpong", fp8_cvt="ptx")
 # The same kernel on 64-token tiles (16-bit pools): two buffers released by column halves.
-PINGPONG_TILE_64 = KernelConfig(64, 64, 4, 1, variant="pingpong64")
+PINGPONG64_TILE = KernelConfig(64, 64, 4, 1, variant="pingpong64")
 # SM90 FP8 pools, 65-128 rows a request where no KV split is needed: the ping-pong order on
-# 64-token FP8 tiles, Q·Kᵀ in FP8 × FP8 wgmma, V converted by the consumers (kernels/mla_pp8.py).
+# 64-token FP8 tiles, Q·Kᵀ in FP8 × FP8 wgmma, V converted by the consumers
+# (kernels/sm90/pingpong8.py).
 PINGPONG8_TILE = KernelConfig(64, 64, 4, 1, variant="pingpong8", fp8_cvt="ptx")
-# SM90 up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N (FP8 32 x 32 x 4096:
-# 75 vs 122 us for the 16-row Triton tile, in the same run; bf16 pool 51.5 vs 82.0 us).
+# SM90 up to 32 rows: the few-row Gluon kernel, 16 or 32 rows as wgmma's N (faster than the
+# 16-row Triton tile for both FP8 and bf16 pools).
 FEWROWS_TILE_16 = KernelConfig(16, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
 FEWROWS_TILE_32 = KernelConfig(32, 64, 4, 1, variant="fewrows", fp8_cvt="ptx")
-# SM90 FP8 pools up to 32 rows: Q·Kᵀ in FP8 × FP8 from cp.async stages (H200, same run, CUDA
-# graph: 32 x 32 x 4096 44.2 vs 56.7 us for the few-row kernel, 64 x 16 64.7 vs 83.1,
-# 8 x 32 x 16384 44.4 vs 57.6), but where every program has one 64-token tile (1 x 32 x 4096:
-# 17.9 vs 15.4 us) its longer start (query staging, four partitions) loses: see make_launch_plan.
+# SM90 FP8 pools up to 32 rows: Q·Kᵀ in FP8 × FP8 from cp.async stages (faster than the few-row
+# kernel), but where every program has one 64-token tile its longer start (query staging, four
+# partitions) loses: the fp8qk variant's rule (variants.py) hands those batches to the few-row
+# kernel.
 FP8QK_TILE_16 = KernelConfig(16, 64, 4, 1, variant="fp8qk", fp8_cvt="ptx")
 FP8QK_TILE_32 = KernelConfig(32, 64, 4, 1, variant="fp8qk", fp8_cvt="ptx")
 SM90_TABLE = dataclasses.replace(
@@ -144,38 +142,23 @@ SM90_TABLE = dataclasses.replace(
     wide_fp8=WGMMA_TILE,
     # FP8 pools, 33-128 rows, bf16 queries: the FP8 × FP8 kernel in 32-row tiles, one
     # program each, the tiles of one request adjacent in the grid so that the later ones read
-    # its KV from the L2 (H200, same run, CUDA graph, against the wgmma kernel: 64 × 64 ×
-    # 4,096 93.1 vs 105.4 µs, 1 × 128 × 4,096 15.0 vs 19.0, 8 × 128 × 16,384 98.7 vs 101.9,
-    # 64 × 128 × 4,096 185-189 vs 185-187, speculative 8 × 4 tokens × 16 heads × 8,192 33.9
-    # vs 42.4, 32 × 2 × 32 × 4,096 55.4 vs 62.4; more rows tie (256, 512 rows: 100.5 vs 101.7,
-    # 188.7 vs 189.0 µs) and then lose (an unstaged 4,096-token chunk at 128 heads: 99.5 vs
-    # 89.5 ms); NOTES-2026-12-01-rounds-25-27.md, round 27). Other queries take the wgmma kernel.
+    # its KV from the L2 (faster than the wgmma kernel up to 128 rows; more rows tie, then
+    # lose). Other queries take the wgmma kernel.
     row_tiles_fp8=FP8QK_TILE_32,
     row_tiles_fp8_rows=128,
     # 16-bit pools (and FP8 ones staged in fp16), more than one 64-row tile a request: the
-    # ping-pong kernel on 64-token tiles, whose copies arrive on their own (H200, bf16 pool,
-    # same run, CUDA graph, against 32-token tiles: 64 × 128 × 4,096 148.5-150.4 vs
-    # 152.3-153.6 µs, 8 × 128 × 16,384 84.0-84.5 vs 84.9-85.2, 32 × 3 tokens × 32 heads ×
-    # 4,096 (96 rows) 81.3-81.7 vs 85.7-85.9, 8 × 8 × 16 × 8,192 50.5 vs 51.5-51.7, 8 × 4 ×
-    # 128 × 8,192 146.6-147.4 vs 157.0-157.6, 4 × 16 × 128 × 8,192 272.8-273.8 vs 294.0-294.5;
-    # one request of 128 heads, 128-token splits, loses 3%: 17.9 vs 17.4; one row tile loses:
-    # 64 × 64 × 4,096 100.3 vs 97.3; round 29). The FP8 extend of 4,096 over 32,768 at 128
-    # heads, staged: 77.3 -> 68.5 ms, 580 TFLOP/s (benchmarks/NOTES-2026-12-01-rounds-28-29.md,
-    # rounds 28-29)
-    shared_16bit=PINGPONG_TILE_64,
+    # ping-pong kernel on 64-token tiles, whose copies arrive on their own (faster than
+    # 32-token tiles wherever a request has more than one row tile; one row tile loses)
+    shared_16bit=PINGPONG64_TILE,
     shared_16bit_rows=65,
     # FP8 requests of 65-128 rows (bf16 queries) whose 64-row programs fill at least 90% of the
     # SMs without KV splits: the ping-pong order on FP8 tiles, which reads, copies and converts
-    # each tile once for 64 rows (H200, same run, CUDA graph, against the 32-row tiles: 64 ×
-    # 128 × 4,096 158.5-160.9 vs 175.7-176.1 µs; with KV splits it loses: 8 × 128 × 16,384
-    # 105.3-105.6 vs 91.4-92.4, 64 × 64 × 4,096 117.3 vs 91.3-93.1; benchmarks/NOTES.md round 32)
+    # each tile once for 64 rows (faster than the 32-row tiles there; with KV splits it loses):
+    # the fp8qk variant's rule (variants.py) applies it
     unsplit_fp8=PINGPONG8_TILE,
     fallback=TRITON_TABLE,
     # FP8 batches whose 64-row tiles read each KV token >= 16 times staged in fp16 for the
-    # ping-pong kernel (H200, same run: extend 4,096 over 32,768 at 128 heads 89.5 → 77.5 ms,
-    # 444 → 512 TFLOP/s; 8 × 64 tokens × 16 heads over 8,192, reuse 16: 358 → 330 µs; reuse
-    # 8: 353 → 366, slower; the speculative batch, reuse 1: 42 → 70 µs;
-    # NOTES-2026-12-01-rounds-25-27.md, round 26)
+    # ping-pong kernel (faster from a reuse of 16; slower at 8 and below)
     stage_min_reuse=16,
 )
 # The other targets were compiled, not timed (docs/compile_matrix.md, whose numbers the comments
@@ -270,8 +253,8 @@ def choose_config(
 
 def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[KernelConfig]:
     """Every config the planner can pick for ``target`` and ``kv_dtype``, with and without a
-    RoPE part (what the compile matrix builds): :func:`choose_config`'s, and the few-row
-    tiles that stand in for the FP8 × FP8 kernel's (:func:`make_launch_plan`)."""
+    RoPE part (what the compile matrix builds): :func:`choose_config`'s, and the tiles a
+    chosen variant's own rule can hand a batch to (``Variant.alternatives``)."""
     out = []
     chain = config_table(target).chain()
     shared_rows = tuple(t.shared_16bit_rows for t in chain if t.shared_16bit is not None)
@@ -280,11 +263,9 @@ def selectable_configs(target: Target | None, kv_dtype: torch.dtype) -> list[Ker
             for q_dtype in (torch.bfloat16, torch.float16):
                 config = choose_config(rows, kv_dtype, target, kpe, q_dtype)
                 out.append(config)
-                if config.variant == "fp8qk":
-                    out.append(_fewrows_tile(config))
-                    unsplit = _unsplit_fp8(config, target)
-                    if unsplit is not None and rows > MANY_ROWS:
-                        out.append(unsplit)
+                variant = get_variant(config.variant)
+                if variant.alternatives is not None:
+                    out.extend(variant.alternatives(config, chain, rows))
     return list(dict.fromkeys(out))
 
 
@@ -408,13 +389,14 @@ def make_launch_plan(
             max_splits_by_workspace,
             config,
         )
-    if config.variant == "fp8qk":
-        config = _fp8qk_or_fewrows(config, chosen, max_kv_len, num_splits, q_dtype, m_tiles)
-        unsplit = _unsplit_fp8(config, target) if chosen and auto_splits else None
-        tiles = -(-rows // unsplit.block_m) if unsplit is not None else 0
-        # more rows than one of its tiles, whose programs fill the SMs without a split
-        if rows > MANY_ROWS and batch * tiles >= UNSPLIT_FILL * sms:
-            config, m_tiles, num_splits = unsplit, tiles, 1
+    refine = get_variant(config.variant).refine
+    if refine is not None:  # the variant's own rule (variants.py)
+        batch_view = PlannedBatch(
+            rows=rows, batch=batch, m_tiles=m_tiles, num_splits=num_splits,
+            max_kv_len=max_kv_len, q_dtype=q_dtype, sms=sms, chosen=chosen,
+            auto_splits=auto_splits, tables=config_table(target).chain(),
+        )  # fmt: skip
+        config, m_tiles, num_splits = refine(config, batch_view)
     rows_per_request = m_tiles * config.block_m
     variant = get_variant(config.variant)
     half = num_splits > 1 and variant.half_partials
@@ -435,48 +417,6 @@ def make_launch_plan(
     )
 
 
-def _fp8qk_or_fewrows(
-    config: KernelConfig,
-    chosen: bool,
-    max_kv_len: int | None,
-    num_splits: int,
-    q_dtype: torch.dtype,
-    m_tiles: int,
-) -> KernelConfig:
-    """The FP8 × FP8 kernel's tile, or the few-row kernel's (same grid and splits) where it
-    serves better: queries that are not bf16 (its e4m3 hi + lo/16 split holds 8 significant
-    bits, a bf16 value exactly; fp16 has 11; the table gives more rows of them another
-    kernel), and one 64-token tile per program of one row tile (its longer start loses there;
-    the few-row kernel has no row-tile axis). A named fp8qk variant with other queries is
-    refused."""
-    if q_dtype != torch.bfloat16 and not chosen:
-        raise ValueError(
-            f"expected bf16 queries for the fp8qk kernel (its e4m3 split holds 8 "
-            f"significant bits), got {q_dtype}"
-        )
-    one_tile_programs = max_kv_len is not None and max_kv_len <= num_splits * config.block_n
-    if chosen and m_tiles == 1 and (q_dtype != torch.bfloat16 or one_tile_programs):
-        return _fewrows_tile(config)
-    return config
-
-
-UNSPLIT_FILL = 0.9  # the share of the SMs unsplit_fp8's programs must fill
-
-
-def _unsplit_fp8(config: KernelConfig, target: Target | None) -> KernelConfig | None:
-    """The table's ``unsplit_fp8`` tile for a batch that takes the FP8 × FP8 kernel's row
-    tiles ``config`` (None: the table has none, or ``config`` is not its row tile)."""
-    for table in config_table(target).chain():
-        if table.row_tiles_fp8 == config and table.unsplit_fp8 is not None:
-            return table.unsplit_fp8
-    return None
-
-
-def _fewrows_tile(config: KernelConfig) -> KernelConfig:
-    """The few-row kernel's tile of ``config``'s rows (16 or 32)."""
-    return FEWROWS_TILE_16 if config.block_m == 16 else FEWROWS_TILE_32
-
-
 MERGE_VALUES_PER_PROGRAM = 8192  # partial values one merge program loads at once (64 a thread)
 
 
@@ -495,7 +435,7 @@ def merge_warps(block_d: int, half_partials: bool) -> int:
     """Warps per merge program: 4, or with fp16 partials one per 256 columns (at least 256).
     Triton gives each thread 16 bytes of a row, 8 fp16 values: with 4 warps a 512-column
     program of fp16 partials spread its splits over two warps, and the sum over splits went
-    through shared memory (3.7 → 8.4 µs at 64 × 16 on the H200, NOTES round 22)."""
+    through shared memory, twice as slow."""
     if half_partials and block_d >= 256:
         return block_d // 256
     return 4
@@ -505,7 +445,7 @@ def merge_block_d(rows: int, sms: int) -> int:
     """Output columns per program of the split merge for ``rows`` query rows: all 512 when
     that gives two programs per SM (many small programs cost more than they spread: 64 × 16
     rows merged 4× slower in 128-column programs on the H200), else down to 128 so that a
-    small batch still spreads (one request of 32 heads: 11.5 → 4.3 µs)."""
+    small batch still spreads (one request of 32 heads)."""
     for block in (512, 256):
         if rows * (512 // block) >= 2 * sms:
             return block

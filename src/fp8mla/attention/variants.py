@@ -1,12 +1,14 @@
 """The attention kernel variants, in one registry.
 
-Every variant computes the same function with the same arguments (``kernels/mla_attention.py``
+Every variant computes the same function with the same arguments (``kernels/portable/rows.py``
 documents them): paged MLA attention of ``BLOCK_M`` query rows of one request over one KV split.
 They differ in how the work is laid out on the hardware. A :class:`Variant` says which kernel it
-is, where it can run (:attr:`Variant.supports`), which tiles it takes (:attr:`Variant.check_tile`)
-and how its grid is shaped. The planner (``planner.py``) picks a :class:`KernelConfig` from its
-per-target tables and asks the registry whether the variant serves the batch; the launcher, the
-compile matrix, the tuning script and the tests all read this one table.
+is, where it can run (:attr:`Variant.supports`), which tiles it takes (:attr:`Variant.check_tile`),
+how its grid is shaped and, where it has one, its own rule for handing a batch the tables gave
+it to another tile (:attr:`Variant.refine`). The planner (``planner.py``) picks a
+:class:`KernelConfig` from its per-target tables and asks the registry whether the variant serves
+the batch; the launcher, the compile matrix, the tuning script and the tests all read this one
+table.
 
 Adding a variant: one kernel module and one :func:`register` call here
 (``docs/adding_a_kernel.md``).
@@ -14,10 +16,11 @@ Adding a variant: one kernel module and one :func:`register` call here
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +34,29 @@ TileRule = Callable[[KernelConfig], "str | None"]
 
 
 @dataclass(frozen=True)
+class PlannedBatch:
+    """What a variant's own rule (:attr:`Variant.refine`) sees of a batch once the planner has
+    its tile and split count."""
+
+    rows: int  # query rows per request (query tokens × heads)
+    batch: int  # requests
+    m_tiles: int  # row tiles per request in the config's tile
+    num_splits: int
+    max_kv_len: int | None  # None: lengths unknown at plan time (CUDA graphs)
+    q_dtype: torch.dtype
+    sms: int
+    chosen: bool  # the tables chose the config (False: the caller named it)
+    auto_splits: bool  # the planner chose num_splits (False: the caller did)
+    tables: Sequence  # the target's ConfigTable chain (planner.ConfigTable), first tried first
+
+
+# refine(config, batch) -> (config, m_tiles, num_splits): the variant's own choice for a batch
+RefineRule = Callable[[KernelConfig, PlannedBatch], "tuple[KernelConfig, int, int]"]
+# alternatives(config, tables, rows) -> the other tiles its refine rule can hand a batch to
+AlternativesRule = Callable[[KernelConfig, Sequence, int], "list[KernelConfig]"]
+
+
+@dataclass(frozen=True)
 class Variant:
     """One kernel variant: its name, its kernel and what it needs."""
 
@@ -41,7 +67,6 @@ class Variant:
     check_tile: TileRule
     programs_per_tile: int = 1  # programs along the grid's first axis per row tile
     gluon: bool = False  # pipeline written out in the kernel (no num_stages); no interpreter
-    mark: str = ""  # suffix of tile names in tables ("v", "g")
     min_split_tokens: int = 128  # fewest KV tokens worth a split of their own
     # the kernel lets its split merge be scheduled before it ends (griddepcontrol, SM90):
     # the planner launches the merge as its programmatic dependent only then
@@ -53,6 +78,10 @@ class Variant:
     # FP8 values, within fp16's range) and the V scale beside them as one factor for the
     # merge (workspace.Partials)
     half_partials: bool = False
+    # the variant's own rule, after the tables chose it and the split count is known: the
+    # batch may go to another tile (alternatives lists those, for the compile matrix)
+    refine: RefineRule | None = None
+    alternatives: AlternativesRule | None = None
 
     def load(self):
         """The ``@triton.jit`` / ``@gluon.jit`` function (imported on first use)."""
@@ -89,8 +118,9 @@ def get_variant(name: str) -> Variant:
 
 
 def tile_name(config: KernelConfig) -> str:
-    """``16x64``, with the variant's mark (``v`` value split, ``g`` wgmma, ``f`` few-row)."""
-    return f"{config.block_m}x{config.block_n}{get_variant(config.variant).mark}"
+    """``16x64 rows``: the tile's rows × KV tokens and its variant's name."""
+    get_variant(config.variant)  # raises for an unknown name
+    return f"{config.block_m}x{config.block_n} {config.variant}"
 
 
 # -- support rules --------------------------------------------------------------------------
@@ -202,26 +232,24 @@ VSPLIT = register(
         supports=_anywhere,
         check_tile=_any_tile,
         programs_per_tile=2,
-        mark="v",
     )
 )
 WGMMA = register(
     Variant(
         name="wgmma",
-        kernel="fp8mla.kernels.mla_wgmma:_mla_attn_wgmma_kernel",
+        kernel="fp8mla.kernels.sm90.wgmma:_mla_wgmma_kernel",
         summary="Gluon, SM90; a producer warpgroup converts FP8 tiles into fp16 shared memory "
         "(or copies 16-bit tiles by cp.async), two consumer warpgroups split the columns of "
         "Q·Kᵀ and of the output (many rows)",
         supports=_sm90_rope,
         check_tile=_fixed_tile(64, 64, 8),
         gluon=True,
-        mark="g",
     )
 )
 PINGPONG = register(
     Variant(
         name="pingpong",
-        kernel="fp8mla.kernels.mla_pingpong:_mla_attn_pingpong_kernel",
+        kernel="fp8mla.kernels.sm90.pingpong:_mla_pingpong_kernel",
         summary="Gluon, SM90; two consumer warpgroups take alternate 32-token KV tiles (one's "
         "softmax beside the other's products), each holding half of the output columns; a "
         "producer warpgroup converts FP8 tiles into fp16 shared memory or copies 16-bit tiles "
@@ -229,13 +257,12 @@ PINGPONG = register(
         supports=_sm90_rope,
         check_tile=_fixed_tile(64, 32, 4),
         gluon=True,
-        mark="p",
     )
 )
 PINGPONG64 = register(
     Variant(
         name="pingpong64",
-        kernel="fp8mla.kernels.mla_pingpong:_mla_attn_pingpong_kernel",
+        kernel="fp8mla.kernels.sm90.pingpong:_mla_pingpong_kernel",
         summary="Gluon, SM90; the ping-pong kernel on 64-token tiles of 16-bit pools: two "
         "buffers, each column half refilled as soon as the warpgroup holding those output "
         "columns is done with it and handed over by its own copies' arrivals (the query read "
@@ -243,13 +270,12 @@ PINGPONG64 = register(
         supports=_sm90_16bit,
         check_tile=_fixed_tile(64, 64, 4),
         gluon=True,
-        mark="p",
     )
 )
 PINGPONG8 = register(
     Variant(
         name="pingpong8",
-        kernel="fp8mla.kernels.mla_pp8:_mla_attn_pp8_kernel",
+        kernel="fp8mla.kernels.sm90.pingpong8:_mla_pingpong8_kernel",
         summary="Gluon, SM90, FP8 pools; the ping-pong order on 64-token FP8 tiles staged by "
         "cp.async as they are: Q·Kᵀ in FP8 × FP8 wgmma with the query's hi and lo parts in "
         "one accumulator chain, each consumer converting its 256 value columns into wgmma's "
@@ -257,39 +283,85 @@ PINGPONG8 = register(
         supports=_sm90_fp8,
         check_tile=_fixed_tile(64, 64, 4),
         gluon=True,
-        mark="e",
         launches_dependents=True,
     )
 )
 FEWROWS = register(
     Variant(
         name="fewrows",
-        kernel="fp8mla.kernels.mla_fewrows:_mla_attn_fewrows_kernel",
+        kernel="fp8mla.kernels.sm90.fewrows:_mla_fewrows_kernel",
         summary="Gluon, SM90; KV tokens as wgmma's M and ≤ 32 query rows as N, two producers "
         "convert FP8 tiles into fp16 shared memory, or one copies 16-bit tiles by cp.async "
         "(decode of 16-32 heads)",
         supports=_sm90_rope_few,
         check_tile=_tile_few,
         gluon=True,
-        mark="f",
         min_split_tokens=64,
         launches_dependents=True,
         one_row_tile=True,
     )
 )
+# the share of the SMs the table's unsplit_fp8 tile must fill for a batch of the FP8 × FP8
+# kernel's row tiles to take it instead (one program per SM, no KV split: a partial wave costs
+# more than splits do)
+UNSPLIT_FILL = 0.9
+
+
+def _fp8qk_refine(config: KernelConfig, b: PlannedBatch) -> tuple[KernelConfig, int, int]:
+    """The FP8 × FP8 kernel's rule. Its query's e4m3 ``hi + lo/16`` split holds 8 significant
+    bits: a bf16 value exactly, not an fp16 one, so other queries go to the few-row kernel of
+    the same tile (a named ``fp8qk`` with them is refused). One 64-token tile per program of
+    one row tile also goes there (the FP8 × FP8 kernel's longer start loses; the few-row
+    kernel has no row-tile axis: same grid, same splits). Requests of more rows than the
+    table's ``unsplit_fp8`` tile whose programs fill :data:`UNSPLIT_FILL` of the SMs without
+    KV splits take that tile, unsplit (``docs/design/planner.md``)."""
+    if b.q_dtype != torch.bfloat16 and not b.chosen:
+        raise ValueError(
+            f"expected bf16 queries for the fp8qk kernel (its e4m3 split holds 8 "
+            f"significant bits), got {b.q_dtype}"
+        )
+    one_tile_programs = b.max_kv_len is not None and b.max_kv_len <= b.num_splits * config.block_n
+    if b.chosen and b.m_tiles == 1 and (b.q_dtype != torch.bfloat16 or one_tile_programs):
+        return dataclasses.replace(config, variant="fewrows"), b.m_tiles, b.num_splits
+    unsplit = _unsplit_tile(config, b.tables) if b.chosen and b.auto_splits else None
+    if unsplit is not None and b.rows > unsplit.block_m:
+        tiles = -(-b.rows // unsplit.block_m)
+        if b.batch * tiles >= UNSPLIT_FILL * b.sms:
+            return unsplit, tiles, 1
+    return config, b.m_tiles, b.num_splits
+
+
+def _unsplit_tile(config: KernelConfig, tables: Sequence) -> KernelConfig | None:
+    """The ``unsplit_fp8`` tile of the table whose FP8 row tiles ``config`` is, or None."""
+    for table in tables:
+        if table.row_tiles_fp8 == config and table.unsplit_fp8 is not None:
+            return table.unsplit_fp8
+    return None
+
+
+def _fp8qk_alternatives(config: KernelConfig, tables: Sequence, rows: int) -> list[KernelConfig]:
+    """The tiles :func:`_fp8qk_refine` can hand a batch of ``rows`` rows a request to."""
+    out = [dataclasses.replace(config, variant="fewrows")]
+    unsplit = _unsplit_tile(config, tables)
+    if unsplit is not None and rows > unsplit.block_m:
+        out.append(unsplit)
+    return out
+
+
 FP8QK = register(
     Variant(
         name="fp8qk",
-        kernel="fp8mla.kernels.mla_fp8qk:_mla_attn_fp8qk_kernel",
+        kernel="fp8mla.kernels.sm90.fp8qk:_mla_fp8qk_kernel",
         summary="Gluon, SM90, FP8 pools; a cp.async copier stages FP8 tiles as they are, Q·Kᵀ "
         "in FP8 × FP8 wgmma with the query split hi/lo, two value warpgroups convert V into "
         "wgmma's register operand (decode; more than 32 rows a request in 32-row tiles)",
         supports=_sm90_fp8,
         check_tile=_tile_few,
         gluon=True,
-        mark="q",
         min_split_tokens=64,
         launches_dependents=True,
         half_partials=True,
+        refine=_fp8qk_refine,
+        alternatives=_fp8qk_alternatives,
     )
 )

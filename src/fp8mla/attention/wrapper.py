@@ -20,7 +20,7 @@ import torch
 
 from fp8mla._checks import check_index, check_tensor
 from fp8mla.attention import native
-from fp8mla.attention.config import KernelConfig, LaunchPlan
+from fp8mla.attention.config import KernelConfig, LaunchInfo, LaunchPlan
 from fp8mla.attention.kernel_launcher import KernelLauncher, current_stream
 from fp8mla.attention.launch import AttentionLaunch
 from fp8mla.attention.plan_state import PlanState, build_plan_state
@@ -28,10 +28,9 @@ from fp8mla.attention.planner import device_sm_count, make_launch_plan
 from fp8mla.attention.stage import STAGE_DTYPE, KVStage, make_stage
 from fp8mla.attention.targets import launch_target
 from fp8mla.attention.workspace import split_capacity, split_partials
-from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, Q_DTYPES, Scales
+from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, MAX_PAGE_SIZE, Q_DTYPES, Scales
 from fp8mla.runtime import interpreted, resolve_backend
 
-MAX_PAGE_SIZE = 128
 MAX_HEADS = 128
 MAX_NUM_SPLITS = 256
 
@@ -136,6 +135,7 @@ class BatchMLAPagedAttentionWrapper:
         num_splits: int | None = None,
         kernel_config: KernelConfig | str | None = None,
         stage_kv: bool | None = None,
+        kernel_options: dict[str, object] | None = None,
     ) -> None:
         """Describe the batch: B requests, request b owning query tokens
         ``qo_indptr[b]:qo_indptr[b+1]`` and KV pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
@@ -151,8 +151,10 @@ class BatchMLAPagedAttentionWrapper:
         planner's KV split count per request and its kernel: a :class:`KernelConfig`, or a
         variant name (``"rows"``, ``"vsplit"``, ``"wgmma"``, ``"pingpong"``, ``"pingpong64"``,
         ``"pingpong8"``, ``"fewrows"``, ``"fp8qk"``: see ``fp8mla.attention.variants``) run
-        in its table tile;
-        for tuning and tests.
+        in its table tile; ``kernel_options`` sets compile-time options the chosen kernel
+        declares with defaults (a Gluon kernel's ``STAGES``, ``QK_PARTS``, …; an unknown name
+        is a ``ValueError``); all three for tuning and tests. :attr:`launch_info` says what a
+        plan launches.
 
         ``stage_kv`` (keyword-only): an FP8 batch whose row tiles read each KV token many
         times (long extend chunks: a 4,096-token chunk at 128 heads is 8,192 tiles of 64
@@ -206,7 +208,7 @@ class BatchMLAPagedAttentionWrapper:
                 state, stage_kv, self._workspace, graph=self._use_cuda_graph,
                 device=self.device,
             )  # fmt: skip
-            launch = self._make_launch(state, num_splits, kernel_config, stage)
+            launch = self._make_launch(state, num_splits, kernel_config, stage, kernel_options)
         self._plan, self._launch, self._stage = state, launch, stage
         self._fast = [None] * 4  # the new plan's C path is bound by its first run()
 
@@ -216,6 +218,7 @@ class BatchMLAPagedAttentionWrapper:
         num_splits: int | None,
         config: KernelConfig | str | None,
         stage: KVStage | None = None,
+        kernel_options: dict[str, object] | None = None,
     ) -> AttentionLaunch:
         interp = interpreted()
         target = launch_target(self.device, interp)
@@ -267,6 +270,22 @@ class BatchMLAPagedAttentionWrapper:
             device=self.device,
             target=target,
             interpreted=interp,
+            kernel_options=kernel_options,
+        )
+
+    @property
+    def launch_info(self) -> LaunchInfo | None:
+        """What the current plan launches (None before a plan, or on the PyTorch backend):
+        the kernel variant, its tile, the grid and the KV splits."""
+        launch = self._launch
+        if launch is None:
+            return None
+        return LaunchInfo(
+            variant=launch.variant.name,
+            config=launch.plan.config,
+            grid=tuple(launch.kernel.grid),
+            num_splits=launch.plan.num_splits,
+            staged=self._stage is not None,
         )
 
     def _graph_fit(self, state: PlanState) -> LaunchPlan:

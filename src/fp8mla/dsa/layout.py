@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fp8mla.formats import MAX_PAGE_SIZE
+
 NOPE_DIM = 512  # latent values per token (the attention's values, and keys' first part)
 ROPE_DIM = 64  # RoPE values per token (keys' second part)
 GROUP = 128  # latent values per scale
@@ -33,7 +35,6 @@ SCALE_OFFSET = NOPE_DIM  # byte offset of the four float32 scales
 ROPE_OFFSET = SCALE_OFFSET + 4 * GROUPS  # byte offset of the bf16 RoPE part (528)
 TOKEN_BYTES = ROPE_OFFSET + 2 * ROPE_DIM  # 656
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
-MAX_PAGE_SIZE = 128  # tokens per page this library's kernels take (engines use 64)
 
 CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 

@@ -12,14 +12,20 @@ import os
 
 import torch
 
-from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, Q_DTYPES, dtype_name
+from fp8mla.formats import (
+    HEAD_DIM_CKV,
+    HEAD_DIM_KPE,
+    KV_DTYPES,
+    MAX_PAGE_SIZE,
+    Q_DTYPES,
+    dtype_name,
+)
 from fp8mla.runtime import BACKENDS
 
 #: Environment variable choosing where the engine backends run fp8mla's attention:
 #: ``auto`` (Triton kernels on CUDA, the PyTorch path on CPU tensors), ``triton`` or ``torch``.
 BACKEND_ENV = "FP8MLA_KERNEL_BACKEND"
 
-MAX_PAGE_SIZE = 128  # the wrapper's limit
 MAX_HEADS = 128
 
 

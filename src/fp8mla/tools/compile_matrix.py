@@ -85,11 +85,12 @@ class Row:
 
 
 def _spill_limit(target: str, kernel: str, tile: str) -> tuple[int, str]:
+    """The spill limit of ``tile`` (``"64x64 pingpong8"``) and why it is not the default."""
     for names, kern, tile_key, limit, why in SPILL_EXCEPTIONS:
-        if tile_key.startswith("*"):
-            fits = tile.endswith(tile_key[1:])
-        else:
-            fits = tile_key in ("", tile)
+        if " " in tile_key:  # one tile
+            fits = tile_key == tile
+        else:  # every tile of a variant, or of all
+            fits = tile_key in ("", tile.split(" ")[-1])
         if target in names and kern == kernel and fits:
             return limit, why
     return SPILL_LIMIT, ""

@@ -29,16 +29,16 @@ compile error, on spills above the limit, or on shared memory over the target's 
 ## What is built
 
 - **attention**: each kernel variant of the registry (`fp8mla.attention.variants`) in each
-  tile the planner (`fp8mla.attention.planner`) can select for the target — the Triton
-  `_mla_rows_kernel`, `_mla_vsplit_kernel` for the value-split tiles marked `v`
-  (e.g. `128x64v`), and on SM90 the Gluon kernels, `_mla_attn_wgmma_kernel` (tile `64x64g`,
-  FP8 above 32 rows), `_mla_attn_fewrows_kernel` (tiles `16x64f` and `32x64f`, up to 32 rows)
-  and, for FP8 KV, `_mla_attn_fp8qk_kernel` (tiles `16x64q` and `32x64q`, up to 32 rows, and
-  its build for more rows in row tiles, `split+rowtiles`) — for KV dtypes e4m3, e5m2, bf16
-  and fp16, with the FP8 decoding the launcher uses there, writing fp32 split partials with
-  LSE (`split`) and the bf16 output without LSE (`direct`). Representative constexprs: page size 1, no causal mask, per-tensor
-  scales, 512 + 64 head dims, bf16 queries (fp16 where the tile reads the launcher's fp16
-  query copy), strides divisible by 16 (16+ heads).
+  tile the planner (`fp8mla.attention.planner`) can select for the target, named by its rows
+  × KV tokens and its variant (`64x64 pingpong8`): the Triton kernels `rows` and `vsplit`
+  (`kernels/portable/`) and on SM90 the Gluon kernels `wgmma`, `pingpong`, `pingpong64`,
+  `pingpong8`, `fewrows` and `fp8qk` (`kernels/sm90/`; `fp8qk` also in its build for more rows
+  in row tiles, `split+rowtiles`) — for KV dtypes e4m3, e5m2, bf16 and fp16, with the FP8
+  decoding the launcher uses there, writing fp32 split partials with LSE (`split`; fp16 for
+  the kernels that write fp16 partials) and the bf16 output without LSE (`direct`).
+  Representative constexprs: page size 1, no causal mask, per-tensor scales, 512 + 64 head
+  dims, bf16 queries (fp16 where the tile reads the launcher's fp16 query copy), strides
+  divisible by 16 (16+ heads).
 - **merge** (`_mla_merge_kernel`): split partials into a bf16 output, with and without LSE.
 - **kv_write** (`_kv_write_kernel`): every storage dtype, per-tensor and per-token-group scales.
 
@@ -53,9 +53,9 @@ by loading 0, never by NaN propagation.
 Columns: `regs` = registers per thread (NVIDIA, `ptxas -v`) or VGPRs incl. AGPRs per lane
 (AMD, kernel descriptor); `spill` = spill-store bytes per thread (NVIDIA) or 4 × spilled VGPRs
 (AMD); `stack` = stack frame / scratch per lane; `smem` = shared memory (LDS) per program.
-The warp-specialized Gluon kernel (`g`) launches 12 warps: `regs` is the launch budget of
-65,536 / 384 threads; at run time its partitions re-divide it (`setmaxnreg`: 208 per consumer
-thread, 88 per producer thread).
+The warp-specialized Gluon kernels launch more warps than their `num_warps` (their other
+partitions come on top): `regs` is the launch budget of 65,536 registers over all their
+threads; at run time their partitions re-divide it (`setmaxnreg`).
 A note "ptxas serializes its wgmma (C7515)" marks a build whose tensor-core instructions ptxas
 runs one at a time: slower, not wrong, and not a failure.
 Spill limit {spill_limit} B per thread/lane, except:{exceptions}

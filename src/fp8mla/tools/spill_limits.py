@@ -6,12 +6,13 @@ from __future__ import annotations
 # Spill limit per thread (CUDA spill stores) or lane (AMD: 4 bytes per spilled VGPR).
 SPILL_LIMIT = 128
 # Larger limits, each with the reason it is accepted: (target names, kernel, tile) → limit.
-# A tile key is one tile ("64x64"), a suffix ("*v": every value-split tile) or "" (all).
+# A tile key is one tile ("64x64 rows": rows × tokens and the variant), a variant ("vsplit":
+# every tile of it) or "" (all). The measurements behind them: docs/design/.
 SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
     (
         ("sm80", "sm90", "sm100"),
         "attention",
-        "64x64",
+        "64x64 rows",
         1536,
         "the H200's 64-row tile (kept where it fits) spills ~200-1200 B (with the page-table "
         "bounds checks), yet measured fastest there for 128 heads (149 vs ~50 TFLOP/s for "
@@ -20,11 +21,10 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
     (
         ("sm90", "sm100"),
         "attention",
-        "*v",  # the value-split tiles, 64 and 128 rows ("64x32v", "128x64v")
+        "vsplit",  # the value-split tiles, 64 and 128 rows
         1024,
         "the H200's value-split tiles spill ~150-650 B, yet measured fastest there for extend "
-        "chunks, 4 speculative tokens and 128-head decode "
-        "(benchmarks/NOTES-2026-11-29.md, round 6)",
+        "chunks, 4 speculative tokens and 128-head decode (docs/design/portable.md)",
     ),
     (
         ("gfx1100",),
@@ -38,7 +38,7 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
     (
         ("sm90",),
         "attention",
-        "32x64f",
+        "32x64 fewrows",
         256,
         "the few-row Gluon kernel's 32-row tile: four partitions share 64K registers; "
         "Triton 3.9 spills 100-230 B of it, Triton 3.6 (the H200 runs) 16 B",
@@ -46,31 +46,31 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
     (
         ("sm90",),
         "attention",
-        "64x64p",
+        "64x64 pingpong64",
         384,
         "the ping-pong kernel's 64-token tiles (16-bit pools, more than one row tile a "
         "request): both consumer warpgroups at 224 registers hold S [64, 64], P and a 64 × 256 "
-        "accumulator; Triton 3.9 spills 268-304 B, Triton 3.6 (the H200 runs) 56-64 B, "
-        "measured 586 TFLOP/s on the 4,096-token extend at 128 heads "
-        "(benchmarks/NOTES-2026-12-01-rounds-28-29.md and NOTES-2026-12-02-rounds-30-31.md)",
+        "accumulator; Triton 3.9 spills 268-304 B, Triton 3.6 (the H200 runs) 56-64 B, and it "
+        "is the fastest tile there for long extend chunks at 128 heads "
+        "(docs/design/sm90-pingpong.md)",
     ),
     (
         ("sm90",),
         "attention",
-        "64x64e",
+        "64x64 pingpong8",
         2560,
         "the ping-pong kernel on FP8 tiles: both consumer warpgroups at 232 registers hold a "
         "64 × 256 accumulator, S [64, 64], a scores part and two value operands; Triton 3.6 "
-        "(the H200 runs) spills 76-208 B with per-tensor scales (measured 500 TFLOP/s at 64 × "
-        "128 × 4,096) and 1,668 B with token-group scales (3-7% slower there than the 32-row "
-        "FP8 × FP8 tiles in round 32, benchmarks/NOTES.md); Triton 3.9 768-780 B and 2,376 B, "
-        "and its ptxas serializes the wgmma there (the H200's Triton 3.6 per-tensor builds do "
-        "not)",
+        "(the H200 runs) spills 76-208 B with per-tensor scales (the fastest 128-head FP8 "
+        "decode there) and 1,668 B with token-group scales (a few percent slower there than the "
+        "32-row FP8 × FP8 tiles); Triton 3.9 768-780 B and 2,376 B, and its ptxas serializes "
+        "the wgmma there (the H200's Triton 3.6 per-tensor builds do not; "
+        "docs/design/sm90-pingpong8.md)",
     ),
     (
         ("sm90",),
         "attention",
-        "*q",  # the FP8 × FP8 kernel's tiles ("16x64q", "32x64q")
+        "fp8qk",  # the FP8 × FP8 kernel's tiles (16 and 32 rows)
         256,
         "the FP8 × FP8 Gluon kernel with token-group scales (the score warpgroup adds four "
         "scaled parts, the value warpgroups scale V): Triton 3.9 spills 72-92 B, Triton 3.6 "
@@ -79,7 +79,7 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
     (
         ("sm80", "sm90", "sm100"),
         "attention",
-        "16x64",
+        "16x64 rows",
         256,
         "16-bit KV's 16-row two-stage tile was at 255 registers with 56-120 B of spill before "
         "the kernels bounded every page-table entry they read; the bounds add 40-90 B",

@@ -31,9 +31,8 @@ from vllm.model_executor.layers.attention.mla_attention import (
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, MultipleOf
 
 from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
-from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE
+from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, MAX_PAGE_SIZE
 from fp8mla.integrations.common import (
-    MAX_PAGE_SIZE,
     IntegrationConfigError,
     check_mla_config,
     kernel_backend,

@@ -1,4 +1,4 @@
-"""The score warpgroup of the FP8 × FP8 decode kernel (``kernels/mla_fp8qk.py``): per tile
+"""The score warpgroup of the FP8 × FP8 decode kernel (``fp8qk.py``): per tile
 ``S = Q₈·K₈ᵀ`` on FP8 tensor cores from the stage's bytes (the RoPE part and four 128-column
 latent parts, each summed by the tensor cores and added in fp32), the online softmax, and
 ``P`` with the rescale factor handed to the value warpgroups through shared memory. Software
@@ -14,17 +14,22 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, _stamp
-from fp8mla.kernels.fp8qk_stage import LO_GAIN, SC_L, _tile_rows
-from fp8mla.kernels.mla_wgmma import _mask_scores, _store_lse, _unmasked_end
-from fp8mla.kernels.portable.grid_dependency import launch_dependents
+from fp8mla.kernels.sm90.common import (
+    BLOCK_N,
+    HALF_N,
+    LO_GAIN,
+    NEG_INF,
+    SC_L,
+    launch_dependents,
+    mask_scores,
+    store_lse,
+    thread_barrier,
+    tile_rows,
+    unmasked_end,
+)
 
 RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
-HALF_N = gl.constexpr(32)  # tokens per P·V step of the value warpgroups
-NEG_INF = gl.constexpr(float("-inf"))
-# measurement only: the PROBE bits that take each tile without the score warpgroup's products
-# (1: no products at all, 64: the score warpgroup's alone; kernels/mla_fp8qk.py)
-NO_SCORE_PRODUCTS = gl.constexpr(1 | 64)
+
 
 # S's accumulator [64, 64] as [32 query rows, 64 tokens] once the hi/lo rows are added: each
 # thread holds 16 tokens of one query row (the quad's four lanes hold the row's 64)
@@ -61,14 +66,14 @@ def _latent_pair(q_smem, kt, g: gl.constexpr, W: gl.constexpr, s_zero):
 
 @gluon.jit
 def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.constexpr,
-             D_CKV: gl.constexpr, FIRST_PAIR: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
+             D_CKV: gl.constexpr, FIRST_PAIR: gl.constexpr):  # fmt: skip
     """Start the products of stage ``st`` that need no result of another: the RoPE part and,
     where ``FIRST_PAIR``, the first pair of latent parts (all of the latent part where
     ``PARTS == 1``), in flight on the tensor cores when this returns."""
     kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
     pt = pe_stages.index(st).permute((1, 0))
     acc_pe = warpgroup_mma(qpe_smem, pt, s_zero, use_acc=False, is_async=True)
-    if (PROBE & NO_SCORE_PRODUCTS) or not FIRST_PAIR:  # no latent products yet
+    if not FIRST_PAIR:  # no latent products yet
         a0 = s_zero
         a1 = s_zero
     elif PARTS == 1:
@@ -100,15 +105,12 @@ def _s_pair(a0, a1, s, sc_stages, st, g: gl.constexpr, nope_scale, TOKEN_GROUP: 
 @gluon.jit
 def _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale, pe_scale,
            PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-           FIRST_PAIR: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
+           FIRST_PAIR: gl.constexpr):  # fmt: skip
     """The scores of stage ``st`` so far, in log2 units, from the products :func:`_s_issue`
     started (the RoPE part, and the first latent pair where ``FIRST_PAIR``; else that pair
     is started here once the RoPE part is done), and the remaining latent pair's products
     started (``PARTS == 4``; else none: returned as ``s_zero``)."""
-    if PROBE & NO_SCORE_PRODUCTS:  # measurement only: the tile taken without its products
-        acc_pe = warpgroup_mma_wait(0, deps=[acc_pe])
-        s = gl.zeros([RQ, BLOCK_N], gl.float32, layout=S_ROWS)
-    elif PARTS == 1:
+    if PARTS == 1:
         if not FIRST_PAIR:
             kt = k_stages.index(st).permute((1, 0))
             a0 = warpgroup_mma(q_smem, kt, s_zero, use_acc=False, is_async=True)
@@ -126,7 +128,7 @@ def _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale, 
     a2 = s_zero
     a3 = s_zero
     # the second pair, once the first pair's are read
-    if PARTS == 4 and not (PROBE & NO_SCORE_PRODUCTS):
+    if PARTS == 4:
         kt = k_stages.index(st).permute((1, 0))
         a2, a3 = _latent_pair(q_smem, kt, 2, D_CKV // PARTS, s_zero)
     return s, a2, a3
@@ -134,10 +136,10 @@ def _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale, 
 
 @gluon.jit
 def _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS: gl.constexpr,
-           TOKEN_GROUP: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
+           TOKEN_GROUP: gl.constexpr):  # fmt: skip
     """``S [32 query rows, 64 tokens]`` of stage ``st``: ``s`` from :func:`_s_mid` plus the
     second latent pair where ``PARTS == 4``."""
-    if PARTS == 4 and not (PROBE & NO_SCORE_PRODUCTS):
+    if PARTS == 4:
         s = _s_pair(a2, a3, s, sc_stages, st, 2, nope_scale, TOKEN_GROUP)
     return s
 
@@ -145,29 +147,25 @@ def _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS: gl.constexpr,
 @gluon.jit
 def _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero, nope_scale, pe_scale,
             PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-            FIRST_PAIR: gl.constexpr, PROBE: gl.constexpr):  # fmt: skip
+            FIRST_PAIR: gl.constexpr):  # fmt: skip
     """``S [32 query rows, 64 tokens]`` of stage ``st``, its products started and awaited
     here (:func:`_s_issue`, :func:`_s_mid`, :func:`_s_end`)."""
     acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS, D_CKV,
-                              FIRST_PAIR, PROBE)  # fmt: skip
+                              FIRST_PAIR)  # fmt: skip
     s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale,
-                       pe_scale, PARTS, D_CKV, TOKEN_GROUP, FIRST_PAIR, PROBE)  # fmt: skip
-    return _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP, PROBE)
+                       pe_scale, PARTS, D_CKV, TOKEN_GROUP, FIRST_PAIR)  # fmt: skip
+    return _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP)
 
 
 @gluon.jit
-def _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit, CAUSAL: gl.constexpr,
-             PROBE: gl.constexpr, trace_ptr):  # fmt: skip
+def _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit, CAUSAL: gl.constexpr):
     """The online softmax over tile ``j``'s scores ``s`` (a bad page entry's NaN where
     visible): ``P`` (fp32), the rescale factor, the new row maxima and sums. Only a tile that
     reaches ``mask_from`` (the split's end, or the first causal limit of the tile's rows) is
-    masked (H200, FP8 pool, against masking every tile: 64 × 128 × 4,096 177.4-182.0 vs
-    185.0-193.7 µs, 64 × 64 90.7-91.0 vs 95.5-95.7, 32 × 32 32.0 vs 32.4;
-    benchmarks/NOTES-2026-12-02-rounds-30-31.md, round 30)."""
-    _stamp(trace_ptr, 0, j, 5, PROBE)
+    masked: the tiles before it need no mask."""
     n0 = n_begin + j * BLOCK_N
     if n0 + BLOCK_N > mask_from:
-        s = _mask_scores(s, n0, n_end, causal_limit, BLOCK_N, CAUSAL, S_ROWS)
+        s = mask_scores(s, n0, n_end, causal_limit, BLOCK_N, CAUSAL, S_ROWS)
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
     m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
     alpha = gl.exp2(m_i - m_use)
@@ -177,32 +175,28 @@ def _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit, CAUSAL: gl
 
 
 @gluon.jit
-def _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE: gl.constexpr, trace_ptr):
+def _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free):
     """``P`` (fp16, in two 32-token halves) and the rescale factor of tile ``j`` into P
     buffer ``j % 2`` once the value warpgroups are done with it (tile ``j - 2``)."""
     b = j % 2
-    _stamp(trace_ptr, 0, j, 2, PROBE)
     mbarrier.wait(p_free.index(b), ((j // 2) & 1) ^ 1)
-    _stamp(trace_ptr, 0, j, 3, PROBE)
     p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float16), [RQ, 2, HALF_N]), (0, 2, 1)))
     p_smem.index(2 * b).store(p0)
     p_smem.index(2 * b + 1).store(p1)
     a_smem.index(b).store(alpha)
     fence_async_shared()
-    _BARRIER()
+    thread_barrier()
     mbarrier.arrive(p_ready.index(b))
-    _stamp(trace_ptr, 0, j, 4, PROBE)
 
 
 @gluon.jit
-def _score_wg(
+def score_warpgroup(
     k_stages, pe_stages, sc_stages, ready, q_smem, qpe_smem, q_ready, p_smem, a_smem, p_ready,
     p_free, stat_smem, stat_ready, lse_ptr, q_start, qo_len, rows_total, kv_len, n_begin, n_end,
     split, num_heads, num_tokens, qk_scale, pe_factor, stride_lse_split, stride_lse_t,
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr,
-    PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """The default partition: ``S = Q₈·K₈ᵀ`` per tile, the online softmax, ``P`` and the
     rescale factor to the value warpgroups, the row statistics and the LSE. Software
@@ -211,20 +205,18 @@ def _score_wg(
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
     )
-    _stamp(trace_ptr, 0, 0, 7, PROBE)
     PARTS: gl.constexpr = 4 if TOKEN_GROUP else QK_PARTS
     row_l: gl.constexpr = gl.SliceLayout(1, S_ROWS)  # along the query rows
     mbarrier.wait(q_ready, 0)  # the query operands, staged by the value warpgroups
     inv_s = stat_smem.index(0).load(row_l)
     inv_s_pe = stat_smem.index(1).load(row_l)
-    _BARRIER()  # read before the epilogue reuses stat_smem
-    _stamp(trace_ptr, 0, 0, 6, PROBE)
+    thread_barrier()  # read before the epilogue reuses stat_smem
     # the two parts' products to S in log2 units, per row
     nope_scale = (inv_s * qk_scale)[:, None]
     pe_scale = (inv_s_pe * (qk_scale * pe_factor))[:, None]
-    row0, rows_end = _tile_rows(rows_total, BLOCK_M, ROW_TILES)
+    row0, rows_end = tile_rows(rows_total, BLOCK_M, ROW_TILES)
     causal_limit = kv_len - qo_len + (row0 + gl.arange(0, RQ, layout=row_l)) // num_heads
-    mask_from = _unmasked_end(n_end, kv_len, qo_len, row0, num_heads, CAUSAL)
+    mask_from = unmasked_end(n_end, kv_len, qo_len, row0, num_heads, CAUSAL)
     m_i = gl.full([RQ], NEG_INF, gl.float32, layout=row_l)
     l_i = gl.zeros([RQ], gl.float32, layout=row_l)
     s_zero = gl.zeros([2 * RQ, BLOCK_N], gl.float32, layout=mma)
@@ -235,55 +227,48 @@ def _score_wg(
         s = gl.zeros([RQ, BLOCK_N], gl.float32, layout=S_ROWS)
         if n_tiles > 0:  # tile 0's scores
             mbarrier.wait(ready.index(0), 0)
-            _stamp(trace_ptr, 0, 0, 0, PROBE)
             fence_async_shared()  # the copier's cp.async bytes, to wgmma's async proxy
             s = _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, 0, s_zero,
-                        nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY, PROBE)  # fmt: skip
-            _stamp(trace_ptr, 0, 0, 1, PROBE)
+                        nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY)  # fmt: skip
         for j in range(n_tiles - 1):
             # tile j + 1's products on the tensor cores during tile j's softmax and handoff
             st = (j + 1) % STAGES
             mbarrier.wait(ready.index(st), ((j + 1) // STAGES) & 1)
-            _stamp(trace_ptr, 0, j + 1, 0, PROBE)
             fence_async_shared()
             acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS,
-                                      D_CKV, EARLY, PROBE)  # fmt: skip
+                                      D_CKV, EARLY)  # fmt: skip
             p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit,
-                                          CAUSAL, PROBE, trace_ptr)  # fmt: skip
-            _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
-            # (the second pair started before the handoff instead spilled 64 B and measured
-            # no faster: benchmarks/NOTES-2026-12-01-rounds-18-21.md, round 18)
+                                          CAUSAL)  # fmt: skip
+            _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free)
+            # (the second pair started before the handoff instead spills)
             s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero,
-                               nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY,
-                               PROBE)  # fmt: skip
-            s = _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP, PROBE)
-            _stamp(trace_ptr, 0, j + 1, 1, PROBE)
+                               nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP,
+                               EARLY)  # fmt: skip
+            s = _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP)
         if n_tiles > 0:  # the last tile's softmax
             p, alpha, m_i, l_i = _softmax(s, n_tiles - 1, m_i, l_i, n_begin, mask_from, n_end,
-                                          causal_limit, CAUSAL, PROBE, trace_ptr)  # fmt: skip
-            _p_handoff(p, alpha, n_tiles - 1, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
+                                          causal_limit, CAUSAL)  # fmt: skip
+            _p_handoff(p, alpha, n_tiles - 1, p_smem, a_smem, p_ready, p_free)
     else:  # each tile's scores, then its softmax
         for j in range(n_tiles):
             st = j % STAGES
             mbarrier.wait(ready.index(st), (j // STAGES) & 1)
-            _stamp(trace_ptr, 0, j, 0, PROBE)
             fence_async_shared()
             s = _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero,
-                        nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY, PROBE)  # fmt: skip
-            _stamp(trace_ptr, 0, j, 1, PROBE)
+                        nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY)  # fmt: skip
             p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit,
-                                          CAUSAL, PROBE, trace_ptr)  # fmt: skip
-            _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free, PROBE, trace_ptr)
+                                          CAUSAL)  # fmt: skip
+            _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free)
 
     if LAUNCH_DEPENDENTS == 2:  # every tile scored: the split merge may be scheduled
         launch_dependents()
     # -- the row statistics for the value warpgroups' epilogue, and the LSE --
     stat_smem.index(0).store(m_i)
     stat_smem.index(1).store(l_i)
-    _BARRIER()
+    thread_barrier()
     mbarrier.arrive(stat_ready)
     if WRITE_LSE:
-        row0, rows_end = _tile_rows(rows_total, BLOCK_M, ROW_TILES)
+        row0, rows_end = tile_rows(rows_total, BLOCK_M, ROW_TILES)
         r = row0 + gl.arange(0, RQ, layout=row_l)
-        _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_end, num_heads, num_tokens,
+        store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_end, num_heads, num_tokens,
                    stride_lse_split, stride_lse_t)  # fmt: skip

@@ -1,15 +1,16 @@
-"""Hopper (SM90) MLA attention for many query rows, in Gluon: two consumer warpgroups take
-alternate KV tiles, so one's softmax runs while the other's products keep the tensor cores busy.
+"""The ``pingpong`` kernel (variants ``pingpong`` and ``pingpong64``): Hopper (SM90) MLA
+attention for many query rows, in Gluon: two consumer warpgroups take alternate KV tiles, so
+one's softmax runs while the other's products keep the tensor cores busy.
 
-The wgmma kernel (``kernels/mla_wgmma.py``) has both consumer warpgroups compute every step's
+The wgmma kernel (``wgmma.py``) has both consumer warpgroups compute every step's
 ``S = Q·Kᵀ`` together, split by tokens: each reads the whole query tile from shared memory
 (twice the query bytes per step), and the step runs Q·Kᵀ → row maxima across the two → ``P``
-→ P·V with the tensor cores idle during the softmax (``benchmarks/NOTES-2026-12-01.md``,
-round 14: ~4,700 cycles a 64-token step at 64 × 128 heads, ~3,000 of them shared-memory reads).
+→ P·V with the tensor cores idle during the softmax, and most of a step's time goes to
+shared-memory reads (``docs/design/sm90-pingpong.md``).
 Here one program owns 64 query rows and runs three warpgroups:
 
-* a **producer** (``kv_fill._kv_producer`` for FP8 pools, converting to fp16;
-  ``kv_fill._kv_copier`` for 16-bit pools, by ``cp.async``) fills ``NBUF`` = 4 shared buffers of
+* a **producer** (``producers.kv_producer`` for FP8 pools, converting to fp16;
+  ``producers.kv_copier`` for 16-bit pools, by ``cp.async``) fills ``NBUF`` = 4 shared buffers of
   ``BLOCK_N`` = 32 tokens;
 * two **consumer** warpgroups (``ROLE`` 0: the default partition, 1: a worker). Tile ``j`` is
   *owned* by warpgroup ``j % 2``: it computes ``S_j [64, 32] = Q·K_jᵀ`` alone (the query read
@@ -44,10 +45,10 @@ tokens (the same 144 KB). Each column half of a buffer has its own ``empty`` bar
 
 Each half is freed by the one warpgroup that reads it, once that warpgroup's product of the
 tile is done (the owner's scores, which read both halves, finish before either product
-starts). ``kv_fill._kv_copier_halves`` refills the owner's half first; each half's copies
+starts). ``producers.kv_copier_halves`` refills the owner's half first; each half's copies
 arrive on its ``ready`` barrier as they land, and the consumer that waits there fences them
 to wgmma's async proxy. The owner's ``S_j`` starts on its half before the other's has
-arrived. The owner's softmax (``_softmax_tile64``) is on the other warpgroup's path: it masks
+arrived. The owner's softmax (``softmax_tile64``) is on the other warpgroup's path: it masks
 only the tiles that need it and leaves the row sums until ``P`` is published.
 
 Tile ``j``'s buffer held tile ``j - 2``, owned by the same warpgroup, so its copy can start
@@ -69,21 +70,31 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fp8mla.kernels.kv_fill import _BARRIER, _kv_copier, _kv_copier_halves, _kv_producer
-from fp8mla.kernels.mla_wgmma import (
+from fp8mla.kernels.sm90.common import (
     NEG_INF,
-    _mask_scores,
-    _request_span,
-    _stage_query,
-    _store_lse,
-    _store_rows,
-    _unmasked_end,
+    mask_scores,
+    softmax_tile64,
+    stage_query,
+    store_lse,
+    store_rows,
+    thread_barrier,
+    unmasked_end,
 )
+from fp8mla.kernels.sm90.producers import kv_copier, kv_copier_halves, kv_producer
+from fp8mla.kernels.sm90.request import request_span
 
 BUFFERED = gl.constexpr(128)  # KV tokens in shared memory: NBUF = BUFFERED // BLOCK_N buffers
+
+
 PRODUCER_WARPS = gl.constexpr(4)
+
+
 PRODUCER_REGS = gl.constexpr(80)  # per thread; consumer 0 (the default partition) 232
+
+
 CONSUMER_REGS = gl.constexpr(192)  # consumer 1
+
+
 # 64-token tiles: the producer (a copier, 56 registers) is the default partition and both
 # consumers are workers of 224 (S [64, 64] and P take 32 more registers than 32-token tiles)
 CONSUMER_REGS_64 = gl.constexpr(224)
@@ -105,7 +116,7 @@ def _release(empty, j, pred, BLOCK_N: gl.constexpr, ROLE: gl.constexpr):
 @gluon.jit
 def _wait_tile(bar, phase, BLOCK_N: gl.constexpr):
     """Wait on a tile's (or tile half's) ``ready`` barrier. 64-token tiles are handed over by
-    the copier's ``cp.async`` arrivals themselves (``kv_fill._kv_copier_halves``), with no
+    the copier's ``cp.async`` arrivals themselves (``producers.kv_copier_halves``), with no
     fence of the copier's after them: the bytes are fenced to wgmma's async proxy here. The
     other warpgroup, which applies the tile later, needs no fence of its own: it waits for
     the statistics the owner published after this wait and fence (a proxy fence anywhere on
@@ -183,7 +194,7 @@ def _finish_remote(o, r, empty, BLOCK_N: gl.constexpr, ROLE: gl.constexpr):
     warpgroup's share; tile -1 holds none) and, with it, the ``P`` buffer and statistics
     slot."""
     o = warpgroup_mma_wait(0, deps=[o])
-    _BARRIER()
+    thread_barrier()
     _release(empty, gl.maximum(r, 0), r >= 0, BLOCK_N, ROLE)
     return o
 
@@ -194,41 +205,12 @@ def _softmax_tile(s, m_prev, l_i, n0, n_end, causal_limit, qk_scale, BLOCK_N: gl
     """The online softmax of one 32-token tile's scores from the running maximum ``m_prev``:
     ``P`` (fp32), the rescale factor, the new maximum and the row sums with this tile's added.
     A bad page entry's token (the NaN row) turns its rows NaN."""
-    s = _mask_scores(s * qk_scale, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
+    s = mask_scores(s * qk_scale, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
     m_new = gl.maximum(m_prev, gl.max(s, axis=1))
     m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
     alpha = gl.exp2(m_prev - m_use)
     p = gl.exp2(s - m_use[:, None])
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
-
-
-@gluon.jit
-def _softmax_tile64(s, m_prev, n0, mask_from, n_end, causal_limit, qk_scale, BLOCK_N: gl.constexpr,
-                    CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-                    ROW_SCALE: gl.constexpr = False):  # fmt: skip
-    """:func:`_softmax_tile` for 64-token tiles, whose softmax lies on the other warpgroup's
-    path (it waits for ``P``): ``P`` (fp32), the rescale factor and the new maximum; the caller
-    adds the row sums once ``P`` is published.
-
-    Only a tile that reaches ``mask_from`` (the split's end, or the first causal limit of the
-    program's rows) is masked. The maximum is taken of the raw scores and scaled after
-    (``qk_scale`` > 0), so each score costs one fused multiply-add and one exp2. (H200, bf16
-    pool, against :func:`_softmax_tile` on the same tiles: 64 × 128 × 4,096 139.8-149.0 vs
-    147.1-160.1 µs. The 32-token tiles, whose softmax runs beside the other's product, lose
-    with it: 8 × 128 × 16,384 88.9-89.4 vs 85.7-85.8; round 30 in
-    benchmarks/NOTES-2026-12-02-rounds-30-31.md.)
-    ``ROW_SCALE``: ``qk_scale`` is one scale per row (the FP8 ping-pong kernel's query halves
-    carry a power of two per row), else one for all."""
-    if n0 + BLOCK_N > mask_from:
-        s = _mask_scores(s, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
-    m_new = gl.maximum(m_prev, gl.max(s, axis=1) * qk_scale)
-    m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
-    alpha = gl.exp2(m_prev - m_use)
-    if ROW_SCALE:
-        p = gl.exp2(s * qk_scale[:, None] - m_use[:, None])
-    else:
-        p = gl.exp2(s * qk_scale - m_use[:, None])
-    return p, alpha, m_new
 
 
 @gluon.jit
@@ -238,7 +220,7 @@ def _publish(p16, alpha, m_new, p_smem, stat_smem, stat_bar):
     stat_smem.index(1).store(alpha)
     p_smem.store(p16)
     fence_async_shared()
-    _BARRIER()
+    thread_barrier()
     mbarrier.arrive(stat_bar)
 
 
@@ -273,7 +255,7 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
         s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N, ROLE)
         # the other's product done (three score groups may still run): its half released
         o = warpgroup_mma_wait(3, deps=[o])
-        _BARRIER()
+        thread_barrier()
         _release(empty, gl.maximum(j - 1, 0), j >= 1, BLOCK_N, ROLE)
         s = warpgroup_mma_wait(0, deps=[s])
     n0 = n_begin + j * BLOCK_N
@@ -284,7 +266,7 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
         o = _finish_remote(o, j - 1, empty, BLOCK_N, ROLE)  # applied while the softmax ran
         _publish(p16, alpha, m_i, p_smem, stat_smem, stat_bar)
     else:
-        p, alpha, m_i = _softmax_tile64(s, m_i, n0, mask_from, n_end, causal_limit, qk_scale,
+        p, alpha, m_i = softmax_tile64(s, m_i, n0, mask_from, n_end, causal_limit, qk_scale,
                                         BLOCK_N, CAUSAL, s_layout)  # fmt: skip
         p16 = p.to(DOT_DTYPE)
         _publish(p16, alpha, m_i, p_smem, stat_smem, stat_bar)
@@ -293,39 +275,39 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
     p_op = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
     v = k_bufs.index(j % NBUF).slice(V0, HALF, dim=1)
     o = warpgroup_mma_wait(0, deps=[warpgroup_mma(p_op, v, o, is_async=True)])
-    _BARRIER()
+    thread_barrier()
     _release(empty, j, True, BLOCK_N, ROLE)
     return o, l_i, m_i
 
 
 @gluon.jit
-def _pp_producer(
+def _pingpong_producer(
     args, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
     D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
     WHOLE_TILE: gl.constexpr,
 ):  # fmt: skip
-    """The producer warpgroup: 16-bit tiles copied by ``cp.async`` (``kv_fill._kv_copier``; by
-    column halves for 64-token tiles, ``kv_fill._kv_copier_halves``), FP8 tiles converted to
-    fp16 (``kv_fill._kv_producer``), into the ``NBUF`` buffers. ``args``: its run-time values,
+    """The producer warpgroup: 16-bit tiles copied by ``cp.async`` (``producers.kv_copier``;
+    by column halves for 64-token tiles, ``producers.kv_copier_halves``), FP8 tiles converted
+    to fp16 (``producers.kv_producer``), into the ``NBUF`` buffers. ``args``: its run-time values,
     one tuple."""
     (k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
      num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
      stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s) = args  # fmt: skip
     NBUF: gl.constexpr = BUFFERED // BLOCK_N
     if BLOCK_N == 64:
-        _kv_copier_halves(
+        kv_copier_halves(
             k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
             nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
             stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
         )  # fmt: skip
     elif ckv_ptr.dtype.element_ty.primitive_bitwidth == 16:
-        _kv_copier(
+        kv_copier(
             k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
             nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
             stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
         )  # fmt: skip
     else:
-        _kv_producer(
+        kv_producer(
             k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
             n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
             stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
@@ -334,7 +316,7 @@ def _pp_producer(
 
 
 @gluon.jit
-def _pp_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
+def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
                  D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
                  ROLE: gl.constexpr):  # fmt: skip
     """Consumer warpgroup ``ROLE``: stages its half of the query rows, owns tiles
@@ -358,7 +340,7 @@ def _pp_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.c
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    _stage_query(
+    stage_query(
         q_smem if BLOCK_N == 32 else q_smem.index(0), qpe_smem, q_nope_ptr, q_pe_ptr, m_tile,
         q_start, rows_total, num_heads,
         num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV,
@@ -369,7 +351,7 @@ def _pp_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.c
 
     rs = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
     causal_limit = kv_len - qo_len + rs // num_heads
-    mask_from = _unmasked_end(n_end, kv_len, qo_len, m_tile * BLOCK_M, num_heads, CAUSAL)
+    mask_from = unmasked_end(n_end, kv_len, qo_len, m_tile * BLOCK_M, num_heads, CAUSAL)
     m_i = gl.full([BLOCK_M], NEG_INF, gl.float32, layout=s_rows)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=s_rows)
     o = gl.zeros([BLOCK_M, HALF], gl.float32, layout=o_layout)
@@ -380,7 +362,7 @@ def _pp_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.c
         stat_smem.index(1).store(gl.full([BLOCK_M], 1.0, gl.float32, layout=s_rows))
         p_smem.store(s_zero.to(DOT_DTYPE))
         fence_async_shared()
-        _BARRIER()
+        thread_barrier()
     for j in range(ROLE, n_tiles, 2):
         o, l_i, m_i = _own_tile(
             o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready, empty, p_smem, stat_smem,
@@ -395,22 +377,22 @@ def _pp_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.c
 
     # the row sums of both warpgroups' tiles
     l_smem.index(ROLE).store(l_i)
-    _BARRIER()
+    thread_barrier()
     mbarrier.arrive(l_bar)
     mbarrier.wait(l_bar, 0)
     l_i = l_i + l_smem.index(1 - ROLE).load(s_rows)
 
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
-    _store_rows(o, inv_l, o_ptr, V0, m_tile, q_start, rows_total, num_heads, num_tokens, split,
+    store_rows(o, inv_l, o_ptr, V0, m_tile, q_start, rows_total, num_heads, num_tokens, split,
                 stride_o_split, stride_o_t, stride_o_h, BLOCK_M, o_layout)  # fmt: skip
     if WRITE_LSE and ROLE == 0:
-        _store_lse(m_i, l_i, lse_ptr, split, q_start, rs, rows_total, num_heads, num_tokens,
+        store_lse(m_i, l_i, lse_ptr, split, q_start, rs, rows_total, num_heads, num_tokens,
                    stride_lse_split, stride_lse_t)  # fmt: skip
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
-def _mla_attn_pingpong_kernel(
+def _mla_pingpong_kernel(
     q_nope_ptr,
     q_pe_ptr,
     ckv_ptr,
@@ -496,7 +478,7 @@ def _mla_attn_pingpong_kernel(
     stat_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     l_bar = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     for i in gl.static_range(NBAR):
-        # 64-token tiles: every copier thread's cp.async copies arrive (kv_fill)
+        # 64-token tiles: every copier thread's cp.async copies arrive (producers.py)
         mbarrier.init(ready.index(i), count=1 if BLOCK_N == 32 else PRODUCER_WARPS * 32)
         mbarrier.init(empty.index(i), count=2 if BLOCK_N == 32 else 1)
     mbarrier.init(q_ready, count=2)
@@ -507,7 +489,7 @@ def _mla_attn_pingpong_kernel(
     b = gl.program_id(1)
     split = gl.program_id(2)
     (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
-     pe_factor, v_scale) = _request_span(
+     pe_factor, v_scale) = request_span(
         qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
         ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
         BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
@@ -529,19 +511,19 @@ def _mla_attn_pingpong_kernel(
     )  # fmt: skip
     if BLOCK_N == 32:  # consumer 0 the default partition
         gl.warp_specialize(
-            [(_pp_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
-             (_pp_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1)),
-             (_pp_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
+            [(_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
+             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1)),
+             (_pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
                              WHOLE_TILE))],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGS, PRODUCER_REGS],
         )  # fmt: skip
     else:  # the copier the default partition, both consumers workers
         gl.warp_specialize(
-            [(_pp_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
+            [(_pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
                              WHOLE_TILE)),
-             (_pp_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
-             (_pp_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1))],
+             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
+             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1))],
             [4, 4],
             [CONSUMER_REGS_64, CONSUMER_REGS_64],
         )  # fmt: skip

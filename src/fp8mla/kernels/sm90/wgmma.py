@@ -1,12 +1,12 @@
-"""Hopper (SM90) MLA attention for many query rows, in Gluon: a converting warpgroup feeds two
-that share one Q·Kᵀ.
+"""The ``wgmma`` kernel: Hopper (SM90) MLA attention for many query rows, in Gluon: a converting
+warpgroup feeds two that share one Q·Kᵀ.
 
 The Triton kernels cannot place their warps on Hopper: for a 64-row tile Triton gives both
 warpgroups the same 64 rows, so each computes the whole score tile and holds half of the output
 (or one warpgroup holds all 512 output columns and spills). Here the layouts and the roles are
 explicit. One program owns 64 query rows and runs three warpgroups:
 
-* a **producer** (4 warps, 96 registers per thread; ``kernels/kv_fill.py``) reads each
+* a **producer** (4 warps, 96 registers per thread; ``producers.py``) reads each
   64-token FP8 tile from the pool through the page table, converts it to fp16 and stores it
   into one of two shared KV buffers (a 16-bit tile is copied by ``cp.async``); meanwhile it
   loads the next tile's page-table entries and prefetches its rows into the L2. ``mbarrier``
@@ -25,7 +25,7 @@ base 2 as in the Triton kernels; ``S`` and the output are fp32 accumulators.
 
 Shared memory (RoPE part included): the query 72 KB, two fp16 KV tiles 144 KB, P 8 KB, the
 row maxima 0.5 KB (224.5 KB: one program per SM). Same arguments and results as
-``_mla_rows_kernel`` (``kernels/mla_attention.py``); ``BLOCK_M`` and ``BLOCK_N`` are 64,
+``_mla_rows_kernel`` (``portable/rows.py``); ``BLOCK_M`` and ``BLOCK_N`` are 64,
 ``num_warps`` 8 (the producer's 4 warps come on top), the KV FP8 (read as bytes) with a 64-dim
 RoPE part. Gluon has no interpreter: this kernel runs on SM90 GPUs only, and the planner picks
 it only there.
@@ -40,148 +40,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fp8mla.kernels.kv_fill import (
-    _BARRIER,
+from fp8mla.kernels.sm90.common import (
     CHUNK,
-    PRODUCER_WARPS,
-    _kv_copier,
-    _kv_producer,
+    NEG_INF,
+    mask_scores,
+    stage_query,
+    store_rows,
+    thread_barrier,
 )
-from fp8mla.kernels.portable import tiles as T
+from fp8mla.kernels.sm90.producers import PRODUCER_WARPS, kv_copier, kv_producer
+from fp8mla.kernels.sm90.request import request_span
 
-NEG_INF = gl.constexpr(float("-inf"))
 NUM_BUF = gl.constexpr(2)  # fp16 KV tiles in flight
+
+
 PRODUCER_REGS = gl.constexpr(96)  # per thread (two page-table sets in flight); consumers 208
-
-
-@gluon.jit
-def _request_span(
-    qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
-    ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-    CKV_SCALE_PTR: gl.constexpr, KPE_SCALE_PTR: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-    FP8_CVT: gl.constexpr,
-):  # fmt: skip
-    """What a Gluon program of request ``b``, row tile ``m_tile`` and KV split ``split``
-    works on: ``(q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries,
-    qk_scale, pe_factor, v_scale)``. Every partition runs the same number of KV steps: none
-    for a tile past the rows or a split past the (causal) end. A negative ``kv_indptr`` start
-    is as bad as a missing entry: every token of the request is then bad."""
-    q_start = gl.load(qo_indptr_ptr + b)
-    qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
-    rows_total = qo_len * num_heads
-    qk_scale, pe_factor, v_scale = T.kv_scales(
-        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
-        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
-    )  # fmt: skip
-    kv_len = gl.load(kv_len_ptr + b)
-    n_begin, n_end = T.split_range(
-        kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
-    )
-    n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)
-    kv_start = gl.load(kv_indptr_ptr + b)
-    kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
-    n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
-    page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
-    return (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
-            pe_factor, v_scale)  # fmt: skip
-
-
-@gluon.jit
-def _unmasked_end(n_end, kv_len, qo_len, row0, num_heads, CAUSAL: gl.constexpr):
-    """The end of the tokens that every row from ``row0`` on sees: the split's end, or with a
-    causal mask also row ``row0``'s limit (rows further on see more). A KV tile that ends at
-    or before it needs no mask."""
-    if CAUSAL:
-        return gl.minimum(n_end, kv_len - qo_len + row0 // num_heads + 1)
-    return n_end
-
-
-@gluon.jit
-def _mask_scores(s, n0, n_end, causal_limit, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                 s_layout: gl.constexpr):  # fmt: skip
-    """Scores ``s [rows, BLOCK_N]`` of the tile at ``n0`` with the tokens a row does not see
-    as -inf: those at or past ``n_end`` and, with a causal mask, past the row's
-    ``causal_limit``. (A bad page entry's token holds the NaN row: its scores stay NaN.)"""
-    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    visible = (pos < n_end)[None, :]
-    if CAUSAL:
-        visible = visible & (pos[None, :] <= causal_limit[:, None])
-    return gl.where(visible, s, NEG_INF)
-
-
-@gluon.jit
-def _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_tokens,
-               stride_lse_split, stride_lse_t):  # fmt: skip
-    """The base-2 log-sum-exp of rows ``r`` (row = token × heads + head) into
-    ``lse [splits, T, H]`` at ``split``: -inf for a row that saw no token, NaN (a bad page
-    entry) kept; rows past ``rows_total`` or the last token not written."""
-    has = l_i > 0.0
-    lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
-    lse = gl.where(l_i != l_i, l_i, lse)  # NaN (a bad page entry) stays NaN
-    tok = q_start + r // num_heads
-    r_ok = (r < rows_total) & (tok < num_tokens)
-    lse_ptrs = lse_ptr + split * stride_lse_split + tok.to(gl.int64) * stride_lse_t
-    gl.store(lse_ptrs + r % num_heads, lse, mask=r_ok)
-
-
-@gluon.jit
-def _store_rows(o, inv_l, o_ptr, col0, m_tile, q_start, rows_total, num_heads, num_tokens,
-                split, stride_o_split, stride_o_t, stride_o_h, BLOCK_M: gl.constexpr,
-                layout: gl.constexpr):  # fmt: skip
-    """A row tile's output columns ``[col0, col0 + width)``, ``o [BLOCK_M, width]`` (in
-    ``layout``) times the rows' ``inv_l``, into ``o [splits, T, H, 512]`` at ``split`` in the
-    output's dtype (row = token × heads + head); rows past ``rows_total`` or the last token
-    not written."""
-    rows_l: gl.constexpr = gl.SliceLayout(1, layout)
-    ro = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_l)
-    ro_ok = (ro < rows_total) & (q_start + ro // num_heads < num_tokens)
-    o_rows_ptr = o_ptr + split * stride_o_split
-    o_rows_ptr += (q_start + ro // num_heads).to(gl.int64) * stride_o_t
-    o_rows_ptr += (ro % num_heads) * stride_o_h
-    dcol = col0 + gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, layout))
-    out = o * gl.convert_layout(inv_l, rows_l)[:, None]
-    gl.store(
-        o_rows_ptr[:, None] + dcol[None, :], out.to(o_ptr.dtype.element_ty), mask=ro_ok[:, None]
-    )
-
-
-@gluon.jit
-def _stage_query(
-    q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads, num_tokens,
-    pe_factor,
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    BLOCK_M: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, DOT_DTYPE: gl.constexpr,
-    ROW0: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr,
-):  # fmt: skip
-    """Rows ``[ROW0, ROW0 + ROWS)`` of the tile's query rows (row = token × heads + head) into
-    the same rows of shared memory in the dot dtype, ``q_pe`` times ``pe_factor``; rows past
-    ``rows_total`` as 0. Run by ``WARPS`` warps (a partition's)."""
-    q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
-    pe_ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    if ROWS == BLOCK_M:
-        q_dst = q_smem
-        qpe_dst = qpe_smem
-    else:
-        q_dst = q_smem.slice(ROW0, ROWS, dim=0)
-        qpe_dst = qpe_smem.slice(ROW0, ROWS, dim=0)
-    r = m_tile * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_ld))
-    r_ok = (r < rows_total) & (q_start + r // num_heads < num_tokens)
-    q_rows = q_nope_ptr + (q_start + r // num_heads).to(gl.int64) * stride_qn_t
-    q_rows += (r % num_heads) * stride_qn_h
-    for c in gl.static_range(D_CKV // CHUNK):
-        d = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld))
-        q = gl.load(q_rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
-        q_dst.slice(c * CHUNK, CHUNK, dim=1).store(q.to(DOT_DTYPE))
-    rp = m_tile * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, pe_ld))
-    rp_ok = (rp < rows_total) & (q_start + rp // num_heads < num_tokens)
-    qp_rows = q_pe_ptr + (q_start + rp // num_heads).to(gl.int64) * stride_qp_t
-    qp_rows += (rp % num_heads) * stride_qp_h
-    e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
-    qp = gl.load(qp_rows[:, None] + e[None, :], mask=rp_ok[:, None], other=0.0)
-    qpe_dst.store((qp.to(gl.float32) * pe_factor).to(DOT_DTYPE))
-    fence_async_shared()
-    _BARRIER()
 
 
 @gluon.jit
@@ -206,7 +79,7 @@ def _attn_consumer(
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    _stage_query(
+    stage_query(
         q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads,
         num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV, D_KPE,
         DOT_DTYPE, 0, BLOCK_M, 8,
@@ -239,9 +112,9 @@ def _attn_consumer(
         s = warpgroup_mma_wait(0, deps=[s])
 
         # a bad page entry's token holds the NaN row: its scores and values turn rows NaN
-        s = _mask_scores(s * qk_scale, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
+        s = mask_scores(s * qk_scale, n0, n_end, causal_limit, BLOCK_N, CAUSAL, s_layout)
         m_smem.store(gl.max(gl.reshape(s, [BLOCK_M, 2, BLOCK_N // 2]), axis=2))
-        _BARRIER()
+        thread_barrier()
         m0 = gl.reshape(m_smem.slice(0, 1, dim=1).load(s_layout), [BLOCK_M])
         m1 = gl.reshape(m_smem.slice(1, 1, dim=1).load(s_layout), [BLOCK_M])
         m_new = gl.maximum(m_i, gl.convert_layout(gl.maximum(m0, m1), s_rows))
@@ -254,18 +127,18 @@ def _attn_consumer(
         p_smem.store(p.to(DOT_DTYPE))
         o = o * gl.convert_layout(alpha, o_rows)[:, None]
         fence_async_shared()
-        _BARRIER()
+        thread_barrier()
         # waited for in this step: an accumulator in flight across the loop's back edge makes
         # ptxas copy its registers and serialize every wgmma (C7515)
         o = warpgroup_mma_wait(0, deps=[warpgroup_mma(p_smem, k_smem, o, is_async=True)])
         # both warpgroups are done with this KV buffer and with P before one thread signals
-        _BARRIER()
+        thread_barrier()
         mbarrier.arrive(empty.index(buf))
 
     l_i = gl.convert_layout(gl.sum(l_part, axis=1), s_rows)
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
-    _store_rows(o, inv_l, o_ptr, 0, m_tile, q_start, rows_total, num_heads, num_tokens, split,
+    store_rows(o, inv_l, o_ptr, 0, m_tile, q_start, rows_total, num_heads, num_tokens, split,
                 stride_o_split, stride_o_t, stride_o_h, BLOCK_M, o_layout)  # fmt: skip
     if WRITE_LSE:
         lse = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), NEG_INF)
@@ -277,7 +150,7 @@ def _attn_consumer(
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
-def _mla_attn_wgmma_kernel(
+def _mla_wgmma_kernel(
     q_nope_ptr,
     q_pe_ptr,
     ckv_ptr,
@@ -351,7 +224,7 @@ def _mla_attn_wgmma_kernel(
     b = gl.program_id(1)
     split = gl.program_id(2)
     (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
-     pe_factor, v_scale) = _request_span(
+     pe_factor, v_scale) = request_span(
         qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
         ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
         BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
@@ -373,7 +246,7 @@ def _mla_attn_wgmma_kernel(
                     ),
                 ),
                 (
-                    _kv_copier,
+                    kv_copier,
                     (
                         k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries,
                         num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
@@ -401,7 +274,7 @@ def _mla_attn_wgmma_kernel(
                     ),
                 ),
                 (
-                    _kv_producer,
+                    kv_producer,
                     (
                         k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
                         n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,

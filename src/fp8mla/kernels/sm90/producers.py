@@ -1,12 +1,12 @@
 """The producer warpgroups of the SM90 Gluon kernels: KV tiles from the paged pool into shared
 memory through the page table, for the consumers that multiply them.
 
-* :func:`_kv_producer` (FP8 pools): loads each tile's FP8 rows into registers, converts them
+* :func:`kv_producer` (FP8 pools): loads each tile's FP8 rows into registers, converts them
   to fp16 (times their token-group scales where used) and stores them into a 128-byte-swizzled
   buffer (the wgmma and ping-pong kernels);
-* :func:`_kv_copier` (16-bit pools): copies each tile as it is by ``cp.async`` (the wgmma,
+* :func:`kv_copier` (16-bit pools): copies each tile as it is by ``cp.async`` (the wgmma,
   ping-pong and few-row kernels);
-* :func:`_kv_copier_halves` (16-bit pools, the ping-pong kernel's 64-token tiles): the same
+* :func:`kv_copier_halves` (16-bit pools, the ping-pong kernel's 64-token tiles): the same
   copies by column halves, each half of a buffer with its own ``ready`` / ``empty`` pair, so
   that a half is refilled as soon as the one warpgroup that reads it is done; the copies
   themselves arrive on ``ready`` as they land, so the copier never waits for one.
@@ -21,83 +21,22 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from fp8mla.kernels.portable import fp8_decode as T
+from fp8mla.kernels.sm90.common import (
+    BLOCK_N,
+    CHUNK,
+    async_load,
+    cache_rows,
+    check_entries,
+    fp8_to_f16,
+    load_chunk,
+    load_entries,
+    page_entries,
+    prefetch_l2,
+    thread_barrier,
+    tile_cache_rows,
+)
 
-# a barrier over the calling partition's warps (renamed after Triton 3.6)
-_BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
-# global → shared by cp.async (renamed after Triton 3.6)
-_ASYNC_LOAD = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-
-CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
 PRODUCER_WARPS = gl.constexpr(4)
-
-
-@gluon.jit
-def _fp8_to_f16(b, FP8_CVT: gl.constexpr):
-    """FP8 codes → fp16: Triton's cast for ``CVT_NATIVE`` (FP8 pointers), else the bit moves
-    of ``mla_tiles.fp8_bytes_to_f16`` on the bytes."""
-    if FP8_CVT == T.CVT_NATIVE:
-        return b.to(gl.float16)
-    return T.fp8_bytes_to_f16(b, FP8_CVT)
-
-
-@gluon.jit
-def _load_entries(page_base, n_entries, pos, ok, PAGE_SIZE: gl.constexpr):
-    """The raw page-table entries of the tokens at ``pos`` (0 where not ``ok`` or past the
-    request's own ``n_entries``) and whether each was in the list: the load alone, so that its
-    latency can pass before :func:`_check_entries` uses the result."""
-    entry = pos // PAGE_SIZE
-    in_list = ok & (entry < n_entries)
-    return gl.load(page_base + entry, mask=in_list, other=0), in_list
-
-
-@gluon.jit
-def _check_entries(page, in_list, ok, num_pages):
-    """Page ids from :func:`_load_entries`' raw entries and which of them are bad: an entry past
-    the request's own list or a page id outside ``[0, num_pages)``. Bad entries are never
-    dereferenced; their page reads as 0."""
-    bad = ok & ((~in_list) | (page.to(gl.uint32) >= num_pages))
-    return gl.where(bad, 0, page), bad
-
-
-@gluon.jit
-def _cache_rows(slot, pos, bad, stride_p, stride_s, nan_row, PAGE_SIZE: gl.constexpr):
-    """Element offsets of the tokens' cache rows (``slot`` the page, ``pos`` the token's
-    position): a bad page entry's token reads the launcher's NaN row instead (``nan_row``, its
-    offset from the cache): never outside the cache, never finite. Arithmetic, not a select,
-    so the offsets stay provably 16-aligned (16-byte loads)."""
-    rows = slot * stride_p + (pos % PAGE_SIZE) * stride_s
-    return rows + bad.to(gl.int64) * (nan_row - rows)
-
-
-@gluon.jit
-def _page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE: gl.constexpr):
-    """Page ids of the tokens at ``pos`` (where ``ok``) and which of them are bad (see
-    :func:`_check_entries`); waits for the load."""
-    page, in_list = _load_entries(page_base, n_entries, pos, ok, PAGE_SIZE)
-    return _check_entries(page, in_list, ok, num_pages)
-
-
-@gluon.jit
-def _load_chunk(ckv_ptr, rows, ok, c: gl.constexpr, ld: gl.constexpr):
-    """FP8 bytes of latent columns ``[c·CHUNK, (c+1)·CHUNK)`` of the tile's ``rows`` (0 where
-    not ``ok``)."""
-    d = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld))
-    return gl.load(ckv_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0)
-
-
-@gluon.jit
-def _prefetch_l2(ptrs):
-    """Start moving the lines at ``ptrs`` into the L2 (``prefetch.global.L2``; the result is a
-    dummy)."""
-    return gl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
-        "=r,l",
-        [ptrs],
-        dtype=gl.int32,
-        is_pure=False,
-        pack=1,
-    )
 
 
 @gluon.jit
@@ -105,7 +44,7 @@ def _store_chunk(k_dst, x, sa, ok, c: gl.constexpr, TOKEN_GROUP: gl.constexpr,
                  FP8_CVT: gl.constexpr):  # fmt: skip
     """FP8 bytes ``x`` of latent chunk ``c`` → fp16 (times their tokens' group scale with
     ``TOKEN_GROUP``) into the shared tile ``k_dst``."""
-    k = _fp8_to_f16(x, FP8_CVT)
+    k = fp8_to_f16(x, FP8_CVT)
     if TOKEN_GROUP:
         sc = gl.load(sa + c, mask=ok, other=0.0)
         k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
@@ -113,7 +52,7 @@ def _store_chunk(k_dst, x, sa, ok, c: gl.constexpr, TOKEN_GROUP: gl.constexpr,
 
 
 @gluon.jit
-def _kv_producer(
+def kv_producer(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
     num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
@@ -130,8 +69,8 @@ def _kv_producer(
     Its loads are latency-bound (one warpgroup, 96 registers), so: the RoPE bytes are loaded
     with the first latent chunk, each chunk's bytes while the previous chunk is converted (all
     four chunks at once with ``WHOLE_TILE``: 32-token tiles hold them in 32 registers), and
-    the next tile's latent rows are prefetched into the L2 meanwhile (measured on the H200:
-    without the prefetch and early RoPE load, the consumers waited for this warpgroup)."""
+    the next tile's latent rows are prefetched into the L2 meanwhile (without the prefetch and
+    the early RoPE load, the consumers waited for this warpgroup)."""
     # 16 bytes per thread, 8 threads per 128-byte row chunk, 4 rows per warp
     ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
     # the RoPE rows (8 bytes per thread) and the prefetch (one 64-byte segment per thread) with
@@ -145,23 +84,23 @@ def _kv_producer(
     seg_end = gl.arange(0, D_CKV // 64, layout=gl.SliceLayout(0, pf)) * 64 + 63
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
-    pages, bad = _page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
+    pages, bad = page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
     nxt = pos + BLOCK_N
-    raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+    raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
     for j in range(n_tiles):
         n0 = n_begin + j * BLOCK_N
         buf = j % NBUF
         pos = n0 + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = pos < n_end
         slot = pages.to(gl.int64)
-        rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
-        x = _load_chunk(ckv_ptr, rows, ok, 0, ld)
+        rows = cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
+        x = load_chunk(ckv_ptr, rows, ok, 0, ld)
         if WHOLE_TILE:  # every chunk's loads in flight at once
-            x1 = _load_chunk(ckv_ptr, rows, ok, 1, ld)
-            x2 = _load_chunk(ckv_ptr, rows, ok, 2, ld)
-            x3 = _load_chunk(ckv_ptr, rows, ok, 3, ld)
+            x1 = load_chunk(ckv_ptr, rows, ok, 1, ld)
+            x2 = load_chunk(ckv_ptr, rows, ok, 2, ld)
+            x3 = load_chunk(ckv_ptr, rows, ok, 3, ld)
         pe_pos = gl.convert_layout(pos, pe_rows_l)
-        pe_rows = _cache_rows(
+        pe_rows = cache_rows(
             gl.convert_layout(slot, pe_rows_l), pe_pos, gl.convert_layout(bad, pe_rows_l),
             stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE,
         )  # fmt: skip
@@ -170,13 +109,13 @@ def _kv_producer(
         # the next tile: its page-table entries (loaded a tile ago: their latency has passed)
         # and its latent rows into the L2; the entries of the tile after it requested
         next_pos = pos + BLOCK_N
-        pages, bad = _check_entries(raw, in_list, next_pos < n_end, num_pages)
+        pages, bad = check_entries(raw, in_list, next_pos < n_end, num_pages)
         nxt = pos + 2 * BLOCK_N
-        raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+        raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
         next_pos = gl.convert_layout(pos, pf_rows_l) + BLOCK_N
         next_rows = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_ckv_p
         next_rows += (next_pos % PAGE_SIZE) * stride_ckv_s
-        _prefetch_l2(ckv_ptr + next_rows[:, None] + seg_end[None, :])
+        prefetch_l2(ckv_ptr + next_rows[:, None] + seg_end[None, :])
         sa = scale_arr_ptr  # (the token-group scales' pointers, where used)
         if TOKEN_GROUP:
             sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
@@ -191,37 +130,23 @@ def _kv_producer(
         else:
             for c in gl.static_range(D_CKV // CHUNK):
                 if c + 1 < D_CKV // CHUNK:
-                    x_next = _load_chunk(ckv_ptr, rows, ok, c + 1, ld)
-                k = _fp8_to_f16(x, FP8_CVT)
+                    x_next = load_chunk(ckv_ptr, rows, ok, c + 1, ld)
+                k = fp8_to_f16(x, FP8_CVT)
                 if TOKEN_GROUP:
                     sc = gl.load(sa + c, mask=ok, other=0.0)
                     k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
                 k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
                 if c + 1 < D_CKV // CHUNK:
                     x = x_next
-        kpe_bufs.index(buf).store(_fp8_to_f16(xp, FP8_CVT))
+        kpe_bufs.index(buf).store(fp8_to_f16(xp, FP8_CVT))
         # all four warps' stores are visible to wgmma before one thread signals
         fence_async_shared()
-        _BARRIER()
+        thread_barrier()
         mbarrier.arrive(ready.index(buf))
 
 
 @gluon.jit
-def _tile_cache_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p, stride_ckv_s,
-                     stride_kpe_p, stride_kpe_s, nan_row_ckv, nan_row_kpe,
-                     PAGE_SIZE: gl.constexpr):  # fmt: skip
-    """The cache rows (element offsets) of a tile's tokens at ``pos``, latent and RoPE, from
-    their raw page-table entries (:func:`_load_entries`): a bad entry's token as the NaN
-    row."""
-    pages, bad = _check_entries(raw, in_list, pos < n_end, num_pages)
-    slot = pages.to(gl.int64)
-    rows = _cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
-    pe_rows = _cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
-    return rows, pe_rows
-
-
-@gluon.jit
-def _kv_copier(
+def kv_copier(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
     nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
     stride_kpe_s, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
@@ -239,37 +164,37 @@ def _kv_copier(
     d = gl.arange(0, C16, layout=gl.SliceLayout(0, ld))
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
-    raw, in_list = _load_entries(page_base, n_entries, pos, pos < n_end, PAGE_SIZE)
+    raw, in_list = load_entries(page_base, n_entries, pos, pos < n_end, PAGE_SIZE)
     for j in range(n_tiles):
         buf = j % NBUF
         pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = (pos < n_end)[:, None]
-        rows, pe_rows = _tile_cache_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p,
+        rows, pe_rows = tile_cache_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p,
                                          stride_ckv_s, stride_kpe_p, stride_kpe_s, nan_row_ckv,
                                          nan_row_kpe, PAGE_SIZE)  # fmt: skip
         # the next tile's page entries, before this one's copies; checked only when used, so
         # their latency passes behind this tile's copies instead of before them
         nxt = pos + BLOCK_N
-        raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+        raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
         # the consumers are done with this buffer (tile j - NBUF); passes at once at first
         mbarrier.wait(empty.index(buf), ((j // NBUF) & 1) ^ 1)
         k_dst = k_bufs.index(buf)
         for c in gl.static_range(D_CKV // C16):
-            _ASYNC_LOAD(
+            async_load(
                 k_dst.slice(c * C16, C16, dim=1), ckv_ptr + rows[:, None] + (c * C16 + d)[None, :],
                 mask=ok,
             )  # fmt: skip
-        _ASYNC_LOAD(kpe_bufs.index(buf), kpe_ptr + pe_rows[:, None] + d[None, :], mask=ok)
+        async_load(kpe_bufs.index(buf), kpe_ptr + pe_rows[:, None] + d[None, :], mask=ok)
         async_copy.commit_group()
         if j > 0:  # tile j - 1 in place: visible to wgmma, then handed over
             async_copy.wait_group(1)
             fence_async_shared()
-            _BARRIER()
+            thread_barrier()
             mbarrier.arrive(ready.index((j - 1) % NBUF))
     if n_tiles > 0:
         async_copy.wait_group(0)
         fence_async_shared()
-        _BARRIER()
+        thread_barrier()
         mbarrier.arrive(ready.index((n_tiles - 1) % NBUF))
 
 
@@ -281,21 +206,21 @@ def _copy_half(k_dst, kpe_dst, k_src, pe_src, ok, d, HI: gl.constexpr, D_CKV: gl
     C16: gl.constexpr = 64
     C0: gl.constexpr = (D_CKV // 2) * HI
     for c in gl.static_range(D_CKV // 2 // C16):
-        _ASYNC_LOAD(
+        async_load(
             k_dst.slice(C0 + c * C16, C16, dim=1), k_src + (C0 + c * C16 + d)[None, :], mask=ok
         )
     if HI:
-        _ASYNC_LOAD(kpe_dst, pe_src + d[None, :], mask=ok)
+        async_load(kpe_dst, pe_src + d[None, :], mask=ok)
 
 
 @gluon.jit
-def _kv_copier_halves(
+def kv_copier_halves(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
     nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
     stride_kpe_s, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
     D_KPE: gl.constexpr, P_WARPS: gl.constexpr, NBUF: gl.constexpr,
 ):  # fmt: skip
-    """:func:`_kv_copier` by column halves, for the ping-pong kernel's tiles: half ``h`` of
+    """:func:`kv_copier` by column halves, for the ping-pong kernel's tiles: half ``h`` of
     buffer ``b`` (``h`` 0: latent columns ``[0, D_CKV/2)``; 1: the rest and the RoPE part) is
     handed over on ``ready[2b + h]`` and freed on ``empty[2b + h]`` by the one consumer
     warpgroup whose output columns it holds (the tile's scores, which read both halves, are
@@ -306,28 +231,27 @@ def _kv_copier_halves(
     ``cp.async.mbarrier.arrive`` on the half's ``ready`` (which counts ``P_WARPS`` × 32
     arrivals; the consumers fence the bytes to wgmma's async proxy after their wait). The
     copier never waits for a copy, so a half is requested as soon as it is freed, whatever
-    the previous tile's copies are doing (H200, bf16 pool, against waiting for each tile's
-    copies before the next: 64 × 128 × 4,096 149.1-152.1 vs 154.3-158.9 µs;
-    benchmarks/NOTES-2026-12-01-rounds-28-29.md, round 29)."""
+    the previous tile's copies are doing (faster than waiting for each tile's copies before
+    the next: ``docs/design/sm90-pingpong.md``)."""
     gl.static_assert(D_KPE == 64, "the RoPE part is one 64-column copy")
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
     rows_l: gl.constexpr = gl.SliceLayout(1, ld)
     d = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     pos = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
-    raw, in_list = _load_entries(page_base, n_entries, pos, pos < n_end, PAGE_SIZE)
+    raw, in_list = load_entries(page_base, n_entries, pos, pos < n_end, PAGE_SIZE)
     for j in range(n_tiles):
         buf = j % NBUF
         phase = ((j // NBUF) & 1) ^ 1
         pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
         ok = (pos < n_end)[:, None]
-        rows, pe_rows = _tile_cache_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p,
+        rows, pe_rows = tile_cache_rows(raw, in_list, pos, n_end, num_pages, stride_ckv_p,
                                          stride_ckv_s, stride_kpe_p, stride_kpe_s, nan_row_ckv,
                                          nan_row_kpe, PAGE_SIZE)  # fmt: skip
         k_src = ckv_ptr + rows[:, None]
         pe_src = kpe_ptr + pe_rows[:, None]
         nxt = pos + BLOCK_N
-        raw, in_list = _load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+        raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
         first = j % 2  # the owner's half
         for h in gl.static_range(2):
             side = first ^ h
@@ -339,3 +263,138 @@ def _kv_copier_halves(
                 _copy_half(k_bufs.index(buf), kpe_bufs.index(buf), k_src, pe_src, ok, d, True,
                            D_CKV)  # fmt: skip
             async_copy.mbarrier_arrive(ready.index(2 * buf + side), increment_count=False)
+
+
+@gluon.jit
+def kv_producer_alternate(
+    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
+    num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
+    stride_sa_p, stride_sa_s,
+    FIRST: gl.constexpr, PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+    TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, P_WARPS: gl.constexpr,
+    PF_MODE: gl.constexpr,
+):  # fmt: skip
+    """Tiles ``FIRST, FIRST + 2, …`` of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared
+    buffer ``FIRST`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the launcher's
+    NaN row). Two producers alternate, so each has two consumer steps per tile. Per tile: all of its
+    bytes are requested before the buffer is waited for, its successor (two tiles on) is
+    prefetched into the L2 (``PF_MODE``: see the kernel), and the page entries of the tile two
+    after that are loaded, to be checked a step later — no load waits for another issued in the
+    same step."""
+    # 16 bytes per thread, 8 threads per 128-byte row chunk, 4 rows per warp
+    ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])
+    pe: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
+    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+    pe_rows_l: gl.constexpr = gl.SliceLayout(1, pe)
+    e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe))
+    d = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, ld))
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    my_tiles = gl.maximum(n_tiles - FIRST + 1, 0) // 2
+    k_dst = k_bufs.index(FIRST)
+    kpe_dst = kpe_bufs.index(FIRST)
+    pos = n_begin + FIRST * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
+    pages, bad = page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
+    pos2 = pos + 2 * BLOCK_N
+    pages2, bad2 = page_entries(page_base, n_entries, num_pages, pos2, pos2 < n_end, PAGE_SIZE)
+    pos4 = pos + 4 * BLOCK_N
+    raw4, in4 = load_entries(page_base, n_entries, pos4, pos4 < n_end, PAGE_SIZE)
+    for i in range(my_tiles):
+        pos = n_begin + (FIRST + 2 * i) * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
+        ok = pos < n_end
+        slot = pages.to(gl.int64)
+        rows = cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
+        # -- every byte of this tile requested at once --
+        x0 = gl.load(ckv_ptr + rows[:, None] + d[None, :], mask=ok[:, None], other=0)
+        x1 = gl.load(ckv_ptr + rows[:, None] + (CHUNK + d)[None, :], mask=ok[:, None], other=0)
+        x2 = gl.load(ckv_ptr + rows[:, None] + (2 * CHUNK + d)[None, :], mask=ok[:, None], other=0)
+        x3 = gl.load(ckv_ptr + rows[:, None] + (3 * CHUNK + d)[None, :], mask=ok[:, None], other=0)
+        pe_pos = gl.convert_layout(pos, pe_rows_l)
+        pe_ok = gl.convert_layout(ok, pe_rows_l)
+        pe_rows = cache_rows(
+            gl.convert_layout(slot, pe_rows_l), pe_pos, gl.convert_layout(bad, pe_rows_l),
+            stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE,
+        )  # fmt: skip
+        xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
+        if TOKEN_GROUP:
+            sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
+        # -- this producer's next tile into the L2; the page entries of its third next --
+        _prefetch_tile(ckv_ptr, kpe_ptr, pages2, pos + 2 * BLOCK_N, stride_ckv_p, stride_ckv_s,
+                       stride_kpe_p, stride_kpe_s, PAGE_SIZE, D_CKV, PF_MODE, P_WARPS)  # fmt: skip
+        pos6 = pos + 6 * BLOCK_N
+        raw6, in6 = load_entries(page_base, n_entries, pos6, pos6 < n_end, PAGE_SIZE)
+        # -- the consumers are done with this buffer (this producer's previous tile) --
+        mbarrier.wait(empty.index(FIRST), (i & 1) ^ 1)
+        for c in gl.static_range(D_CKV // CHUNK):
+            if c == 0:
+                x = x0
+            elif c == 1:
+                x = x1
+            elif c == 2:
+                x = x2
+            else:
+                x = x3
+            k = fp8_to_f16(x, FP8_CVT)
+            if TOKEN_GROUP:
+                sc = gl.load(sa + c, mask=ok, other=0.0)
+                k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
+            k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
+        kpe_dst.store(fp8_to_f16(xp, FP8_CVT))
+        # all warps' stores are visible to wgmma before one thread signals
+        fence_async_shared()
+        thread_barrier()
+        mbarrier.arrive(ready.index(FIRST))
+        # entries are checked a step after their load (its latency has passed by then)
+        pages, bad = pages2, bad2
+        pos4 = pos + 4 * BLOCK_N
+        pages2, bad2 = check_entries(raw4, in4, pos4 < n_end, num_pages)
+        raw4, in4 = raw6, in6
+
+
+@gluon.jit
+def _prefetch_bulk(ptrs, BYTES: gl.constexpr):
+    """``cp.async.bulk.prefetch.L2`` of ``BYTES`` (512 or 64) bytes from each of ``ptrs``
+    rounded down to 16 bytes (the instruction's alignment; a row of an odd-strided view loses
+    at most its last 15 bytes from the hint, and nothing past the row is named): one
+    instruction per row, every sector of it."""
+    if BYTES == 512:
+        asm: gl.constexpr = (
+            "{ .reg .b64 a; and.b64 a, $1, -16; cp.async.bulk.prefetch.L2.global [a], 512; }"
+            " mov.u32 $0, 0;"
+        )
+    else:
+        asm: gl.constexpr = (
+            "{ .reg .b64 a; and.b64 a, $1, -16; cp.async.bulk.prefetch.L2.global [a], 64; }"
+            " mov.u32 $0, 0;"
+        )
+    return gl.inline_asm_elementwise(asm, "=r,l", [ptrs], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prefetch_tile(
+    ckv_ptr, kpe_ptr, pages, pos, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s,
+    PAGE_SIZE: gl.constexpr, D_CKV: gl.constexpr, PF_MODE: gl.constexpr, P_WARPS: gl.constexpr,
+):  # fmt: skip
+    """The tokens at ``pos`` (page ids ``pages``, a bad entry as page 0) into the L2.
+    ``PF_MODE`` 0: one ``prefetch.global.L2`` per 64 bytes of the latent part; 1: one per
+    32-byte sector of both parts; 2: one bulk prefetch per row and part (latent, RoPE)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
+    if PF_MODE == 2:
+        p = gl.convert_layout(pages, one).to(gl.int64)
+        q = gl.convert_layout(pos, one) % PAGE_SIZE
+        _prefetch_bulk(ckv_ptr + p * stride_ckv_p + q * stride_ckv_s, 512)
+        _prefetch_bulk(kpe_ptr + p * stride_kpe_p + q * stride_kpe_s, 64)
+    else:
+        STEP: gl.constexpr = 64 if PF_MODE == 0 else 32
+        sec: gl.constexpr = gl.BlockedLayout([1, 1], [32 // (D_CKV // STEP), D_CKV // STEP],
+                                             [P_WARPS, 1], [1, 0])  # fmt: skip
+        rl: gl.constexpr = gl.SliceLayout(1, sec)
+        p = gl.convert_layout(pages, rl).to(gl.int64)
+        q = gl.convert_layout(pos, rl) % PAGE_SIZE
+        col = gl.arange(0, D_CKV // STEP, layout=gl.SliceLayout(0, sec)) * STEP + (STEP - 1)
+        prefetch_l2(ckv_ptr + (p * stride_ckv_p + q * stride_ckv_s)[:, None] + col[None, :])
+        if PF_MODE == 1:
+            p1 = gl.convert_layout(pages, one).to(gl.int64)
+            q1 = gl.convert_layout(pos, one) % PAGE_SIZE
+            pe = kpe_ptr + p1 * stride_kpe_p + q1 * stride_kpe_s
+            prefetch_l2(pe)
+            prefetch_l2(pe + 32)

@@ -1,5 +1,5 @@
-"""Hopper (SM90) MLA decode for few query rows (≤ 32 per request), in Gluon: KV tokens as the
-wgmma M dimension, the query rows as N.
+"""The ``fewrows`` kernel: Hopper (SM90) MLA decode for few query rows (≤ 32 per request), in
+Gluon: KV tokens as the wgmma M dimension, the query rows as N.
 
 A decode request of a tensor-parallel MLA model has 16–32 query rows (heads × query tokens).
 A tile of 64 query rows would waste half or more of every tensor-core instruction, and the
@@ -28,7 +28,7 @@ partitions:
 
 Shared memory for R = 32: two fp16 KV tiles 144 KB, the query 36 KB, two ``Pᵀ`` buffers 8 KB
 (about 190 KB: one program per SM). Same arguments and results as ``_mla_rows_kernel``
-(``kernels/mla_attention.py``) plus the bounds of the cache and of the index array; FP8 KV with
+(``portable/rows.py``) plus the bounds of the cache and of the index array; FP8 KV with
 a 64-dim RoPE part; launched with 4 warps (the other partitions' warps come on top). Gluon has
 no interpreter: this kernel runs on SM90 GPUs only.
 """
@@ -42,13 +42,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fp8mla.kernels.fewrows_producer import _BARRIER, BLOCK_N, CHUNK, _producer, _stamp
-from fp8mla.kernels.kv_fill import _kv_copier
-from fp8mla.kernels.mla_wgmma import _request_span, _store_lse
-from fp8mla.kernels.portable.grid_dependency import launch_dependents, wait_prior
+from fp8mla.kernels.sm90.common import (
+    BLOCK_N,
+    CHUNK,
+    NEG_INF,
+    launch_dependents,
+    store_lse,
+    thread_barrier,
+    wait_prior,
+)
+from fp8mla.kernels.sm90.producers import kv_copier, kv_producer_alternate
+from fp8mla.kernels.sm90.request import request_span
 
 HALF = gl.constexpr(256)  # output columns per consumer warpgroup
-NEG_INF = gl.constexpr(float("-inf"))
+
+
 NUM_BUF = gl.constexpr(2)  # fp16 KV tiles in flight
 
 
@@ -78,7 +86,7 @@ def _stage_query_t(
     qp = gl.load(qp_rows[:, None] + e[None, :], mask=rp_ok[:, None], other=0.0)
     qpe_smem.store((qp.to(gl.float32) * pe_factor).to(qpe_smem.dtype))
     fence_async_shared()
-    _BARRIER()
+    thread_barrier()
 
 
 @gluon.jit
@@ -108,7 +116,6 @@ def _softmax_wg(
     stride_lse_split, stride_lse_t,
     BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
     WRITE_LSE: gl.constexpr, COL_SOFTMAX: gl.constexpr,
-    PROBE: gl.constexpr, trace_ptr,
 ):  # fmt: skip
     """The default partition: ``Sᵀ``, the online softmax over each tile's tokens, ``Pᵀ`` and the
     rescale factor to the value warpgroup, output columns 0–255, the LSE, and the row maxima and
@@ -141,57 +148,41 @@ def _softmax_wg(
         buf = j % NUM_BUF
         phase = (j // NUM_BUF) & 1
         mbarrier.wait(ready.index(buf), phase)
-        _stamp(trace_ptr, 0, j, 0, PROBE)
-        if PROBE & 1:  # measurement only: the consumers take tiles without any math
-            mbarrier.wait(p_free.index(buf), phase ^ 1)
-            mbarrier.arrive(p_ready.index(buf))
-            mbarrier.arrive(empty.index(buf))
-        else:
-            k_smem = k_bufs.index(buf)
-            # -- sᵀ = k·qᵀ --
-            s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma(kpe_bufs.index(buf), qpe_smem.permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(0, deps=[s])
-            if COL_SOFTMAX:
-                s = gl.convert_layout(s, sm)
-            _stamp(trace_ptr, 0, j, 1, PROBE)
-            # -- online softmax over the tile's tokens (a bad page entry's NaN where visible) --
-            pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
-            visible = (pos < n_end)[:, None]
-            if CAUSAL:
-                visible = visible & (pos[:, None] <= causal_limit[None, :])
-            s = gl.where(visible, s * qk_scale, NEG_INF)
-            if PROBE & 16:  # measurement only: no row maxima (a constant reference)
-                m_new = m_i
-            else:
-                m_new = gl.maximum(m_i, gl.max(s, axis=0))
-            _stamp(trace_ptr, 0, j, 4, PROBE)
-            m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[None, :])
-            l_acc = l_acc * alpha[None, :] + p
-            m_i = m_new
-            _stamp(trace_ptr, 0, j, 5, PROBE)
-            # -- pᵀ and alpha to the value warpgroup (slot free once it finished tile j - 2) --
-            mbarrier.wait(p_free.index(buf), phase ^ 1)
-            _stamp(trace_ptr, 0, j, 6, PROBE)
-            p_buf = p_smem.index(buf)
-            p_buf.store(p.to(p_buf.dtype))
-            a_smem.index(buf).store(alpha)
-            _stamp(trace_ptr, 0, j, 7, PROBE)
-            fence_async_shared()
-            _BARRIER()
-            mbarrier.arrive(p_ready.index(buf))
-            _stamp(trace_ptr, 0, j, 2, PROBE)
-            # -- oᵀ[0:256] += vᵀ·pᵀ --
-            if COL_SOFTMAX:  # alpha as the value warpgroup reads it: o's layout
-                alpha = a_smem.index(buf).load(row_l)
-            o = o * alpha[None, :]
-            v_t = k_smem.slice(0, HALF, dim=1).permute((1, 0))
-            o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_buf, o, is_async=True)])
-            _stamp(trace_ptr, 0, j, 3, PROBE)
-            _BARRIER()
-            mbarrier.arrive(empty.index(buf))
+        k_smem = k_bufs.index(buf)
+        # -- sᵀ = k·qᵀ --
+        s = warpgroup_mma(k_smem, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(kpe_bufs.index(buf), qpe_smem.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s])
+        if COL_SOFTMAX:
+            s = gl.convert_layout(s, sm)
+        # -- online softmax over the tile's tokens (a bad page entry's NaN where visible) --
+        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=tok_l)
+        visible = (pos < n_end)[:, None]
+        if CAUSAL:
+            visible = visible & (pos[:, None] <= causal_limit[None, :])
+        s = gl.where(visible, s * qk_scale, NEG_INF)
+        m_new = gl.maximum(m_i, gl.max(s, axis=0))
+        m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_acc = l_acc * alpha[None, :] + p
+        m_i = m_new
+        # -- pᵀ and alpha to the value warpgroup (slot free once it finished tile j - 2) --
+        mbarrier.wait(p_free.index(buf), phase ^ 1)
+        p_buf = p_smem.index(buf)
+        p_buf.store(p.to(p_buf.dtype))
+        a_smem.index(buf).store(alpha)
+        fence_async_shared()
+        thread_barrier()
+        mbarrier.arrive(p_ready.index(buf))
+        # -- oᵀ[0:256] += vᵀ·pᵀ --
+        if COL_SOFTMAX:  # alpha as the value warpgroup reads it: o's layout
+            alpha = a_smem.index(buf).load(row_l)
+        o = o * alpha[None, :]
+        v_t = k_smem.slice(0, HALF, dim=1).permute((1, 0))
+        o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_buf, o, is_async=True)])
+        thread_barrier()
+        mbarrier.arrive(empty.index(buf))
 
     # -- epilogue: row sums, statistics for the value warpgroup, outputs 0-255, LSE --
     l_i = gl.sum(l_acc, axis=0)
@@ -200,7 +191,7 @@ def _softmax_wg(
         m_i = gl.convert_layout(m_i, row_l)
     stat_smem.index(0).store(m_i)
     stat_smem.index(1).store(l_i)
-    _BARRIER()
+    thread_barrier()
     mbarrier.arrive(stat_ready)
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
@@ -209,7 +200,7 @@ def _softmax_wg(
         stride_o_t, stride_o_h, mma, BLOCK_R,
     )  # fmt: skip
     if WRITE_LSE:
-        _store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_tokens,
+        store_lse(m_i, l_i, lse_ptr, split, q_start, r, rows_total, num_heads, num_tokens,
                    stride_lse_split, stride_lse_t)  # fmt: skip
 
 
@@ -218,7 +209,7 @@ def _value_wg(
     k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem, stat_ready,
     o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
     stride_o_split, stride_o_t, stride_o_h,
-    BLOCK_R: gl.constexpr, PROBE: gl.constexpr, trace_ptr,
+    BLOCK_R: gl.constexpr,
 ):  # fmt: skip
     """The value warpgroup: output columns 256–511 from the softmax warpgroup's ``Pᵀ``."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
@@ -232,20 +223,14 @@ def _value_wg(
         phase = (j // NUM_BUF) & 1
         mbarrier.wait(ready.index(buf), phase)
         mbarrier.wait(p_ready.index(buf), phase)
-        _stamp(trace_ptr, 1, j, 0, PROBE)
-        if not (PROBE & 1):
-            alpha = a_smem.index(buf).load(row_l)
-            o = o * alpha[None, :]
-            v_t = k_bufs.index(buf).slice(HALF, HALF, dim=1).permute((1, 0))
-            o = warpgroup_mma_wait(
-                0, deps=[warpgroup_mma(v_t, p_smem.index(buf), o, is_async=True)]
-            )
-        _BARRIER()
-        _stamp(trace_ptr, 1, j, 1, PROBE)
+        alpha = a_smem.index(buf).load(row_l)
+        o = o * alpha[None, :]
+        v_t = k_bufs.index(buf).slice(HALF, HALF, dim=1).permute((1, 0))
+        o = warpgroup_mma_wait(0, deps=[warpgroup_mma(v_t, p_smem.index(buf), o, is_async=True)])
+        thread_barrier()
         mbarrier.arrive(p_free.index(buf))
         mbarrier.arrive(empty.index(buf))
     mbarrier.wait(stat_ready, 0)
-    _stamp(trace_ptr, 1, 0, 6, PROBE)
     l_i = stat_smem.index(1).load(row_l)
     has = l_i > 0.0
     inv_l = gl.where(has, v_scale / gl.where(has, l_i, 1.0), 0.0)
@@ -253,11 +238,10 @@ def _value_wg(
         o, inv_l, o_ptr, split, q_start, rows_total, num_heads, num_tokens, HALF,
         stride_o_split, stride_o_t, stride_o_h, mma, BLOCK_R,
     )  # fmt: skip
-    _stamp(trace_ptr, 1, 0, 7, PROBE)
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
-def _mla_attn_fewrows_kernel(
+def _mla_fewrows_kernel(
     q_nope_ptr,
     q_pe_ptr,
     ckv_ptr,
@@ -312,28 +296,21 @@ def _mla_attn_fewrows_kernel(
     VALUE_REGS: gl.constexpr = 104,
     PRODUCER_16_REGS: gl.constexpr = 64,  # the 16-bit pools' copying producer (no data in registers)
     # L2 prefetch of a producer's next tile: 0 one ``prefetch.global.L2`` per 64 bytes, 1 per
-    # 32-byte sector, 2 one bulk prefetch per row; -1: 2 for 32 rows, 0 for 16 (measured on
-    # the H200: bulk 10-14% faster at 32 rows, 7% slower at 16; round 13 in
-    # benchmarks/NOTES-2026-11-30.md)
+    # 32-byte sector, 2 one bulk prefetch per row; -1: 2 for 32 rows, 0 for 16 (the faster
+    # of each on the H200: docs/design/sm90-fewrows.md)
     PF_MODE: gl.constexpr = -1,
     # 1: the online softmax in a layout where each thread holds whole token columns of Sᵀ
     # (one shared-memory round trip per tile, 7.7 KB), so a row's maximum over the tile's 64
     # tokens takes 2-3 shuffles and no cross-warp exchange; 0: in wgmma's accumulator layout
     # (24 shuffles and two barriers at 32 rows); -1: 1 for FP8 pools at 32 rows, else 0
-    # (measured on the H200, kernel time: FP8 2-3% faster at 32 rows, 3% slower at 16; 16-bit
-    # pools not faster at 32 rows; benchmarks/NOTES-2026-12-01.md round 14)
+    # (where it was faster on the H200: docs/design/sm90-fewrows.md)
     COL_SOFTMAX: gl.constexpr = -1,
     # when the split merge (this grid's programmatic dependent) may be scheduled: 0 at the
-    # grid's end, 1 at the start (its grids leave SMs idle at one request; measured on the
-    # H200, benchmarks/NOTES-2026-12-01.md round 17)
+    # grid's end, 1 at the start (its grids leave SMs idle at one request)
     LAUNCH_DEPENDENTS: gl.constexpr = 1,
     # launched as a programmatic dependent of the grid before it on the stream: the barriers
     # are set up, then griddepcontrol.wait before the first global read
     WAIT_PRIOR: gl.constexpr = False,
-    PROBE: gl.constexpr = 0,  # measurement only, bits: 1 no consumer math, 2 cached loads, 4 one
-    # conversion of the four chunks' XOR per tile, 8 cycle stamps into ``trace_ptr`` (_stamp), 16
-    # no row maxima in the online softmax
-    trace_ptr=None,
 ):
     gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows: wgmma's N")
     gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile: wgmma's M")
@@ -379,7 +356,7 @@ def _mla_attn_fewrows_kernel(
     b = gl.program_id(1)
     split = gl.program_id(2)
     (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
-     pe_factor, v_scale) = _request_span(
+     pe_factor, v_scale) = request_span(
         qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
         ckv_scale_val, kpe_scale_val, sm_scale_log2, b, 0, split, num_heads, num_indices,
         BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
@@ -397,8 +374,7 @@ def _mla_attn_fewrows_kernel(
                         num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
                         stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
                         stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
-                        COLS, PROBE,
-                        trace_ptr,
+                        COLS,
                     ),
                 ),
                 (
@@ -406,12 +382,11 @@ def _mla_attn_fewrows_kernel(
                     (
                         k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem,
                         stat_ready, o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads,
-                        num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M, PROBE,
-                        trace_ptr,
+                        num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M,
                     ),
                 ),
                 (
-                    _kv_copier,
+                    kv_copier,
                     (
                         k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries,
                         num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
@@ -435,8 +410,7 @@ def _mla_attn_fewrows_kernel(
                         num_tokens, qk_scale, pe_factor, v_scale, stride_qn_t, stride_qn_h,
                         stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
                         stride_lse_split, stride_lse_t, BLOCK_M, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
-                        COLS, PROBE,
-                        trace_ptr,
+                        COLS,
                     ),
                 ),
                 (
@@ -444,30 +418,27 @@ def _mla_attn_fewrows_kernel(
                     (
                         k_bufs, ready, empty, p_smem, a_smem, p_ready, p_free, stat_smem,
                         stat_ready, o_ptr, q_start, rows_total, n_begin, n_end, split, num_heads,
-                        num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M, PROBE,
-                        trace_ptr,
+                        num_tokens, v_scale, stride_o_split, stride_o_t, stride_o_h, BLOCK_M,
                     ),
                 ),
                 (
-                    _producer,
+                    kv_producer_alternate,
                     (
                         k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
                         n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                         stride_ckv_p, stride_ckv_s,
                         stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 0, PAGE_SIZE,
                         D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
-                        PROBE, trace_ptr,
                     ),
                 ),
                 (
-                    _producer,
+                    kv_producer_alternate,
                     (
                         k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
                         n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                         stride_ckv_p, stride_ckv_s,
                         stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, 1, PAGE_SIZE,
                         D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, PRODUCER_WARPS, PF,
-                        PROBE, trace_ptr,
                     ),
                 ),
             ],

@@ -1,0 +1,240 @@
+"""The data movers of the SM90 FP8 × FP8 kernels (``fp8qk.py``, ``pingpong8.py``):
+
+- :func:`fp8_copier` stages each 64-token tile's FP8 bytes (and token-group scales) through
+  the page table by ``cp.async``;
+- :func:`stage_query_half` (the FP8 × FP8 decode kernel's value warpgroups) and
+  :func:`stage_query_blocks` (the FP8 ping-pong kernel's consumers) stage the query before the
+  first tile, as exact e4m3 hi/lo operands under a power of two per row.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from fp8mla.kernels.sm90.common import (
+    BLOCK_N,
+    LO_GAIN,
+    SC_L,
+    async_load,
+    cache_rows,
+    check_entries,
+    load_entries,
+    pow2_scale,
+    thread_barrier,
+    tile_rows,
+)
+
+
+@gluon.jit
+def fp8_copier(
+    k_stages, pe_stages, sc_stages, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+    n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE: gl.constexpr,
+    D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr,
+    P_WARPS: gl.constexpr,
+):  # fmt: skip
+    """Each tile of ``[n_begin, n_end)`` into stage ``j % STAGES`` by ``cp.async`` (tokens past
+    ``n_end`` as 0, a bad page entry's token as the NaN row), with its tokens' four group
+    scales where ``TOKEN_GROUP``; every thread's copies arrive on ``ready`` when they land, so
+    up to ``STAGES`` tiles are in flight. The page-table entries are loaded a tile ahead and
+    checked only when their tile is copied, so the copier never waits for a page-table load
+    before its own copies (their latency under load is ~2,000 cycles)."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])  # [64, 128] B
+    pe_ld: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [P_WARPS, 1], [1, 0])  # [64, 64] B
+    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+    pe_rows_l: gl.constexpr = gl.SliceLayout(1, pe_ld)
+    C8: gl.constexpr = 128  # bytes per copy step: one 128-byte row chunk
+    d = gl.arange(0, C8, layout=gl.SliceLayout(0, ld))
+    e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    base = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
+    raw, in_list = load_entries(page_base, n_entries, base, base < n_end, PAGE_SIZE)
+    for j in range(n_tiles):
+        s = j % STAGES
+        pos = base + j * BLOCK_N
+        ok = pos < n_end
+        pages, bad = check_entries(raw, in_list, ok, num_pages)
+        slot = pages.to(gl.int64)
+        rows = cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
+        pe_rows = cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
+        pe_rows = gl.convert_layout(pe_rows, pe_rows_l)
+        pe_ok = gl.convert_layout(ok, pe_rows_l)
+        # the next tile's page entries, requested before this tile's copies
+        nxt = pos + BLOCK_N
+        raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+        # the value warpgroups are done with this stage (tile j - STAGES); passes at once at first
+        mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)
+        k_dst = k_stages.index(s)
+        for c in gl.static_range(D_CKV // C8):
+            async_load(
+                k_dst.slice(c * C8, C8, dim=1), ckv_ptr + rows[:, None] + (c * C8 + d)[None, :],
+                mask=ok[:, None],
+            )  # fmt: skip
+        async_load(pe_stages.index(s), kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None])
+        if TOKEN_GROUP:  # a bad entry's token: page 0's scales (its K and V are NaN anyway)
+            sa_rows = slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
+            sa_rows = gl.convert_layout(sa_rows, gl.SliceLayout(1, SC_L))
+            sa_ok = gl.convert_layout(ok, gl.SliceLayout(1, SC_L))
+            g = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_L))
+            async_load(
+                sc_stages.index(s), scale_arr_ptr + sa_rows[:, None] + g[None, :],
+                mask=sa_ok[:, None],
+            )  # fmt: skip
+        async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
+
+
+@gluon.jit
+def _slab_rows(q_ptr, w: gl.constexpr, q_start, row0, rows_end, num_heads, num_tokens,
+               stride_t, stride_h, D: gl.constexpr, ld: gl.constexpr):  # fmt: skip
+    """The row tile's query rows ``row0 + 8w … row0 + 8w + 7`` (row = token × heads + head;
+    rows from ``rows_end`` on as 0), ``[8, D]`` in the query's dtype."""
+    r = row0 + w * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, ld))
+    tok = q_start + r // num_heads
+    r_ok = (r < rows_end) & (tok < num_tokens)
+    rows = q_ptr + tok.to(gl.int64) * stride_t + (r % num_heads) * stride_h
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    return gl.load(rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
+
+
+@gluon.jit
+def _stage_slab(q_smem, inv_smem, x, w: gl.constexpr):
+    """One 8-row slab ``x`` of one part of the query into operand rows ``16w … 16w + 7`` (hi)
+    and ``16w + 8 … 16w + 15`` (lo), with a power of two per row (:func:`pow2_scale`); its
+    ``1 / s`` into ``inv_smem[8w : 8w + 8]``."""
+    x = x.to(gl.float32)
+    s = pow2_scale(gl.max(gl.abs(x), axis=1))
+    x = x * s[:, None]
+    hi = x.to(gl.float8e4nv)
+    q_smem.slice(16 * w, 8, dim=0).store(hi)
+    q_smem.slice(16 * w + 8, 8, dim=0).store(((x - hi.to(gl.float32)) * LO_GAIN).to(gl.float8e4nv))
+    inv_smem.slice(8 * w, 8).store(1.0 / s)
+
+
+@gluon.jit
+def stage_query_half(
+    q_smem, qpe_smem, inv_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total, num_heads,
+    num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H: gl.constexpr,
+    D_CKV: gl.constexpr, D_KPE: gl.constexpr, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr,
+):  # fmt: skip
+    """Value warpgroup ``H``'s share of the query staging (slabs ``2H`` and ``2H + 1``, the row
+    tile's query rows ``16H … 16H + 15``: :func:`tile_rows`), then an arrival on ``q_ready``.
+    The score warpgroup's operands ``[64, 512]`` and ``[64, 64]`` in e4m3: per query row and part
+    a power of two ``s`` (:func:`pow2_scale`), ``hi = e4m3(q·s)`` in row ``16w + g`` and
+    ``lo = e4m3((q·s − hi) · 16)`` in row ``16w + 8 + g`` for the tile's query row ``8w + g``
+    (exact for bf16 queries but for elements 2^12 below the row's largest); ``1 / s`` of both
+    parts in ``inv_smem [2, 32]``. All rows are requested before any is converted."""
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    w0: gl.constexpr = 2 * H
+    w1: gl.constexpr = 2 * H + 1
+    row0, rows_end = tile_rows(rows_total, BLOCK_M, ROW_TILES)
+    x0 = _slab_rows(q_nope_ptr, w0, q_start, row0, rows_end, num_heads, num_tokens,
+                    stride_qn_t, stride_qn_h, D_CKV, ld)  # fmt: skip
+    x1 = _slab_rows(q_nope_ptr, w1, q_start, row0, rows_end, num_heads, num_tokens,
+                    stride_qn_t, stride_qn_h, D_CKV, ld)  # fmt: skip
+    p0 = _slab_rows(q_pe_ptr, w0, q_start, row0, rows_end, num_heads, num_tokens,
+                    stride_qp_t, stride_qp_h, D_KPE, ld)  # fmt: skip
+    p1 = _slab_rows(q_pe_ptr, w1, q_start, row0, rows_end, num_heads, num_tokens,
+                    stride_qp_t, stride_qp_h, D_KPE, ld)  # fmt: skip
+    _stage_slab(q_smem, inv_smem.index(0), x0, w0)
+    _stage_slab(q_smem, inv_smem.index(0), x1, w1)
+    _stage_slab(qpe_smem, inv_smem.index(1), p0, w0)
+    _stage_slab(qpe_smem, inv_smem.index(1), p1, w1)
+    fence_async_shared()
+    thread_barrier()
+    mbarrier.arrive(q_ready)
+
+
+# a shared-memory view of another shape: ``_reinterpret`` in Triton 3.6, ``reinterpret`` later
+_REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+
+@gluon.jit
+def stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
+                  num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+                  D_CKV: gl.constexpr, D_KPE: gl.constexpr, ROLE: gl.constexpr):  # fmt: skip
+    """Consumer ``ROLE``'s half of the query staging: slabs ``4·ROLE … 4·ROLE + 3`` of eight
+    rows (the program's rows ``row0 + …``; rows from ``rows_end`` on as 0), per row and part a
+    power of two ``s`` (``common.pow2_scale``), ``hi = e4m3(q·s)`` into the hi operand's
+    column blocks (``q_blocks[0 : NB]``, ``NB = D_CKV / 128``) and ``lo = e4m3(q·s − hi)`` into
+    the lo operand's (``q_blocks[NB : 2 NB]``), the RoPE part likewise into ``qpe_smem``, ``1 / s``
+    of both parts into ``inv_smem [2, 64]``.
+
+    One slab's code in a run-time loop, the next slab's rows loaded while one is converted:
+    unrolled, the staging is tens of kilobytes of instructions per consumer, run once per
+    program and so fetched cold (``docs/design/sm90-pingpong8.md``). A run-time slab is stored
+    through the operands' swizzle atoms (8 rows × 128 bytes, 1 KB each and in order within a
+    column block of ``q_blocks``), each column block loaded and stored apart (a reshape and
+    split of one ``[8, 4, 128]`` slab put hi values into the lo blocks)."""
+    gl.static_assert(D_CKV == 512, "four column blocks of 128")
+    # 8 rows x 128 columns, 8 a thread (the RoPE part's 64 columns: each element held by two)
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    # the operands as swizzle atoms of 8 rows x 128 bytes: block b's rows 8w ... at 8b + w
+    if _REINTERPRET_PUBLIC:
+        atoms = q_blocks.reinterpret(gl.float8e4nv, [8 * 8, 8, 128], q_blocks.type.layout)
+        pe_atoms = qpe_smem.reinterpret(gl.float8e4nv, [2 * 8, 8, D_KPE], qpe_smem.type.layout)
+        inv8 = inv_smem.reinterpret(gl.float32, [2 * 8, 8], inv_smem.type.layout)
+    else:
+        atoms = q_blocks._reinterpret(gl.float8e4nv, [8 * 8, 8, 128], q_blocks.type.layout)
+        pe_atoms = qpe_smem._reinterpret(gl.float8e4nv, [2 * 8, 8, D_KPE], qpe_smem.type.layout)
+        inv8 = inv_smem._reinterpret(gl.float32, [2 * 8, 8], inv_smem.type.layout)
+    a = (q_nope_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_qn_t, stride_qn_h)
+    pa = (q_pe_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_qp_t, stride_qp_h)
+    w = 4 * ROLE
+    x0 = _rows8(a, w, 0, 128, ld)
+    x1 = _rows8(a, w, 128, 128, ld)
+    x2 = _rows8(a, w, 256, 128, ld)
+    x3 = _rows8(a, w, 384, 128, ld)
+    p = _rows8(pa, w, 0, D_KPE, ld)
+    for w in range(4 * ROLE, 4 * ROLE + 4):
+        n0 = _rows8(a, w + 1, 0, 128, ld)
+        n1 = _rows8(a, w + 1, 128, 128, ld)
+        n2 = _rows8(a, w + 1, 256, 128, ld)
+        n3 = _rows8(a, w + 1, 384, 128, ld)
+        pn = _rows8(pa, w + 1, 0, D_KPE, ld)
+        x0 = x0.to(gl.float32)
+        x1 = x1.to(gl.float32)
+        x2 = x2.to(gl.float32)
+        x3 = x3.to(gl.float32)
+        m01 = gl.maximum(gl.max(gl.abs(x0), axis=1), gl.max(gl.abs(x1), axis=1))
+        m23 = gl.maximum(gl.max(gl.abs(x2), axis=1), gl.max(gl.abs(x3), axis=1))
+        s = pow2_scale(gl.maximum(m01, m23))
+        _stage_block(atoms, x0, s, w)
+        _stage_block(atoms, x1, s, 8 + w)
+        _stage_block(atoms, x2, s, 16 + w)
+        _stage_block(atoms, x3, s, 24 + w)
+        inv8.index(w).store(1.0 / s)
+        p = p.to(gl.float32)
+        s = pow2_scale(gl.max(gl.abs(p), axis=1))
+        _stage_block(pe_atoms, p, s, w)
+        inv8.index(8 + w).store(1.0 / s)
+        x0 = n0
+        x1 = n1
+        x2 = n2
+        x3 = n3
+        p = pn
+
+
+@gluon.jit
+def _rows8(a, w, c0: gl.constexpr, CW: gl.constexpr, ld: gl.constexpr):
+    """Columns ``[c0, c0 + CW)`` of query rows ``row0 + 8w … row0 + 8w + 7`` (row = token ×
+    heads + head; rows from ``rows_end`` on, and slabs past the program's eight, as 0),
+    ``[8, CW]``. ``a``: the part's pointer, ``q_start, row0, rows_end, num_heads,
+    num_tokens`` and its two strides."""
+    q_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_t, stride_h = a
+    r = row0 + w * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, ld))
+    tok = q_start + r // num_heads
+    r_ok = (r < rows_end) & (tok < num_tokens) & (w < 8)
+    rows = q_ptr + tok.to(gl.int64) * stride_t + (r % num_heads) * stride_h
+    d = c0 + gl.arange(0, CW, layout=gl.SliceLayout(0, ld))
+    return gl.load(rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
+
+
+@gluon.jit
+def _stage_block(atoms, x, s, a):
+    """``hi = e4m3(x·s)`` into ``atoms[a]`` and ``lo = e4m3(x·s − hi)`` into the lo operand's
+    atom ``a + len(atoms) / 2`` (``x [8, CW]`` fp32, ``s`` per row)."""
+    x = x * s[:, None]
+    hi = x.to(gl.float8e4nv)
+    atoms.index(a).store(hi)
+    atoms.index(a + atoms.shape[0] // 2).store((x - hi.to(gl.float32)).to(gl.float8e4nv))

@@ -1,0 +1,41 @@
+"""What a program of the SM90 Gluon attention kernels works on: its request's rows, its KV
+split and the request's page table (:func:`request_span`), from the portable kernels' split
+arithmetic and scales (``portable/tiles.py``)."""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from fp8mla.kernels.portable import tiles as T
+
+
+@gluon.jit
+def request_span(
+    qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
+    ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+    CKV_SCALE_PTR: gl.constexpr, KPE_SCALE_PTR: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+    FP8_CVT: gl.constexpr,
+):  # fmt: skip
+    """What a Gluon program of request ``b``, row tile ``m_tile`` and KV split ``split``
+    works on: ``(q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries,
+    qk_scale, pe_factor, v_scale)``. Every partition runs the same number of KV steps: none
+    for a tile past the rows or a split past the (causal) end. A negative ``kv_indptr`` start
+    is as bad as a missing entry: every token of the request is then bad."""
+    q_start = gl.load(qo_indptr_ptr + b)
+    qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
+    rows_total = qo_len * num_heads
+    qk_scale, pe_factor, v_scale = T.kv_scales(
+        ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
+        CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+    )  # fmt: skip
+    kv_len = gl.load(kv_len_ptr + b)
+    n_begin, n_end = T.split_range(
+        kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)
+    kv_start = gl.load(kv_indptr_ptr + b)
+    kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
+    n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
+    page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
+    return (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
+            pe_factor, v_scale)  # fmt: skip
