@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One GPU session: environment, the kernel test suite, the tuning sweep and the benchmark.
 # Usage: benchmarks/run_on_gpu.sh OUT_DIR [STEPS]   (STEPS: comma list of tests,tune,bench,
-# seed,host,demo; default tests,bench). Logs and results land in OUT_DIR. FlashInfer is found
-# through $FP8MLA_FLASHINFER (a folder holding the flashinfer package), as `fp8mla bench` does.
+# seed,host,demo; default tests,bench). Logs and results land in OUT_DIR: the bench sections
+# append to OUT_DIR/<gpu>.jsonl, labelled $RUN_ID (default: each section's start time); append
+# that file to benchmarks/results/<gpu>.jsonl to keep it. FlashInfer is found through
+# $FP8MLA_FLASHINFER (a folder holding the flashinfer package), as `fp8mla bench` does.
 set -uo pipefail
 out=${1:?usage: run_on_gpu.sh OUT_DIR [STEPS]}
 steps=${2:-tests,bench}
@@ -34,8 +36,8 @@ sg=()
 for section in goals host seed extend sweep; do
   if has bench && [[ $section == goals || $section == host ]] || has $section; then
     timeout ${SECTION_TIMEOUT:-300} $py -m fp8mla bench --sections $section --out "$out" "${sg[@]}" \
-      --no-plot ${BENCH_ARGS:-} 2>"$out/bench_$section.err" | tee "$out/bench_$section.log" \
-      | grep -v "^note:" | tail -45
+      ${RUN_ID:+--run-id "$RUN_ID"} --no-plot ${BENCH_ARGS:-} 2>"$out/bench_$section.err" \
+      | tee "$out/bench_$section.log" | grep -v "^note:" | tail -45
   fi
 done
 if has demo; then

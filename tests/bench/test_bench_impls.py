@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from fp8mla.bench import impls as I
 from fp8mla.bench.cases import GOAL_CASES, Case, sweep_cases
 from fp8mla.bench.inputs import build_inputs
 from fp8mla.bench.measure import flops, kv_bytes
-from fp8mla.bench.report import format_table, result_stem
+from fp8mla.bench.report import append_jsonl, format_table, gpu_slug, results_path
 from fp8mla.bench.runner import reference_subset
 from fp8mla.testing import rel_err
 
@@ -67,7 +69,29 @@ def test_case_names_and_counts():
     assert min(c.context for c in sweep) == 512 and max(c.context for c in sweep) == 131072
     assert max(c.batch for c in sweep) == 256 and min(c.batch for c in sweep) == 1
     assert Case(1, 128, 36864, qo_len=4096).name == "E4096_P32768_H128_float8_e4m3fn"
-    assert result_stem("NVIDIA H200", "2026-11-29") == "2026-11-29-nvidia-h200"
+
+
+def test_every_run_appends_to_the_gpus_results_file(tmp_path):
+    assert gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert gpu_slug(" NVIDIA GeForce RTX 4090 ") == "nvidia-geforce-rtx-4090"
+    path = results_path(tmp_path / "results", "NVIDIA H200")
+    assert path == tmp_path / "results" / "nvidia-h200.jsonl"
+    first = dict(case="B1_H16_L512_float8_e4m3fn", date="2026-12-02", run="r35c")
+    append_jsonl(path, [first])
+    append_jsonl(path, [dict(first, date="2026-12-03", run="2026-12-03T09:00:00")])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["date"], r["run"]) for r in rows] == [
+        ("2026-12-02", "r35c"),
+        ("2026-12-03", "2026-12-03T09:00:00"),
+    ]
+
+
+def test_bench_command_takes_a_run_label():
+    from fp8mla.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--run-id", "r36a", "--out", "x"])
+    assert args.run_id == "r36a" and str(args.out) == "x"
+    assert build_parser().parse_args(["bench"]).run_id is None
 
 
 def test_flashinfer_folder_without_the_package_is_unavailable(tmp_path):

@@ -1,8 +1,10 @@
 """Decode benchmark: fp8mla beside the baselines an engineer would otherwise use.
 
 ``run(options)`` measures the goal cases, a sweep and the 78-layer seed scenario on the
-current CUDA device and appends one JSON object per (case, implementation) to
-``<out>/<date>-<gpu>.jsonl`` (plus a bandwidth plot beside it).
+current CUDA device and appends one JSON object per (case, implementation) to the GPU's
+results file, ``<out>/<gpu>.jsonl`` (``nvidia-h200.jsonl``), each with its ``date`` and the
+run's label ``run`` (``--run-id``, by default the start time); the bandwidth plot of the run
+goes beside it as ``<gpu>.png``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class BenchOptions:
     quick: bool = False
     plot: bool = True
     extra_notes: list[str] = field(default_factory=list)
+    run_id: str | None = None  # the records' ``run`` label (None: the run's start time)
 
 
 def run(opts: BenchOptions) -> int:
@@ -36,13 +39,19 @@ def run(opts: BenchOptions) -> int:
         print("fp8mla bench: needs a CUDA GPU (benchmarks are GPU-only)", file=sys.stderr)
         return 2
     from fp8mla.bench.cases import GOAL_CASES, extend_cases, sweep_cases
-    from fp8mla.bench.report import append_jsonl, format_table, plot_bandwidth, result_stem
+    from fp8mla.bench.report import (
+        append_jsonl,
+        format_table,
+        gpu_slug,
+        plot_bandwidth,
+        results_path,
+    )
     from fp8mla.bench.runner import ALL_IMPLS, BenchContext, Environment, bench_case, bench_host
     from fp8mla.bench.seed import bench_seed
 
     device = torch.device("cuda")
     print("fp8mla bench: measuring copy bandwidth and matmul rate ...", file=sys.stderr)
-    env = Environment.measure(device)
+    env = Environment.measure(device, opts.run_id)
     print(
         f"  {env.gpu}: copy {env.copy_tbps:.2f} TB/s, bf16 matmul {env.matmul_tflops:.0f} "
         f"TFLOP/s; torch {env.torch}, triton {env.triton}",
@@ -63,8 +72,7 @@ def run(opts: BenchOptions) -> int:
     if "extend" in opts.sections:
         cases += extend_cases()
     notes: list[str] = list(opts.extra_notes)
-    stem = result_stem(env.gpu, env.date)
-    jsonl = opts.out_dir / f"{stem}.jsonl"
+    jsonl = results_path(opts.out_dir, env.gpu)
     seeds = opts.seed_batches if "seed" in opts.sections else ()
     steps = len(cases) + ("host" in opts.sections) + len(seeds)
     written = 0
@@ -87,7 +95,8 @@ def run(opts: BenchOptions) -> int:
     print(format_table(ctx.records))
     for note in dict.fromkeys(notes):
         print("note:", note)
-    print(f"wrote {len(ctx.records)} records to {jsonl}")
-    if opts.plot and plot_bandwidth(ctx.records, opts.out_dir / f"{stem}.png"):
-        print(f"plot: {opts.out_dir / f'{stem}.png'}")
+    print(f"appended {len(ctx.records)} records of run {env.run} to {jsonl}")
+    png = opts.out_dir / f"{gpu_slug(env.gpu)}.png"
+    if opts.plot and plot_bandwidth(ctx.records, png):
+        print(f"plot: {png}")
     return 0

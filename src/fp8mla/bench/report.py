@@ -8,8 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def result_stem(gpu: str, date: str) -> str:
-    return f"{date}-{re.sub(r'[^A-Za-z0-9]+', '-', gpu).strip('-').lower()}"
+def gpu_slug(gpu: str) -> str:
+    """The GPU's name as a file name: ``NVIDIA H200`` → ``nvidia-h200``."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
+
+
+def results_path(out_dir: Path, gpu: str) -> Path:
+    """The GPU's results file, which every run appends to: ``<out_dir>/<gpu slug>.jsonl``."""
+    return out_dir / f"{gpu_slug(gpu)}.jsonl"
 
 
 def append_jsonl(path: Path, records: Sequence[dict]) -> None:

@@ -49,16 +49,21 @@ class Environment:
     triton: str
     copy_tbps: float
     matmul_tflops: float
-    run: str  # start time of the run, to tell appended runs apart
+    run: str  # the run's label (--run-id), to tell the runs of one results file apart
+    started: str  # start time of the run
 
     @classmethod
-    def measure(cls, device: torch.device) -> Environment:
+    def measure(cls, device: torch.device, run_id: str | None = None) -> Environment:
+        """The GPU, versions and ceilings; ``run_id`` labels the records (default: the start
+        time)."""
         import triton
 
+        started = _dt.datetime.now().isoformat("T", "seconds")
         return cls(
             gpu=torch.cuda.get_device_name(device),
             date=_dt.date.today().isoformat(),
-            run=_dt.datetime.now().isoformat("T", "seconds"),
+            run=run_id or started,
+            started=started,
             torch=torch.__version__,
             triton=triton.__version__,
             copy_tbps=copy_bandwidth_tbps(device),
@@ -214,6 +219,7 @@ def record(
         "pool_slots": case.slots_needed(),
         "goal": case.goal,
         "run": env.run,
+        "started": env.started,
     }
     row.update(extra)
     ctx.records.append(row)

@@ -17,7 +17,8 @@ def register(subparsers: Any) -> None:
         help="measure fp8mla's decode kernel beside full-pool cast, gather-then-cast, ...",
         description="Benchmark MLA decode on this GPU: fp8mla on the FP8 pool, on a bf16 pool,\n"
         "full-pool cast, gather-then-cast, the PyTorch reference and (when importable) SGLang\n"
-        "and FlashInfer, on the same inputs. Appends JSON lines to OUT/<date>-<gpu>.jsonl.",
+        "and FlashInfer, on the same inputs. Appends JSON lines to OUT/<gpu>.jsonl\n"
+        "(e.g. nvidia-h200.jsonl), each with its date and the run's label (--run-id).",
     )
     p.add_argument(
         "--sections",
@@ -32,6 +33,12 @@ def register(subparsers: Any) -> None:
         type=Path,
         default=Path("benchmarks/results"),
         help="results folder (default: benchmarks/results)",
+    )
+    p.add_argument(
+        "--run-id",
+        default=None,
+        metavar="LABEL",
+        help="the records' run label, e.g. r36a (default: the run's start time)",
     )
     p.add_argument(
         "--sglang-module",
@@ -72,5 +79,6 @@ def run(args: argparse.Namespace) -> int:
             flashinfer=args.flashinfer,
             quick=args.quick,
             plot=not args.no_plot,
+            run_id=args.run_id,
         )
     )
