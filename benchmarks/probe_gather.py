@@ -11,7 +11,7 @@ whole pool's index range); a tile is checked byte for byte against ``pool[slots]
 run (the last tile of every program, copied back through a global buffer). The rate is the
 bytes gathered over the CUDA-graph time of one launch; the copy rate of the same GPU is the
 floor's denominator. The FP8 × FP8 kernel's steady state moves ~2.7 TB/s
-(NOTES-2026-12-01.md, round 16); a variant past ~3.4 TB/s would make ≤ 30 µs at
+(docs/design/sm90-fp8qk.md); a variant past ~3.4 TB/s would make ≤ 30 µs at
 32 × 32 × 4,096 reachable.
 """
 

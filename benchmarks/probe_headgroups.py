@@ -1,7 +1,7 @@
 """Many heads of one query token run as groups of at most 32 heads on the few-row kernels
 (the FP8 × FP8 kernel at SM90), against the planner's choice for the whole request, in one
 GPU run: the emulation that preceded the FP8 × FP8 kernel's row tiles
-(NOTES-2026-12-01-rounds-25-27.md, round 27).
+(docs/design/planner.md).
 
 A request of 64 or 128 heads is, for the few-row kernels, 2 or 4 requests of 32 heads over
 the same pages: this probe builds exactly that batch (the query and output viewed as

@@ -4,10 +4,10 @@ Checks every variant against the float64 reference on the same KV bytes, times i
 ``fp8mla bench`` does and prints the best per case; ``--json PATH`` keeps every measurement.
 The planner's tables (``fp8mla.attention.planner``) are written from these results; the kernel
 variants are the registry's (``fp8mla.attention.variants``). ``--set`` picks the sweep:
-``decode`` (round 3, the default), ``many-rows`` (round 6: extend chunks, speculative tokens
-and 128-head decode over FP8 KV), ``wide-16bit`` (round 6: the same many-row tiles over a bf16
-pool), ``wgmma`` (round 7: the Gluon SM90 kernel against the best Triton tiles) or ``fewrows``
-(round 11: the few-row Gluon SM90 kernel's FP8 decoding and split counts against the 16-row
+``decode`` (the default), ``many-rows`` (extend chunks, speculative tokens
+and 128-head decode over FP8 KV), ``wide-16bit`` (the same many-row tiles over a bf16
+pool), ``wgmma`` (the Gluon SM90 kernel against the best Triton tiles) or ``fewrows``
+(the few-row Gluon SM90 kernel's FP8 decoding and split counts against the 16-row
 Triton tile).
 """
 
@@ -34,7 +34,7 @@ def cfgs(*specs: tuple) -> list[KernelConfig]:
 
 
 PTX_INT = ("ptx", "int")
-DECODE = [  # (case, configs, split counts); round 3: FP8 conversion × splits around one wave
+DECODE = [  # (case, configs, split counts); FP8 conversion × splits around one wave
     (
         Case(64, 16, 4096),
         cfgs(*[(16, 64, 8, 1, c) for c in PTX_INT], (16, 64, 8, 2, "int")),
@@ -64,7 +64,7 @@ def vsplit(bm: int, bn: int, warps: int, stages: int, q_copy: bool = False) -> K
 
 
 EXTEND = [Case(1, heads, 32768 + 4096, qo_len=4096) for heads in (128, 32)]
-MANY_ROWS = [  # round 6, FP8 KV (None: the planner's split count)
+MANY_ROWS = [  # FP8 KV (None: the planner's split count)
     *[
         (
             case,
@@ -92,7 +92,7 @@ MANY_ROWS = [  # round 6, FP8 KV (None: the planner's split count)
         (None,),
     ),
 ]
-WIDE_16BIT = [  # round 6, bf16 KV: two-stage 128x64 value-split tiles need 295 KB
+WIDE_16BIT = [  # bf16 KV: two-stage 128x64 value-split tiles need 295 KB
     (
         case,
         [ROWS64, vsplit(128, 32, 8, 2), vsplit(128, 32, 8, 1), vsplit(128, 64, 8, 1)]
@@ -104,7 +104,7 @@ WIDE_16BIT = [  # round 6, bf16 KV: two-stage 128x64 value-split tiles need 295 
         Case(64, 128, 4096, kv_dtype=torch.bfloat16),
     )
 ]
-WGMMA = [  # round 7: the Gluon kernel against the best Triton tiles, FP8 KV
+WGMMA = [  # the Gluon kernel against the best Triton tiles, FP8 KV
     *[
         (
             case,
@@ -130,7 +130,7 @@ def few(rows: int, cvt: str) -> KernelConfig:
     return KernelConfig(16 if rows <= 16 else 32, 64, 4, 1, variant="fewrows", fp8_cvt=cvt)
 
 
-FEWROWS = [  # round 11: the few-row Gluon kernel (≤ 32 rows) against the 16-row Triton tile
+FEWROWS = [  # the few-row Gluon kernel (≤ 32 rows) against the 16-row Triton tile
     (
         case,
         [few(case.heads * case.qo_len, c) for c in PTX_INT] + [KernelConfig(16, 64, 8, 1)],
