@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
         "--run-id",
         default=None,
         metavar="LABEL",
-        help="the records' run label, e.g. r36a (default: the run's start time)",
+        help="the records' run label, e.g. nightly-h200 (default: the run's start time)",
     )
     p.add_argument(
         "--sglang-module",
