@@ -38,6 +38,12 @@ E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
 
 CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 
+# How the writer encodes values (fp8mla.dsa.format, the engines' writers):
+SCALE_FLOOR = 2.0**-126  # smallest normal float32: an "arbitrary" scale is at least this (vLLM)
+POW2_SCALE_FLOOR = 1e-4  # amax / 448 floor before a "pow2" scale is rounded up (DeepSeek)
+NAN_E4M3 = 0x7F  # the e4m3 NaN code written, whatever the sign (GPUs' satfinite conversion)
+NAN_BF16 = 0x7FC0  # the bf16 NaN written for a NaN RoPE value of an fp16/fp32 input
+
 
 @dataclass(frozen=True)
 class TokenView:
