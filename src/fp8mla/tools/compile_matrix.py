@@ -48,6 +48,7 @@ CVT_NAMES = {
 MERGE = "fp8mla.kernels.portable.merge:_mla_merge_kernel"
 KV_WRITE = "fp8mla.kernels.portable.kv_write:_kv_write_kernel"
 KV_STAGE = "fp8mla.kernels.portable.kv_stage:_kv_stage_kernel"
+DS_MLA_PACK = "fp8mla.kernels.portable.ds_mla_pack:_ds_mla_pack_kernel"
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,25 @@ def kv_stage_jobs(target: Target) -> list[Job]:
     return jobs
 
 
+def ds_mla_pack_jobs(target: Target) -> list[Job]:
+    """The packed ``fp8_ds_mla`` writer (``fp8mla.pack_ds_mla``) for each row dtype and scale
+    format, with the target's e4m3 rounding (the GPU's conversion on CUDA SM89+, the integer
+    encoder elsewhere)."""
+    from fp8mla.dsa.format import PACK_TOKENS, PACK_WARPS
+
+    native = target.backend == "cuda" and int(target.arch) >= 89
+    jobs = []
+    for rows, ptr, kind in (("bf16", "u16", 0), ("fp16", "fp16", 1), ("fp32", "fp32", 2)):
+        for pow2 in (False, True):
+            ptrs = (("ckv_ptr", ptr), ("kpe_ptr", ptr), ("slot_ptr", "i64"), ("cache_ptr", "u8"))
+            consts = (("IN_KIND", kind), ("POW2", pow2), ("NATIVE_CVT", native),
+                      ("BLOCK_T", PACK_TOKENS))  # fmt: skip
+            build = Build(DS_MLA_PACK, ptrs, consts, PACK_WARPS, None)
+            variant = f"{rows} {'pow2' if pow2 else 'arbitrary'} {'native' if native else 'int'}"
+            jobs.append(Job(target.name, "ds_mla_pack", variant, build, SPILL_LIMIT))
+    return jobs
+
+
 def all_jobs(targets: list[str] | None = None) -> list[Job]:
     """Every build of the matrix, in table order; pure host arithmetic (nothing compiles)."""
     names = targets or list(TARGETS)
@@ -288,6 +308,7 @@ def all_jobs(targets: list[str] | None = None) -> list[Job]:
     for name in names:
         t = TARGETS[name]
         jobs += attention_jobs(t) + merge_jobs(t) + kv_write_jobs(t) + kv_stage_jobs(t)
+        jobs += ds_mla_pack_jobs(t)
     return jobs
 
 

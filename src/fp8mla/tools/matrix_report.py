@@ -41,6 +41,9 @@ compile error, on spills above the limit, or on shared memory over the target's 
   divisible by 16 (16+ heads).
 - **merge** (`_mla_merge_kernel`): split partials into a bf16 output, with and without LSE.
 - **kv_write** (`_kv_write_kernel`): every storage dtype, per-tensor and per-token-group scales.
+- **kv_stage** (`_kv_stage_kernel`): FP8 pages staged in fp16 for long extend chunks.
+- **ds_mla_pack** (`_ds_mla_pack_kernel`): the packed 656-byte `fp8_ds_mla` writer of DSA
+  models, bf16/fp16/fp32 rows, arbitrary and power-of-two scales.
 
 FP8 attention is also built with per-token-group scales (`split+group`).
 
