@@ -28,6 +28,10 @@ thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barr
 # global → shared by cp.async (renamed after Triton 3.6)
 async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
+# a shared-memory view of another dtype or shape: ``_reinterpret`` in Triton 3.6, ``reinterpret``
+# later
+REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
 NEG_INF = gl.constexpr(float("-inf"))
 BLOCK_N = gl.constexpr(64)  # KV tokens per tile of the 64-token kernels: wgmma's M or N
 CHUNK = gl.constexpr(128)  # latent columns per load / conversion step

@@ -15,6 +15,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from fp8mla.kernels.sm90.common import (
     BLOCK_N,
     LO_GAIN,
+    REINTERPRET_PUBLIC,
     SC_L,
     async_load,
     cache_rows,
@@ -32,21 +33,26 @@ def fp8_copier(
     n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE: gl.constexpr,
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr,
-    P_WARPS: gl.constexpr,
+    P_WARPS: gl.constexpr, ROPE_16BIT: gl.constexpr = False,
 ):  # fmt: skip
     """Each tile of ``[n_begin, n_end)`` into stage ``j % STAGES`` by ``cp.async`` (tokens past
     ``n_end`` as 0, a bad page entry's token as the NaN row), with its tokens' four group
     scales where ``TOKEN_GROUP``; every thread's copies arrive on ``ready`` when they land, so
     up to ``STAGES`` tiles are in flight. The page-table entries are loaded a tile ahead and
     checked only when their tile is copied, so the copier never waits for a page-table load
-    before its own copies (their latency under load is ~2,000 cycles)."""
+    before its own copies (their latency under load is ~2,000 cycles). ``ROPE_16BIT``: the
+    RoPE part is 16-bit (the packed ``fp8_ds_mla`` row's bf16 values): its 128 bytes a token are
+    copied as bytes, as a latent chunk is (``kpe_ptr`` and its strides in bytes)."""
     ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])  # [64, 128] B
-    pe_ld: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [P_WARPS, 1], [1, 0])  # [64, 64] B
+    if ROPE_16BIT:
+        pe_ld: gl.constexpr = ld
+    else:
+        pe_ld: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [P_WARPS, 1], [1, 0])  # [64, 64] B
     rows_l: gl.constexpr = gl.SliceLayout(1, ld)
     pe_rows_l: gl.constexpr = gl.SliceLayout(1, pe_ld)
     C8: gl.constexpr = 128  # bytes per copy step: one 128-byte row chunk
     d = gl.arange(0, C8, layout=gl.SliceLayout(0, ld))
-    e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
+    e = gl.arange(0, D_KPE * (1 + ROPE_16BIT), layout=gl.SliceLayout(0, pe_ld))
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     base = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
     raw, in_list = load_entries(page_base, n_entries, base, base < n_end, PAGE_SIZE)
@@ -112,10 +118,21 @@ def _stage_slab(q_smem, inv_smem, x, w: gl.constexpr):
 
 
 @gluon.jit
+def _stage_slab16(q_smem, inv_smem, x, w: gl.constexpr):
+    """One 8-row slab ``x`` of the RoPE part of the query as it is (16-bit) into operand rows
+    ``16w … 16w + 7``, zeros into the lo rows ``16w + 8 … 16w + 15`` (so that the hi + lo
+    sum of the scores reads the product once), and ``1`` as its ``1 / s``."""
+    q_smem.slice(16 * w, 8, dim=0).store(x.to(q_smem.dtype))
+    q_smem.slice(16 * w + 8, 8, dim=0).store(gl.zeros_like(x).to(q_smem.dtype))
+    inv_smem.slice(8 * w, 8).store(gl.full([8], 1.0, gl.float32, gl.SliceLayout(1, x.type.layout)))
+
+
+@gluon.jit
 def stage_query_half(
     q_smem, qpe_smem, inv_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total, num_heads,
     num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H: gl.constexpr,
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr,
+    ROPE_16BIT: gl.constexpr = False,
 ):  # fmt: skip
     """Value warpgroup ``H``'s share of the query staging (slabs ``2H`` and ``2H + 1``, the row
     tile's query rows ``16H … 16H + 15``: :func:`tile_rows`), then an arrival on ``q_ready``.
@@ -123,7 +140,9 @@ def stage_query_half(
     a power of two ``s`` (:func:`pow2_scale`), ``hi = e4m3(q·s)`` in row ``16w + g`` and
     ``lo = e4m3((q·s − hi) · 16)`` in row ``16w + 8 + g`` for the tile's query row ``8w + g``
     (exact for bf16 queries but for elements 2^12 below the row's largest); ``1 / s`` of both
-    parts in ``inv_smem [2, 32]``. All rows are requested before any is converted."""
+    parts in ``inv_smem [2, 32]``. All rows are requested before any is converted.
+    ``ROPE_16BIT``: the RoPE operand is 16-bit, the query's RoPE part as it is in the hi rows
+    (:func:`_stage_slab16`)."""
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     w0: gl.constexpr = 2 * H
     w1: gl.constexpr = 2 * H + 1
@@ -138,15 +157,15 @@ def stage_query_half(
                     stride_qp_t, stride_qp_h, D_KPE, ld)  # fmt: skip
     _stage_slab(q_smem, inv_smem.index(0), x0, w0)
     _stage_slab(q_smem, inv_smem.index(0), x1, w1)
-    _stage_slab(qpe_smem, inv_smem.index(1), p0, w0)
-    _stage_slab(qpe_smem, inv_smem.index(1), p1, w1)
+    if ROPE_16BIT:
+        _stage_slab16(qpe_smem, inv_smem.index(1), p0, w0)
+        _stage_slab16(qpe_smem, inv_smem.index(1), p1, w1)
+    else:
+        _stage_slab(qpe_smem, inv_smem.index(1), p0, w0)
+        _stage_slab(qpe_smem, inv_smem.index(1), p1, w1)
     fence_async_shared()
     thread_barrier()
     mbarrier.arrive(q_ready)
-
-
-# a shared-memory view of another shape: ``_reinterpret`` in Triton 3.6, ``reinterpret`` later
-_REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @gluon.jit
@@ -170,7 +189,7 @@ def stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_sta
     # 8 rows x 128 columns, 8 a thread (the RoPE part's 64 columns: each element held by two)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     # the operands as swizzle atoms of 8 rows x 128 bytes: block b's rows 8w ... at 8b + w
-    if _REINTERPRET_PUBLIC:
+    if REINTERPRET_PUBLIC:
         atoms = q_blocks.reinterpret(gl.float8e4nv, [8 * 8, 8, 128], q_blocks.type.layout)
         pe_atoms = qpe_smem.reinterpret(gl.float8e4nv, [2 * 8, 8, D_KPE], qpe_smem.type.layout)
         inv8 = inv_smem.reinterpret(gl.float32, [2 * 8, 8], inv_smem.type.layout)

@@ -73,7 +73,7 @@ def _value_wg(
     stride_o_split, stride_o_t, stride_o_h, mult_ptr,
     H: gl.constexpr, BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, FP8_CVT: gl.constexpr,
-    HALF_PARTIALS: gl.constexpr, ROW_TILES: gl.constexpr,
+    HALF_PARTIALS: gl.constexpr, ROW_TILES: gl.constexpr, ROPE_16BIT: gl.constexpr,
 ):  # fmt: skip
     """Value warpgroup ``H``: its half of the query staging, then output columns
     ``256H + π(m)`` of ``Oᵀ += Vᵀ·Pᵀ`` in two 32-token steps per tile, ``Vᵀ`` read from the
@@ -87,7 +87,7 @@ def _value_wg(
     stage_query_half(
         q_smem, qpe_smem, stat_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total,
         num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H, D_CKV,
-        D_KPE, BLOCK_R, ROW_TILES,
+        D_KPE, BLOCK_R, ROW_TILES, ROPE_16BIT,
     )  # fmt: skip
     o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
@@ -203,6 +203,10 @@ def _mla_fp8qk_kernel(
     # the grid's first axis counts row tiles of BLOCK_M rows (requests of more rows than one
     # tile); False: one tile per request, the kernel compiled without the row arithmetic
     ROW_TILES: gl.constexpr = False,
+    # the RoPE part of the cache is bf16 (the packed fp8_ds_mla row of DeepSeek Sparse Attention
+    # models) while the latent part is FP8: kpe_ptr and its strides in bytes, its product with
+    # the query's RoPE part in bf16; False: the RoPE part is FP8 as the latent part
+    ROPE_16BIT: gl.constexpr = False,
     mult_ptr=None,
 ):
     gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows per request")
@@ -227,10 +231,19 @@ def _mla_fp8qk_kernel(
     vec_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     vec2_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     k_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_CKV], k_sh)
-    pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_KPE], pe_sh)
+    if ROPE_16BIT:  # the bf16 RoPE values as bytes (128 a token), read as bf16 by the scores
+        pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, 2 * D_KPE], k_sh)
+    else:
+        pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_KPE], pe_sh)
     sc_stages = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], vec2_sh)
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * RQ, D_CKV], k_sh)
-    qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * RQ, D_KPE], pe_sh)
+    if ROPE_16BIT:
+        qpe_sh: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        qpe_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * RQ, D_KPE], qpe_sh)
+    else:
+        qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * RQ, D_KPE], pe_sh)
     p_smem = gl.allocate_shared_memory(gl.float16, [4, RQ, HALF_N], p_sh)  # 2 tiles × 2 halves
     a_smem = gl.allocate_shared_memory(gl.float32, [2, RQ], vec_sh)
     stat_smem = gl.allocate_shared_memory(gl.float32, [2, RQ], vec_sh)
@@ -286,7 +299,7 @@ def _mla_fp8qk_kernel(
                     rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
                     stride_o_t, stride_o_h, mult_ptr, 0, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP,
-                    STAGES, FP8_CVT, HALF_PARTIALS, ROW_TILES,
+                    STAGES, FP8_CVT, HALF_PARTIALS, ROW_TILES, ROPE_16BIT,
                 ),
             ),
             (
@@ -297,7 +310,7 @@ def _mla_fp8qk_kernel(
                     rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
                     stride_o_t, stride_o_h, mult_ptr, 1, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP,
-                    STAGES, FP8_CVT, HALF_PARTIALS, ROW_TILES,
+                    STAGES, FP8_CVT, HALF_PARTIALS, ROW_TILES, ROPE_16BIT,
                 ),
             ),
             (
@@ -307,6 +320,7 @@ def _mla_fp8qk_kernel(
                     page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
                     stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS,
+                    ROPE_16BIT,
                 ),
             ),
         ],

@@ -19,6 +19,7 @@ from fp8mla.kernels.sm90.common import (
     HALF_N,
     LO_GAIN,
     NEG_INF,
+    REINTERPRET_PUBLIC,
     SC_L,
     launch_dependents,
     mask_scores,
@@ -29,6 +30,11 @@ from fp8mla.kernels.sm90.common import (
 )
 
 RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
+# the accumulator of a 16-bit RoPE product (K steps of 16; the FP8 products' take 32): the
+# same registers as theirs, so the hi + lo sum reads it alike
+PE_ACC_16BIT = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+)
 
 
 # S's accumulator [64, 64] as [32 query rows, 64 tokens] once the hi/lo rows are added: each
@@ -71,8 +77,21 @@ def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.conste
     where ``FIRST_PAIR``, the first pair of latent parts (all of the latent part where
     ``PARTS == 1``), in flight on the tensor cores when this returns."""
     kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
-    pt = pe_stages.index(st).permute((1, 0))
-    acc_pe = warpgroup_mma(qpe_smem, pt, s_zero, use_acc=False, is_async=True)
+    if qpe_smem.dtype.primitive_bitwidth == 16:  # a bf16 RoPE part, staged as its bytes
+        pe16 = pe_stages.index(st)
+        if REINTERPRET_PUBLIC:
+            pe16 = pe16.reinterpret(gl.bfloat16, [BLOCK_N, qpe_smem.shape[1]], qpe_smem.type.layout)
+        else:
+            pe16 = pe16._reinterpret(
+                gl.bfloat16, [BLOCK_N, qpe_smem.shape[1]], qpe_smem.type.layout
+            )
+        # wgmma's K step is 16 for bf16 (32 for FP8): an accumulator layout of its own
+        pe_zero = gl.zeros([2 * RQ, BLOCK_N], gl.float32, layout=PE_ACC_16BIT)
+        acc_pe = warpgroup_mma(qpe_smem, pe16.permute((1, 0)), pe_zero, use_acc=False,
+                               is_async=True)  # fmt: skip
+    else:
+        pt = pe_stages.index(st).permute((1, 0))
+        acc_pe = warpgroup_mma(qpe_smem, pt, s_zero, use_acc=False, is_async=True)
     if not FIRST_PAIR:  # no latent products yet
         a0 = s_zero
         a1 = s_zero

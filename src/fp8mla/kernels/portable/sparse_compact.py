@@ -1,0 +1,43 @@
+"""Each query token's sparse index list compacted for the paged attention kernels: the entries a
+token attends to (within ``topk_length``, not ``-1``) moved to the front of its row, in their
+order, and their count.
+
+The SM90 kernels read a request's page table as ``kv_len`` tokens of ``kv_indices``; a sparse
+token is such a request of page size 1 whose entries are its slots. Entries below ``-1`` or past
+the cache stay in the list: the attention kernels never read them and make that token's rows
+NaN. Entries past the count are left as they were (the kernels read none of them).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _sparse_compact_kernel(
+    indices_ptr,  # [T, topk] int32 slot ids (-1: no token)
+    topk_length_ptr,  # [T] int32 (HAS_TOPK_LENGTH only)
+    out_ptr,  # [T_cap, topk] int32: the entries kept, at the front of each row
+    count_ptr,  # [T_cap] int32: how many each row keeps
+    num_tokens,  # rows of this call: programs of later rows write a count of 0
+    topk,
+    stride_idx_t,
+    HAS_TOPK_LENGTH: tl.constexpr,
+    BLOCK: tl.constexpr,  # entries per step
+):
+    t = tl.program_id(0).to(tl.int64)
+    if t >= num_tokens:  # a row past this call (a CUDA graph's capacity): nothing to attend to
+        tl.store(count_ptr + t, 0)
+        return
+    n_len = topk
+    if HAS_TOPK_LENGTH:
+        n_len = tl.minimum(tl.maximum(tl.load(topk_length_ptr + t), 0), topk)
+    src = indices_ptr + t * stride_idx_t
+    dst = out_ptr + t * topk
+    count = 0
+    for b0 in range(0, n_len, BLOCK):
+        pos = b0 + tl.arange(0, BLOCK)
+        idx = tl.load(src + pos, mask=pos < n_len, other=-1)
+        keep = (idx != -1).to(tl.int32)
+        tl.store(dst + count + tl.cumsum(keep, axis=0) - 1, idx, mask=keep > 0)
+        count += tl.sum(keep, axis=0)
+    tl.store(count_ptr + t, count)
