@@ -210,6 +210,34 @@ time.sleep(600)
         _stop(proc)
 
 
+def test_a_build_measured_before_is_read_back(tmp_path, monkeypatch):
+    from fp8mla.tools import build_runs
+    from fp8mla.tools.kernel_builds import Build, Resources
+
+    class Kernel:
+        cache_key = "source-hash-1"
+
+    monkeypatch.setattr(Build, "function", lambda self: Kernel)
+    builds = []
+
+    def measure(build, target):
+        builds.append(build)
+        return Resources(ok=True, regs=96, spill_bytes=0, smem_bytes=1024, extra={"x": 1})
+
+    monkeypatch.setattr(build_runs, "measure", measure)
+    build = Build("fp8mla.kernels.merge:_mla_merge_kernel", (("o_ptr", "bf16"),), (("D", 512),), 4)
+    target = next(t for t in TARGETS.values() if t.backend == "hip")  # no ptxas needed
+    first = build_runs.cached_measure(build, target, str(tmp_path))
+    again = build_runs.cached_measure(build, target, str(tmp_path))
+    assert first == again and len(builds) == 1  # read back, not rebuilt
+    Kernel.cache_key = "source-hash-2"  # the kernel's source changed: built again
+    build_runs.cached_measure(build, target, str(tmp_path))
+    other = Build(build.kernel, build.pointers, build.constexprs, 8)  # other options: again
+    build_runs.cached_measure(other, target, str(tmp_path))
+    assert len(builds) == 3
+    assert build_runs.cached_measure(other, target, None) == first and len(builds) == 4
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

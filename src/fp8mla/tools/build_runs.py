@@ -41,7 +41,10 @@ def default_cache_dir() -> str:
 def _toolchain(backend: str, arch: str) -> str:
     """What besides the kernel decides a build's resources: Triton itself (its source and
     libraries), ptxas for NVIDIA targets, the measuring code, Triton's environment options."""
-    from triton.compiler.compiler import triton_key
+    try:
+        from triton.runtime.cache import triton_key  # Triton 3.4+
+    except ImportError:
+        from triton.compiler.compiler import triton_key
 
     from fp8mla.tools import kernel_builds
 
@@ -71,7 +74,8 @@ def cached_measure(build: Build, target: Target, cache_dir: str | None) -> Resou
             text = "\n".join(
                 [source, repr(build), repr(target), _toolchain(target.backend, str(target.arch))]
             )
-        except Exception:  # noqa: BLE001 -- no key: build it without the cache
+        except Exception as exc:  # noqa: BLE001 -- no key: build it without the cache
+            _cache_off(f"{type(exc).__name__}: {exc}")
             return measure(build, target)
         key = hashlib.sha256(text.encode()).hexdigest()
         path = os.path.join(cache_dir, key[:2], f"{key}.json")
@@ -91,6 +95,12 @@ def cached_measure(build: Build, target: Target, cache_dir: str | None) -> Resou
         except OSError:
             pass  # a read-only or full cache only costs the rebuild
     return res
+
+
+@functools.lru_cache(maxsize=1)
+def _cache_off(why: str) -> None:
+    """Say once per process that builds are not cached, and why."""
+    print(f"compile matrix: build cache off ({why})", file=sys.stderr, flush=True)
 
 
 def die_with_parent(parent: int) -> None:
