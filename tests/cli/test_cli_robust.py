@@ -67,6 +67,7 @@ def no_work(monkeypatch):
         ["gap", "--model", "glm-5", "--gpu", "h200", "--weights", "int4"],
         ["gap", "--model", "", "--gpu", "h200"],
         ["scan", ""],
+        ["bench", "--out", ""],
     ],
 )
 def test_one_error_style_before_any_work(argv, capsys, no_work):
