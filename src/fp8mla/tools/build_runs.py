@@ -40,7 +40,8 @@ def default_cache_dir() -> str:
 @functools.cache
 def _toolchain(backend: str, arch: str) -> str:
     """What besides the kernel decides a build's resources: Triton itself (its source and
-    libraries), ptxas for NVIDIA targets, the measuring code, Triton's environment options."""
+    libraries), ptxas for NVIDIA targets, the measuring code, the environment options that
+    Triton's own cache keys on (``TRITON_DEFAULT_FP_FUSION``, ...)."""
     try:
         from triton.runtime.cache import triton_key  # Triton 3.4+
     except ImportError:
@@ -56,10 +57,14 @@ def _toolchain(backend: str, arch: str) -> str:
         parts.append(f"ptxas {st.st_size} {st.st_mtime_ns}")
     with open(kernel_builds.__file__, "rb") as f:
         parts.append(hashlib.sha256(f.read()).hexdigest())
-    skip = ("TRITON_INTERPRET", "TRITON_CACHE_DIR", "TRITON_HOME")
-    parts += sorted(
-        f"{k}={v}" for k, v in os.environ.items() if k.startswith("TRITON_") and k not in skip
-    )
+    try:  # the options Triton's own cache keys on (not, say, TRITON_CACHE_AUTOTUNING)
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        options = get_cache_invalidating_env_vars()
+    except ImportError:
+        skip = ("TRITON_INTERPRET", "TRITON_CACHE_DIR", "TRITON_HOME")
+        options = {k: v for k, v in os.environ.items() if k.startswith("TRITON_") and k not in skip}
+    parts += sorted(f"{k}={v}" for k, v in options.items())
     return "\n".join(parts)
 
 
