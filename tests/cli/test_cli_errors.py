@@ -16,11 +16,14 @@ from fp8mla.cli import build_parser, main
     [
         (["bench", "--sections", "goals,nope"], "fp8mla bench: error: --sections: expected"),
         (["bench", "--nope"], "fp8mla bench: error: unrecognized arguments: --nope"),
-        (["demo", "--layers", "0"], "fp8mla demo: error: argument --layers: expected an integer"),
-        (["demo", "--device", "tpu"], "fp8mla demo: error: argument --device: invalid choice"),
+        (["demo", "--layers", "0"], "fp8mla demo: error: --layers: expected an integer in 1–1,024"),
+        (
+            ["demo", "--device", "tpu"],
+            "fp8mla demo: error: --device: expected one of 'cuda', 'cpu', got 'tpu'",
+        ),
         (
             ["demo", "--device", "cpu", "--context", "5000", "--pool-slots", "4000"],
-            "fp8mla demo: error: expected batch × context <= --pool-slots (4,000)",
+            "fp8mla demo: error: --pool-slots: expected batch × context <= --pool-slots (4,000)",
         ),
         (
             ["demo", "--device", "cpu", "--save-trace", "/no/such/dir/t.json"],
@@ -29,10 +32,13 @@ from fp8mla.cli import build_parser, main
         (["doctor"], "fp8mla doctor: error: the following arguments are required: TRACE"),
         (["doctor", "/no/such.json"], "fp8mla doctor: error: /no/such.json: no such file"),
         (["gap", "--model", "glm-5"], "fp8mla gap: error: give a GPU preset (--gpu)"),
-        (["gap", "--model", "glm-5", "--gpu", "a100"], "fp8mla gap: error: unknown GPU 'a100'"),
+        (
+            ["gap", "--model", "glm-5", "--gpu", "a100"],
+            "fp8mla gap: error: --gpu: unknown GPU 'a100'",
+        ),
         (["scan"], "fp8mla scan: error: give at least one PATH or --package NAME"),
         (["info", "--nope"], "fp8mla info: error: unrecognized arguments: --nope"),
-        (["nope"], "fp8mla: error: argument COMMAND: invalid choice: 'nope'"),
+        (["nope"], "fp8mla: error: COMMAND: expected one of 'demo', 'doctor'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):

@@ -86,8 +86,8 @@ def test_text_report(capsys, small):
     ("args", "message"),
     [
         (["/no/such/trace.json"], "no such file"),
-        (["--layers", "x", FULL_CAST], "argument --layers: expected an integer, got 'x'"),
-        (["--layers", "0", FULL_CAST], "argument --layers: expected an integer >= 1, got 0"),
+        (["--layers", "x", FULL_CAST], "--layers: expected an integer in 1–1,024, got 'x'"),
+        (["--layers", "0", FULL_CAST], "--layers: expected an integer in 1–1,024, got 0"),
         (["--gpu", "h200", FULL_CAST], "--gpu needs --model"),
     ],
 )
@@ -119,13 +119,17 @@ def test_bad_files_exit_2_without_traceback(tmp_path):
         assert proc.stderr.startswith("fp8mla doctor: error:") and proc.stderr.count("\n") == 1
 
 
-def test_truncated_file_warns_and_still_reports(tmp_path, capsys, small):
+def test_truncated_file_is_an_error_unless_partial_is_allowed(tmp_path, capsys, small):
     data = Path(small).read_bytes()
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(data[: int(len(data) * 0.8)])
-    code, out, _ = _run([str(cut)], capsys)
+    code, out, err = _run([str(cut)], capsys)
+    assert code == 2 and not out and err.count("\n") == 1
+    assert err.startswith(f"fp8mla doctor: error: {cut}: damaged trace: the gzip stream ends early")
+    assert "complete events before it (--allow-partial analyses them)" in err
+    code, out, _ = _run([str(cut), "--allow-partial"], capsys)
     assert code == 0
-    assert "note: trace damaged" in out
+    assert "PARTIAL REPORT: the trace is damaged" in out and "(partial)" in out
 
 
 def test_fail_on(capsys, small):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fp8mla.doctor import TraceError, diagnose
+from fp8mla.doctor import DamagedTrace, TraceError, diagnose
 from fp8mla.doctor import load as load_module
 from fp8mla.doctor.load import TraceReader
 from fp8mla.doctor.synth import SynthSpec, write_trace
@@ -36,7 +36,7 @@ def synthetic(tmp_path_factory) -> str:
         (b'{"a": 1, "b": [1, 2]}', "no 'traceEvents'"),
         (b'{"traceEvents": []}', "no events"),
         (b'{"traceEvents": [1, "x", null]}', "no events"),
-        (b'{"traceEvents": [{"ph": "X"', "no events"),
+        (b'{"traceEvents": [{"ph": "X"', "damaged trace: .*no complete events"),
         (b'{"traceEvents": [{"ph": "X" "cat": 1}]}', "not valid JSON"),
         (b"\x1f\x8b\x08\x00garbage-after-gzip-magic", "gzip"),
         (b'{"traceEvents": [@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@]}', "not valid JSON"),
@@ -86,9 +86,14 @@ def test_truncated_gzip_is_salvaged(tmp_path, synthetic):
     full = _events(synthetic)
     assert 0 < len(events) < len(full)
     assert events == full[: len(events)]
-    report = diagnose(path)
+    with pytest.raises(
+        DamagedTrace, match=f"the gzip stream ends early at byte {len(gz) * 7 // 10:,}"
+    ):
+        diagnose(path)
+    report = diagnose(path, allow_partial=True)
     assert report["trace"]["truncated"]
-    assert any("truncated" in w or "damaged" in w for w in report["warnings"])
+    assert report["partial"] == {"damage": reader.damage, "events_read": len(events)}
+    assert report["steps"]["partial"] and all(f["partial"] for f in report["findings"])
 
 
 def test_truncated_plain_json_is_salvaged(tmp_path, synthetic):

@@ -116,7 +116,7 @@ def test_unreadable_and_missing(tmp_path: Path) -> None:
         ({"weights": "int4"}, "weights"),
         ({"kv_dtype": "fp16"}, "kv_dtype"),
         ({"tp": 0}, "tp"),
-        ({"tp": 3}, "does not divide"),
+        ({"tp": 3}, "expected a size that divides"),
         ({"batch": 0}, "batch"),
         ({"context": -1}, "context"),
         ({"bandwidth_tbps": 0.0}, "bandwidth"),

@@ -36,12 +36,17 @@ def test_a_fifo_in_a_tree_or_given_directly_is_skipped_not_read(tmp_path: Path) 
     (tmp_path / "backend.py").write_text(BUG)
     os.mkfifo(tmp_path / "x.py")
     # A child process: a scan that opened the FIFO would block until the timeout.
-    for argv in ([str(tmp_path), "--json"], [str(tmp_path / "x.py"), "--json"]):
-        proc = _scan_in_child(argv, timeout=30)
-        data = json.loads(proc.stdout)
-        (skipped,) = data["skipped"]
-        assert skipped["path"].endswith("x.py")
-        assert skipped["reason"] == "not a regular file: a FIFO (named pipe), not read"
+    proc = _scan_in_child([str(tmp_path), "--json"], timeout=60)
+    data = json.loads(proc.stdout)
+    (skipped,) = data["skipped"]
+    assert skipped["path"].endswith("x.py")
+    assert skipped["reason"].startswith("not a regular file: a FIFO (named pipe), not read")
+    # Given alone, nothing can be scanned: exit 2, the skip note and the error on stderr.
+    proc = _scan_in_child([str(tmp_path / "x.py"), "--json"], timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    note, error = proc.stderr.splitlines()
+    assert note.startswith(f"fp8mla scan: skipped {tmp_path / 'x.py'}: not a regular file: a FIFO")
+    assert error == "fp8mla scan: error: nothing could be scanned: 1 file skipped"
 
 
 def test_sockets_and_devices_are_skipped(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -21,6 +22,23 @@ ScaleMode = Literal["tensor", "token_group"]
 class _Sequence:
     pages: list[int] = field(default_factory=list)
     length: int = 0
+
+
+MAX_PAGE_SIZE = 128  # the attention kernels' limit (fp8mla.attention.wrapper.MAX_PAGE_SIZE)
+MAX_PAGES = 2**31 - 1  # page ids are int32 (kv_indices)
+
+
+def _int_arg(name: str, value: object) -> int:
+    """``value`` as an int: an integer (Python, NumPy, a 0-dim integer tensor), not a float or
+    a bool, so that ``MLAKVCache(1e5)`` is refused here and not deep inside torch."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected {name} an integer, got bool {value}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(
+            f"expected {name} an integer, got {type(value).__name__} {value!r:.40}"
+        ) from None
 
 
 class MLAKVCache:
@@ -62,6 +80,32 @@ class MLAKVCache:
         head_dim_kpe: int = HEAD_DIM_KPE,
         backend: str = "auto",
     ) -> None:
+        num_slots = _int_arg("num_slots", num_slots)
+        page_size = _int_arg("page_size", page_size)
+        head_dim_ckv = _int_arg("head_dim_ckv", head_dim_ckv)
+        head_dim_kpe = _int_arg("head_dim_kpe", head_dim_kpe)
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(
+                f"expected page_size in [1, {MAX_PAGE_SIZE}] (the attention kernels' limit), "
+                f"got {page_size}"
+            )
+        if num_slots // page_size > MAX_PAGES:
+            raise ValueError(
+                f"expected at most {MAX_PAGES:,} pages (int32 page ids), got "
+                f"{num_slots:,} slots / page_size {page_size} = {num_slots // page_size:,}"
+            )
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"expected dtype a torch.dtype, got {type(dtype).__name__}")
+        if head_dim_ckv < 1 or head_dim_kpe < 0:
+            raise ValueError(
+                f"expected head_dim_ckv >= 1 and head_dim_kpe >= 0, got {head_dim_ckv} and "
+                f"{head_dim_kpe}"
+            )
+        for name, value in (("ckv_scale", ckv_scale), ("kpe_scale", kpe_scale)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"expected {name} a number, got {type(value).__name__}")
+        if not isinstance(backend, str):
+            raise ValueError(f"expected backend a str, got {type(backend).__name__}")
         if page_size < 1 or num_slots < page_size or num_slots % page_size:
             raise ValueError(
                 f"expected num_slots a positive multiple of page_size, got {num_slots} "

@@ -19,11 +19,17 @@ _SUBCOMMANDS = ("demo", "doctor", "scan", "bench", "gap", "info")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fp8mla import __version__
+
     parser = argparse.ArgumentParser(
         prog="fp8mla",
         description="MLA attention over an FP8 KV cache, and tools that find full-pool KV casts.",
+        epilog="exit status: 0 success, 1 a finding (doctor --fail-on, scan), 2 bad or damaged "
+        "input. Inputs must be regular files; only fp8mla doctor also reads a pipe ('-', "
+        "<(zcat t.gz)).",
     )
     parser.error = lambda message: fail(None, message)  # type: ignore[method-assign]
+    parser.add_argument("--version", action="version", version=f"fp8mla {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _SUBCOMMANDS:
         try:
@@ -44,8 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if extra:  # said by the subcommand that was given them
             fail(getattr(args, "command", None), f"unrecognized arguments: {' '.join(extra)}")
         if not getattr(args, "func", None):
-            parser.print_help()
-            return 2
+            parser.print_usage(sys.stderr)
+            fail(None, f"expected a COMMAND ({', '.join(_SUBCOMMANDS)}); fp8mla --help says more")
         return int(args.func(args) or 0)
     except SystemExit as exc:  # --help, argument errors and fail() end here
         return exc.code if isinstance(exc.code, int) else 1

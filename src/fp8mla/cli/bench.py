@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fp8mla.cli._common import add_command, fail
+from fp8mla.cli._common import add_command, fail, path_arg
 
 
 def register(subparsers: Any) -> None:
@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--out",
-        type=Path,
+        type=lambda text: Path(path_arg(text)),
         default=Path("benchmarks/results"),
         help="results folder (default: benchmarks/results)",
     )
@@ -42,12 +42,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--sglang-module",
+        type=path_arg,
         default=None,
         metavar="PATH",
         help="SGLang's decode_attention.py from an unpacked wheel, when sglang is not installed",
     )
     p.add_argument(
         "--flashinfer",
+        type=path_arg,
         default=None,
         metavar="DIR",
         help="folder holding the flashinfer package (an unpacked wheel), when it is not "

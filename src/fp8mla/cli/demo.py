@@ -5,7 +5,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fp8mla.cli._common import add_command, check_writable, fail, positive_int
+from fp8mla.cli._common import (
+    BATCH,
+    CONTEXT,
+    HEADS,
+    HIDDEN,
+    LAYERS,
+    POOL_SLOTS,
+    STEPS,
+    add_command,
+    check_writable,
+    fail,
+    path_arg,
+)
 
 _DESCRIPTION = """\
 Run an MLA decode loop in three ways of reading the FP8 KV pool (full-pool cast,
@@ -26,22 +38,33 @@ def register(subparsers: Any) -> None:
         description=_DESCRIPTION,
     )
     shape = p.add_argument_group("shape (default: GLM-5 TP2 on a GPU, scaled down on a CPU)")
-    shape.add_argument("--layers", type=positive_int, metavar="N", help="decoder layers")
-    shape.add_argument("--heads", type=positive_int, metavar="N", help="query heads per GPU")
-    shape.add_argument("--hidden", type=positive_int, metavar="N", help="hidden size")
+    shape.add_argument("--layers", type=LAYERS, metavar="N", help=f"decoder layers ({LAYERS})")
+    shape.add_argument(
+        "--heads",
+        type=HEADS,
+        metavar="N",
+        help=f"query heads per GPU ({HEADS}: the kernel's limit)",
+    )
+    shape.add_argument("--hidden", type=HIDDEN, metavar="N", help=f"hidden size ({HIDDEN})")
     shape.add_argument(
         "--pool-slots",
-        type=positive_int,
+        type=POOL_SLOTS,
         metavar="N",
-        help="slots in each layer's FP8 KV pool (what a full-pool cast converts)",
+        help=f"slots in each layer's FP8 KV pool, what a full-pool cast converts ({POOL_SLOTS}; "
+        "the pools must fit in memory)",
     )
     shape.add_argument(
-        "--context", type=positive_int, metavar="N", help="tokens of context per request"
+        "--context",
+        type=CONTEXT,
+        metavar="N",
+        help=f"tokens of context per request ({CONTEXT}; batch × context <= --pool-slots)",
     )
-    shape.add_argument("--batch", type=positive_int, metavar="N", help="requests decoded per step")
+    shape.add_argument(
+        "--batch", type=BATCH, metavar="N", help=f"requests decoded per step ({BATCH})"
+    )
     run_ = p.add_argument_group("run")
     run_.add_argument(
-        "--steps", type=positive_int, metavar="N", help="timed decode steps per strategy"
+        "--steps", type=STEPS, metavar="N", help=f"timed decode steps per strategy ({STEPS})"
     )
     run_.add_argument(
         "--device",
@@ -58,7 +81,9 @@ def register(subparsers: Any) -> None:
     run_.add_argument(
         "--save-trace",
         metavar="PATH",
-        help="keep the profiler trace of the full-pool-cast loop here (default: a temp folder)",
+        type=path_arg,
+        help="keep the profiler trace of the full-pool-cast loop here (a regular file, replaced "
+        "once complete; default: a temporary folder, removed at the end)",
     )
     run_.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
@@ -66,10 +91,14 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``fp8mla demo``: 0 on success, 2 on bad input."""
+    problem = check_writable(args.save_trace) if args.save_trace else None
+    if problem:
+        fail("demo", f"--save-trace {args.save_trace}: {problem}")
+
     import torch
 
     from fp8mla.demo import run_demo
-    from fp8mla.demo.config import default_config, with_overrides
+    from fp8mla.demo.config import available_memory, default_config, with_overrides
 
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("demo", "--device cuda: no CUDA device is available")
@@ -89,14 +118,22 @@ def run(args: argparse.Namespace) -> int:
     if cfg.active_tokens > cfg.pool_slots:
         fail(
             "demo",
-            f"expected batch × context <= --pool-slots ({cfg.pool_slots:,}), got "
+            f"--pool-slots: expected batch × context <= --pool-slots ({cfg.pool_slots:,}), got "
             f"{cfg.batch} × {cfg.context:,} = {cfg.active_tokens:,}",
         )
-    problem = check_writable(args.save_trace) if args.save_trace else None
-    if problem:
-        fail("demo", f"--save-trace {args.save_trace}: {problem}")
+    need, free = cfg.memory_bytes(), available_memory(device)
+    if free is not None and need > free:
+        fail(
+            "demo",
+            f"--pool-slots, --layers: expected the demo to fit in the {free / 1e9:,.1f} GB "
+            f"free on {device}, got {need / 1e9:,.1f} GB ({cfg.layers} FP8 pools of "
+            f"{cfg.pool_slots:,} slots × 576 B, a bf16 copy of one, the weights)",
+        )
     try:
         run_demo(cfg, save_trace=args.save_trace, progress=not args.no_progress)
     except ValueError as exc:
         fail("demo", str(exc))
+    except OSError as exc:  # the trace could not be written (a full disk, a folder removed)
+        where = f"--save-trace {args.save_trace}" if args.save_trace else "the profiler trace"
+        fail("demo", f"{where}: cannot write: {exc.strerror or exc}")
     return 0

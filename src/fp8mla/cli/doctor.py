@@ -8,14 +8,29 @@ import os
 import sys
 from typing import Any
 
-from fp8mla.cli._common import add_command, check_writable, fail, positive_int
+from fp8mla.cli._common import (
+    ACTIVE_TOKENS,
+    BATCH,
+    CONTEXT,
+    LAYERS,
+    TP,
+    add_command,
+    check_writable,
+    fail,
+    path_arg,
+)
 
 _EXAMPLE = """examples:
   fp8mla doctor trace.json.gz
   fp8mla doctor trace.json.gz --json > report.json
   fp8mla doctor traces/ --html report.html              # one report per rank + summary
   fp8mla doctor trace.json.gz --source-root ~/sglang/python
-  fp8mla doctor trace.json.gz --model glm-5 --gpu h200 --tp 2 --context 3000"""
+  fp8mla doctor trace.json.gz --model glm-5 --gpu h200 --tp 2 --context 3000
+  zcat trace.json.gz | fp8mla doctor -                  # a pipe: '-' or <(zcat trace.json.gz)
+
+exit status: 0 a report, 1 a --fail-on finding (or a partial report), 2 bad input or a
+damaged trace (truncated, corrupt: one line on stderr says where; --allow-partial analyses
+the events before the damage and marks every total partial)."""
 
 
 def register(subparsers: Any) -> None:
@@ -25,49 +40,73 @@ def register(subparsers: Any) -> None:
         "doctor",
         help="find full-pool KV casts and other step costs in a torch.profiler trace",
         description=(
-            "Read a torch.profiler Chrome trace (.json or .json.gz; a directory gives one report\n"
-            "per rank and a summary), segment decode steps, and report what costs step time,\n"
-            "most costly first, with the Python function that launched it and the fix."
+            "Read a torch.profiler Chrome trace (.json or .json.gz, a file or a pipe; a directory\n"
+            "gives one report per rank and a summary), segment decode steps, and report what\n"
+            "costs step time, most costly first, with the Python function that launched it and\n"
+            "the fix."
         ),
         epilog=_EXAMPLE,
     )
-    p.add_argument("trace", metavar="TRACE", help="trace file or directory of per-rank traces")
+    p.add_argument(
+        "trace",
+        metavar="TRACE",
+        type=path_arg,
+        help="trace file, directory of per-rank traces, or a pipe ('-' for stdin)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON")
-    out.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    out.add_argument(
+        "--html", metavar="FILE", type=path_arg, help="also write a self-contained HTML report"
+    )
     out.add_argument(
         "--no-progress", action="store_true", help="no progress lines on stderr for large traces"
     )
     out.add_argument(
         "--fail-on",
         choices=("high", "medium", "low"),
-        help="exit with status 1 when a finding of this severity or worse exists",
+        help="exit with status 1 when a finding of this severity or worse exists, or when "
+        "the report is partial (--allow-partial on a damaged trace)",
+    )
+    out.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="analyse the complete events before the damage of a truncated or corrupt trace "
+        "(default: exit 2); every total is marked partial",
     )
     hints = p.add_argument_group("analysis hints")
-    hints.add_argument("--layers", type=positive_int, help="layer count (default: inferred)")
+    hints.add_argument(
+        "--layers", type=LAYERS, metavar="N", help=f"layer count ({LAYERS}; default: inferred)"
+    )
     hints.add_argument(
         "--active-tokens",
-        type=positive_int,
-        help="KV tokens the step's attention reads, all requests together",
+        type=ACTIVE_TOKENS,
+        metavar="N",
+        help=f"KV tokens the step's attention reads, all requests together ({ACTIVE_TOKENS})",
     )
     hints.add_argument(
         "--context",
-        type=positive_int,
-        help="tokens of context per request (active tokens when "
+        type=CONTEXT,
+        metavar="N",
+        help=f"tokens of context per request ({CONTEXT}; active tokens when "
         "--active-tokens is not given; also the floor's context)",
     )
     hints.add_argument(
         "--batch",
-        type=positive_int,
+        type=BATCH,
+        metavar="N",
         default=1,
-        help="requests per step (default 1): with --context, the step attends to "
+        help=f"requests per step ({BATCH}; default 1): with --context, the step attends to "
         "context × batch tokens; also the floor's batch",
     )
     src = p.add_argument_group("source lines (via fp8mla scan)")
-    src.add_argument("--source-root", metavar="DIR", help="source tree of the traced code")
+    src.add_argument(
+        "--source-root", metavar="DIR", type=path_arg, help="source tree of the traced code"
+    )
     src.add_argument("--package", metavar="NAME", help="installed package of the traced code")
     floor = p.add_argument_group("floor estimate (via fp8mla gap)")
-    floor.add_argument("--model", help="model preset or config.json: adds the step's floor")
+    floor.add_argument(
+        "--model", type=path_arg, help="model preset or config.json: adds the step's floor"
+    )
     floor.add_argument("--gpu", help="GPU preset for the floor (e.g. h200)")
     floor.add_argument(
         "--weights",
@@ -82,7 +121,7 @@ def register(subparsers: Any) -> None:
         help="KV pool format for the floor (default fp8_e4m3)",
     )
     floor.add_argument(
-        "--tp", type=positive_int, default=1, help="tensor-parallel size (default 1)"
+        "--tp", type=TP, metavar="N", default=1, help=f"tensor-parallel size ({TP}; default 1)"
     )
     p.set_defaults(func=run)
 
@@ -116,7 +155,9 @@ def _floor_spec(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``fp8mla doctor``: 0 on success, 1 for ``--fail-on`` findings, 2 on bad input."""
+    """Run ``fp8mla doctor``: 0 on success, 1 for ``--fail-on`` findings (or a partial report),
+    2 on bad input or a damaged trace."""
+    from fp8mla._files import replace_atomically
     from fp8mla.doctor import TraceError, diagnose, format_text, render_html
 
     floor = _floor_spec(args)
@@ -130,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     problem = check_writable(args.html) if args.html else None
     if problem:
         fail("doctor", f"--html {args.html}: {problem}")
-    if not os.path.exists(args.trace):
+    if args.trace != "-" and not os.path.lexists(args.trace):
         fail("doctor", f"{args.trace}: no such file or directory")
     active_tokens = args.active_tokens
     if active_tokens is None and args.context and args.batch > 1:
@@ -145,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
             package=args.package,
             floor=floor,
             progress=not args.no_progress,
+            allow_partial=args.allow_partial,
         )
     except TraceError as exc:
         fail("doctor", str(exc))
@@ -158,19 +200,26 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.html:
         try:
-            with open(args.html, "w", encoding="utf-8") as f:
+            with replace_atomically(args.html) as tmp, open(tmp, "w", encoding="utf-8") as f:
                 f.write(render_html(report))
         except OSError as exc:
-            fail("doctor", f"cannot write {args.html}: {exc.strerror or exc}")
+            fail("doctor", f"--html {args.html}: cannot write: {exc.strerror or exc}")
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_text(report))
     if args.fail_on:
+        sys.stdout.flush()
+        reports = report.get("ranks", [report])
+        if any(r.get("partial") for r in reports):
+            print(
+                "fp8mla doctor: --fail-on: the report is partial (a damaged trace): it cannot pass",
+                file=sys.stderr,
+            )
+            return 1
         order = ("high", "medium", "low")
         worst = order[: order.index(args.fail_on) + 1]
-        reports = report.get("ranks", [report])
         if any(f["severity"] in worst for r in reports for f in r.get("findings", [])):
             return 1
     return 0

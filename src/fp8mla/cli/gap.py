@@ -8,7 +8,31 @@ import argparse
 import json
 from typing import Any
 
-from fp8mla.cli._common import add_command, fail
+from fp8mla.cli._common import (
+    BANDWIDTH_TBPS,
+    BATCH,
+    POOL_SLOTS,
+    TP,
+    TPOT_MS,
+    Range,
+    add_command,
+    fail,
+    path_arg,
+)
+
+GAP_CONTEXT = Range(0, 1 << 22)  # tokens of KV per request; 0: weights alone
+
+# The library names its arguments; the command line names its flags.
+_FLAGS = {
+    "tp": "--tp",
+    "batch": "--batch",
+    "context": "--context",
+    "weights": "--weights",
+    "kv_dtype": "--kv-dtype",
+    "bandwidth_tbps": "--bandwidth",
+    "measured_tpot_ms": "--measured-tpot",
+    "pool_slots": "--pool-slots",
+}
 
 _EXAMPLE = (
     "example: fp8mla gap --model glm-5 --tp 2 --gpu h200 --measured-tpot 93.6 --pool-slots 495552"
@@ -35,7 +59,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help=f"preset ({', '.join(PRESETS)}) or path to a Hugging Face config.json",
+        type=path_arg,
+        help=f"preset ({', '.join(PRESETS)}), or a Hugging Face config.json or the folder "
+        "holding it",
     )
     p.add_argument(
         "--weights", choices=("bf16", "fp8", "nvfp4"), default="fp8", help="(default fp8)"
@@ -46,20 +72,42 @@ def register(subparsers: Any) -> None:
         default="fp8_e4m3",
         help="KV pool dtype (default fp8_e4m3)",
     )
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
-    p.add_argument("--batch", type=int, default=1, help="requests decoded per step (default 1)")
     p.add_argument(
-        "--context", type=int, default=4096, help="tokens in each request's KV (default 4096)"
+        "--tp", type=TP, metavar="N", default=1, help=f"tensor-parallel size ({TP}; default 1)"
+    )
+    p.add_argument(
+        "--batch",
+        type=BATCH,
+        metavar="N",
+        default=1,
+        help=f"requests decoded per step ({BATCH}; default 1)",
+    )
+    p.add_argument(
+        "--context",
+        type=GAP_CONTEXT,
+        metavar="N",
+        default=4096,
+        help=f"tokens in each request's KV ({GAP_CONTEXT}; default 4096)",
     )
     p.add_argument("--gpu", help=f"GPU preset: {', '.join(GPUS)}")
     p.add_argument(
         "--bandwidth",
-        type=float,
+        type=BANDWIDTH_TBPS,
         metavar="TBPS",
-        help="memory bandwidth in TB/s (overrides the GPU's datasheet value)",
+        help=f"memory bandwidth in TB/s ({BANDWIDTH_TBPS}; overrides the GPU's datasheet value)",
     )
-    p.add_argument("--measured-tpot", type=float, metavar="MS", help="measured ms per token")
-    p.add_argument("--pool-slots", type=int, help="slots in each layer's KV pool (for the cast)")
+    p.add_argument(
+        "--measured-tpot",
+        type=TPOT_MS,
+        metavar="MS",
+        help=f"measured ms per output token ({TPOT_MS})",
+    )
+    p.add_argument(
+        "--pool-slots",
+        type=POOL_SLOTS,
+        metavar="N",
+        help=f"slots in each layer's KV pool, for the cast ({POOL_SLOTS})",
+    )
     p.add_argument(
         "--dense-attention",
         action="store_true",
@@ -90,10 +138,22 @@ def run(args: argparse.Namespace) -> int:
             dense_attention=args.dense_attention,
         )
     except ValueError as exc:
-        hint = "; or give --bandwidth TBPS" if str(exc).startswith("unknown GPU") else ""
-        fail("gap", f"{exc}{hint}")
+        fail("gap", _flag_message(str(exc)))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(report.format_text())
     return 0
+
+
+def _flag_message(message: str) -> str:
+    """The library's ``tp: expected …`` as ``--tp: expected …``; model and GPU errors name
+    ``--model`` and ``--gpu``."""
+    name, sep, rest = message.partition(": ")
+    if sep and name in _FLAGS:
+        return f"{_FLAGS[name]}: {rest}"
+    if message.startswith("unknown GPU"):
+        return f"--gpu: {message}; or give --bandwidth TBPS"
+    if message.startswith("give a GPU preset"):
+        return message
+    return f"--model: {message}"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+
+KV_ROW = 576  # values per token: 512 latent + 64 RoPE
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,35 @@ class DemoConfig:
     @property
     def active_tokens(self) -> int:
         return self.batch * self.context
+
+    def memory_bytes(self) -> int:
+        """Bytes the demo holds at its peak: every layer's FP8 pool, the bf16 copy of one pool
+        that the full-pool cast makes, and the bf16 weights (shared by the layers)."""
+        h, heads = self.hidden, self.heads
+        pools = self.layers * self.pool_slots * KV_ROW
+        cast = self.pool_slots * KV_ROW * 2
+        weights = 2 * (h * heads * KV_ROW + h * KV_ROW + heads * 512 * h + 2 * h * self.mlp)
+        return pools + cast + weights
+
+
+def available_memory(device: str) -> int | None:
+    """Bytes of memory free for the demo on ``device`` (``cuda``: the GPU's free memory;
+    ``cpu``: MemAvailable, else the physical memory), or None when unknown."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 # GLM-5 at tensor-parallel 2 on one H200: 78 layers, 32 query heads per GPU, hidden 6144,

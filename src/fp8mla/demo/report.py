@@ -79,7 +79,8 @@ def format_report(result: DemoResult) -> str:
             f"relative error {check.rel_err:.1e}. For scale: rounding the float64 result itself "
             f"to bfloat16 gives {check.rounding:.1e}."
         )
-    lines += ["", f"   trace: {result.trace_path}"]
+    kept = result.trace_path or "not kept (--save-trace PATH keeps it)"
+    lines += ["", f"   trace: {kept}"]
     return "\n".join(lines)
 
 

@@ -42,6 +42,6 @@ class DemoResult:
     config: DemoConfig
     rows: list[StrategyResult]
     finding: dict | None
-    trace_path: str
+    trace_path: str | None  # None: the trace was written to a temporary folder, now removed
     notes: list[str] = field(default_factory=list)
     attention: AttentionCheck | None = None

@@ -16,13 +16,17 @@ __all__ = ["run_demo"]
 def run_demo(
     cfg: DemoConfig, *, save_trace: str | None = None, progress: bool = True, report: bool = True
 ) -> DemoResult:
-    """Run the demo; ``report`` prints the header and result table, ``progress`` the bar."""
+    """Run the demo; ``report`` prints the header and result table, ``progress`` the bar.
+
+    ``save_trace``: keep the profiler trace of the full-pool-cast loop at this path (written
+    to a temporary file beside it, then renamed; never over a FIFO or device). Without it the
+    trace goes to a temporary folder that is removed once the doctor has read it."""
     import torch
 
     from fp8mla._progress import Progress
     from fp8mla.demo.accuracy import check_attention
     from fp8mla.demo.decode_loop import DecodeModel
-    from fp8mla.demo.profile import profile_steps, time_steps
+    from fp8mla.demo.profile import time_steps
     from fp8mla.testing import rel_err
 
     dev = torch.device(cfg.device)
@@ -55,11 +59,7 @@ def run_demo(
         bar.update("kernel vs float64")
 
         # -- 2. profile what engines ship, and diagnose the trace --
-        trace = save_trace or os.path.join(
-            tempfile.mkdtemp(prefix="fp8mla-demo-"), "full_pool_cast.trace.json.gz"
-        )
-        profile_steps(model, h0, "full-pool cast", trace)
-        finding = _diagnose(trace, cfg)
+        finding = _profile_and_diagnose(model, h0, cfg, save_trace)
         bar.update("profiled + diagnosed")
 
         # -- 3. time a decode step of each --
@@ -80,13 +80,30 @@ def run_demo(
         for name in ROW_NAMES
     ]
     result = DemoResult(
-        config=cfg, rows=rows, finding=finding, trace_path=trace, attention=attention
+        config=cfg, rows=rows, finding=finding, trace_path=save_trace, attention=attention
     )
     if report:
         from fp8mla.demo.report import format_report
 
         print(format_report(result))
     return result
+
+
+def _profile_and_diagnose(model, h0, cfg: DemoConfig, save_trace: str | None) -> dict | None:
+    """Profile the full-pool-cast loop and diagnose its trace. With ``save_trace`` the trace is
+    written beside that path and renamed onto it once complete; otherwise it lives in a
+    temporary folder removed before returning."""
+    from fp8mla._files import replace_atomically
+    from fp8mla.demo.profile import profile_steps
+
+    if save_trace:
+        with replace_atomically(save_trace) as tmp:
+            profile_steps(model, h0, "full-pool cast", tmp)
+        return _diagnose(save_trace, cfg)
+    with tempfile.TemporaryDirectory(prefix="fp8mla-demo-") as folder:
+        trace = os.path.join(folder, "full_pool_cast.trace.json.gz")
+        profile_steps(model, h0, "full-pool cast", trace)
+        return _diagnose(trace, cfg)
 
 
 def _diagnose(trace: str, cfg: DemoConfig) -> dict | None:

@@ -16,7 +16,7 @@ Pure standard library: importing it needs neither torch nor triton.
 from __future__ import annotations
 
 from fp8mla.doctor.analyze import SCHEMA_VERSION, diagnose
-from fp8mla.doctor.errors import TraceError
+from fp8mla.doctor.errors import DamagedTrace, TraceError
 from fp8mla.doctor.finding import Finding
 from fp8mla.doctor.floor import FloorSpec
 from fp8mla.doctor.report_html import render_html
@@ -24,6 +24,7 @@ from fp8mla.doctor.report_text import format_text
 
 __all__ = [
     "SCHEMA_VERSION",
+    "DamagedTrace",
     "Finding",
     "FloorSpec",
     "TraceError",

@@ -20,7 +20,7 @@ from fp8mla.doctor.detect_casts import detect_casts
 from fp8mla.doctor.detect_idle import detect_launch_bound
 from fp8mla.doctor.detect_memcpy import detect_memcpy
 from fp8mla.doctor.devices import peak_bandwidth
-from fp8mla.doctor.errors import TraceError
+from fp8mla.doctor.errors import DamagedTrace, TraceError
 from fp8mla.doctor.extras import attach_extras
 from fp8mla.doctor.finding import Finding
 from fp8mla.doctor.floor import FloorSpec
@@ -162,6 +162,7 @@ def diagnose(
     package: str | None = None,
     floor: FloorSpec | None = None,
     progress: bool | ProgressFn = False,
+    allow_partial: bool = False,
 ) -> dict[str, Any]:
     """Read one profiler trace (or a directory of per-rank traces) and diagnose it.
 
@@ -178,13 +179,19 @@ def diagnose(
             (via ``fp8mla.gap``) as ``report["floor"]``.
         progress: True for progress lines on stderr for large files, or a callback
             ``(bytes_done, bytes_total)``.
+        allow_partial: analyse the complete events before the damage of a damaged (truncated,
+            corrupt) trace instead of raising :class:`~fp8mla.doctor.errors.DamagedTrace`; the
+            report's ``partial`` says what was damaged, and every total covers only those
+            events.
 
     Returns:
         The report dict (``--json`` schema); for a directory ``{"ranks": [...], "summary":
         {...}}`` with one report (or ``{"path", "error"}``) per file.
 
     Raises:
-        TraceError: the path is missing, unreadable, empty or not a trace.
+        TraceError: the path is missing, unreadable, empty or not a trace (a
+            :class:`~fp8mla.doctor.errors.DamagedTrace` when it is damaged and not
+            ``allow_partial``).
     """
     for name, value in (("layers", layers), ("active_tokens", active_tokens), ("context", context)):
         if value is not None and (
@@ -197,20 +204,22 @@ def diagnose(
         ranks = []
         for file in trace_files(target):
             try:
-                ranks.append(_diagnose_file(file, options, progress))
+                ranks.append(_diagnose_file(file, options, progress, allow_partial))
+            except DamagedTrace:
+                raise  # a damaged rank is not a file that is no trace: it must not pass
             except TraceError as exc:
                 ranks.append({"path": file, "error": str(exc)})
         if all("error" in r for r in ranks):
             raise TraceError(f"{target}: no readable trace ({ranks[0]['error']})")
         report = directory_report(target, ranks)
     else:
-        report = _diagnose_file(target, options, progress)
+        report = _diagnose_file(target, options, progress, allow_partial)
     attach_extras(report, source_root=source_root, package=package, floor=floor)
     return report
 
 
 def _diagnose_file(
-    path: str, options: dict[str, Any], progress: bool | ProgressFn
+    path: str, options: dict[str, Any], progress: bool | ProgressFn, allow_partial: bool
 ) -> dict[str, Any]:
     callback = file_progress(path, "fp8mla doctor") if progress is True else (progress or None)
-    return analyze_trace(collect(path, callback), **options)
+    return analyze_trace(collect(path, callback, allow_partial=allow_partial), **options)

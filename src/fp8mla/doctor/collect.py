@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from fp8mla.doctor.errors import TraceError
+from fp8mla.doctor.errors import DamagedTrace, TraceError
 from fp8mla.doctor.frames import is_framework
 from fp8mla.doctor.load import ProgressFn, TraceReader
 from fp8mla.doctor.records import Kernel, Marker, Op, PyFrame, RuntimeCall, TraceData
@@ -304,26 +304,40 @@ def _is_dim3(value: Any) -> bool:
     )
 
 
-def collect(path: str | os.PathLike[str], progress: ProgressFn | None = None) -> TraceData:
+def collect(
+    path: str | os.PathLike[str],
+    progress: ProgressFn | None = None,
+    *,
+    allow_partial: bool = False,
+) -> TraceData:
     """Stream one trace file and keep what the analysis needs.
 
-    Raises :class:`~fp8mla.doctor.errors.TraceError` for a file that is not a usable trace.
+    Raises :class:`~fp8mla.doctor.errors.TraceError` for a file that is not a usable trace, and
+    :class:`~fp8mla.doctor.errors.DamagedTrace` for a damaged one (truncated, corrupt) unless
+    ``allow_partial``: then the events before the damage are kept and ``data.truncated`` is set.
     """
-    reader = TraceReader(path, progress)
-    data = TraceData(path=os.fspath(path), metadata=reader.metadata)
-    collector = _Collector(data)
-    feed = collector.feed
-    for event in reader:
-        feed(event)
+    with TraceReader(path, progress) as reader:
+        data = TraceData(path=os.fspath(path), metadata=reader.metadata)
+        collector = _Collector(data)
+        feed = collector.feed
+        for event in reader:
+            feed(event)
     data.events = reader.events
     data.truncated = reader.truncated
+    data.damage = reader.damage
+    if reader.truncated and (reader.events == 0 or not allow_partial):
+        read = (
+            f"{reader.events:,} complete events before it (--allow-partial analyses them)"
+            if reader.events
+            else "no complete events before it"
+        )
+        raise DamagedTrace(f"{data.path}: damaged trace: {reader.damage}; {read}")
     if reader.events == 0:
-        why = f" ({'; '.join(reader.warnings)})" if reader.warnings else ""
-        raise TraceError(f"{data.path}: the trace holds no events{why}")
+        raise TraceError(f"{data.path}: the trace holds no events")
     if reader.truncated:
         data.warnings.append(
-            f"trace damaged: {'; '.join(reader.warnings)}; "
-            f"analysed the {reader.events:,} complete events before the damage"
+            f"PARTIAL: the trace is damaged ({reader.damage}): only the {reader.events:,} "
+            f"complete events before the damage are analysed, and every total covers only them"
         )
     collector.finish()
     data.device = device_name(reader.metadata)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fp8mla.doctor.casts import CastGroup, group_casts
 from fp8mla.doctor.context import TraceContext
+from fp8mla.doctor.devices import peak_bandwidth
 from fp8mla.doctor.families import short_name
 from fp8mla.doctor.finding import (
     COPY,
@@ -25,9 +26,19 @@ def _millions(n: int | None) -> str:
 
 
 def cast_finding(
-    group: CastGroup, ev: Evidence, *, nsteps: int, wall_us: float, per: str = "per step"
+    group: CastGroup,
+    ev: Evidence,
+    *,
+    nsteps: int,
+    wall_us: float,
+    per: str = "per step",
+    peak_gbps: float | None = None,
 ) -> Finding | None:
-    """The finding for one cast/copy group, or None when it costs under 1% of the step."""
+    """The finding for one cast/copy group, or None when it costs under 1% of the step.
+
+    An achieved bandwidth above ``peak_gbps`` (the device's peak) is not reported: the time it
+    divides by is not the copy's (a CPU op's launch time for work done on a GPU, a partial
+    trace)."""
     time_us = group.time_per_step(nsteps)
     share = time_us / wall_us if wall_us else 0.0
     if share < MIN_SHARE and not ev.pool:
@@ -37,6 +48,8 @@ def cast_finding(
     per_step = per_call * calls if per_call is not None else None
     total_time = sum(c.time for c in group.calls)
     bandwidth = per_call * len(group.calls) / total_time / 1e3 if per_call and total_time else None
+    if bandwidth is not None and peak_gbps is not None and bandwidth > peak_gbps:
+        bandwidth = None
     counts = group.per_step(nsteps)
     fields = dict(
         kernel=group.name,
@@ -115,6 +128,7 @@ def cast_finding(
 def detect_casts(ctx: TraceContext) -> list[Finding]:
     """A finding per cast/copy call site costing ≥ 1% of the step, or judged pool-sized."""
     findings = []
+    peak_gbps = 1e3 * (ctx.peak_tbps or peak_bandwidth(ctx.data.device)[0])
     for group in group_casts(ctx.steps):
         ev = classify(
             group,
@@ -128,7 +142,9 @@ def detect_casts(ctx: TraceContext) -> list[Finding]:
             peak_source=ctx.peak_source,
             per=ctx.per,
         )
-        finding = cast_finding(group, ev, nsteps=ctx.nsteps, wall_us=ctx.wall_us, per=ctx.per)
+        finding = cast_finding(
+            group, ev, nsteps=ctx.nsteps, wall_us=ctx.wall_us, per=ctx.per, peak_gbps=peak_gbps
+        )
         if finding is not None:
             findings.append(finding)
     return findings

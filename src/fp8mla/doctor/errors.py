@@ -9,3 +9,11 @@ class TraceError(ValueError):
     The message is one line, meant to be shown to the user as is (the CLI prints it to stderr
     and exits with status 2).
     """
+
+
+class DamagedTrace(TraceError):
+    """A trace whose file is damaged (truncated, corrupt gzip data, invalid JSON) after some
+    complete events: analysing only those would give totals that look whole.
+
+    ``diagnose(..., allow_partial=True)`` analyses them instead and marks the report partial.
+    """

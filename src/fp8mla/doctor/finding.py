@@ -105,6 +105,7 @@ class Finding:
     active_tokens_source: str | None = None
     evidence: list[str] = field(default_factory=list)
     suggestion: str = ""
+    partial: bool = False  # from a damaged trace read with allow_partial: its totals are partial
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

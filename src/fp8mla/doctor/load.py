@@ -6,9 +6,11 @@ so memory stays proportional to the events the caller keeps, not to the file. Th
 object's other members (``deviceProperties``, ``displayTimeUnit``, ...) are collected into
 :attr:`TraceReader.metadata`; a bare JSON array of events is accepted too.
 
-A file that ends early (a truncated gzip stream, an interrupted write) yields every complete
-event before the cut and sets :attr:`TraceReader.truncated`. Nothing read from the file is ever
-evaluated: JSON values only.
+A file that ends early or is damaged (a truncated gzip stream, an interrupted write, flipped
+bytes) yields every complete event before the damage and sets :attr:`TraceReader.truncated`;
+:attr:`TraceReader.damage` says what is damaged and at which byte. Whether that is an error is
+the caller's choice (:func:`fp8mla.doctor.collect.collect`). A pipe (``-``, ``<(zcat t.gz)``)
+is read as a stream. Nothing read from the file is ever evaluated: JSON values only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fp8mla._files import InputError, InputFile, open_input
 from fp8mla.doctor.errors import TraceError
 
 __all__ = ["ProgressFn", "TraceReader"]
@@ -29,6 +32,7 @@ ProgressFn = Callable[[int, int], None]
 """Called as ``progress(bytes_done, bytes_total)`` (bytes of the file on disk)."""
 
 _READ_BYTES = 1 << 22  # 4 MiB of file per read
+_INFLATE_BYTES = 1 << 16  # gzip damage is located to within this many bytes of the file
 _MAX_VALUE_CHARS = 64 << 20  # one event (or metadata value) larger than this is not a trace
 _GZIP_MAGIC = b"\x1f\x8b"
 _WS = re.compile(r"[ \t\n\r]*")
@@ -57,34 +61,57 @@ class TraceReader:
     >>> reader.metadata["deviceProperties"], reader.truncated, reader.warnings
 
     Raises :class:`~fp8mla.doctor.errors.TraceError` (on construction or while iterating) for a
-    missing, unreadable, empty or non-trace file. Damage after at least one complete event is
-    not an error: iteration stops there and :attr:`truncated` and :attr:`warnings` say so.
+    missing, unreadable, empty or non-trace file, a device, or a FIFO without a writer. Damage
+    after at least one complete event is not raised here: iteration stops there and
+    :attr:`truncated`, :attr:`damage` and :attr:`warnings` say so.
     """
 
     def __init__(self, path: str | os.PathLike[str], progress: ProgressFn | None = None) -> None:
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise TraceError(f"{self.path}: no such file")
-        if os.path.isdir(self.path):
-            raise TraceError(f"{self.path}: is a directory, expected a trace file")
         try:
-            self.size = os.path.getsize(self.path)
-            with open(self.path, "rb") as f:
-                self.gzipped = f.read(2) == _GZIP_MAGIC
+            self._file: InputFile | None = open_input(self.path, streams=True)
+        except InputError as exc:
+            raise TraceError(f"{self.path}: {exc}") from None
+        self.stream = self._file.stream
+        self.size = self._file.size  # None for a pipe
+        try:
+            self._head = self._file.read(_READ_BYTES)
+            while 0 < len(self._head) < 2:  # enough to see the gzip magic
+                more = self._file.read(_READ_BYTES)
+                if not more:
+                    break
+                self._head += more
         except OSError as exc:
+            self.close()
             raise TraceError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
-        if self.size == 0:
+        if not self._head:
+            self.close()
             raise TraceError(f"{self.path}: empty file")
-        self.progress = progress
+        self.gzipped = self._head[:2] == _GZIP_MAGIC
+        self.progress = progress if self.size else None
         self.metadata: dict[str, Any] = {}
         self.truncated = False
         self.warnings: list[str] = []
+        self.damage: str | None = None  # what is damaged and where, for the first damage
         self.events = 0
         self.found_events_array = False
         self._buf = ""
         self._pos = 0
         self._eof = False
         self._chunks: Iterator[str] = iter(())
+        self._text_bytes = 0  # bytes of (decompressed) text before the window
+
+    def close(self) -> None:
+        """Close the file (iteration closes it at its end)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- raw text -------------------------------------------------------------------------
 
@@ -92,54 +119,78 @@ class TraceReader:
         """Decoded text of the file, chunk by chunk; a damaged gzip stream ends it early."""
         decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
         inflater = zlib.decompressobj(wbits=31) if self.gzipped else None
+        f = self._file
+        if f is None:
+            raise TraceError(f"{self.path}: the file was closed before it was read")
+        raw, self._head = self._head, b""
         done = 0
         try:
-            f = open(self.path, "rb")  # noqa: SIM115 -- closed in the finally below
-        except OSError as exc:
-            raise TraceError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
-        try:
             while True:
-                try:
-                    raw = f.read(_READ_BYTES)
-                except OSError as exc:
-                    self._damaged(f"read error after {done:,} bytes ({exc})")
-                    break
+                if not raw:
+                    try:
+                        raw = f.read(_READ_BYTES)
+                    except OSError as exc:
+                        self._damaged(f"read error at byte {done:,} of the file ({exc})")
+                        break
                 done += len(raw)
                 if self.progress is not None:
-                    self.progress(done, self.size)
+                    self.progress(done, self.size or done)
                 if inflater is None:
                     if not raw:
                         break
                     yield decode(raw)
+                    raw = b""
                     continue
                 if not raw:
                     if not inflater.eof:
-                        self._damaged("the gzip stream ends early (truncated file)")
+                        self._damaged(
+                            f"the gzip stream ends early at byte {done:,}, the file's end "
+                            f"(truncated file)"
+                        )
                     break
+                start = done - len(raw)
+                data = []
                 try:
-                    data = inflater.decompress(raw)
-                    while inflater.eof and inflater.unused_data:  # concatenated gzip members
-                        rest = inflater.unused_data
-                        inflater = zlib.decompressobj(wbits=31)
-                        data += inflater.decompress(rest)
+                    for i in range(0, len(raw), _INFLATE_BYTES):  # locate damage to a slice
+                        piece = raw[i : i + _INFLATE_BYTES]
+                        data.append(inflater.decompress(piece))
+                        while inflater.eof and inflater.unused_data:  # concatenated members
+                            rest = inflater.unused_data
+                            inflater = zlib.decompressobj(wbits=31)
+                            data.append(inflater.decompress(rest))
                 except zlib.error as exc:
-                    self._damaged(f"corrupt gzip data after {done:,} compressed bytes ({exc})")
+                    a, b = start + i, start + i + len(piece)
+                    self._damaged(f"corrupt gzip data in bytes {a:,}–{b:,} of the file ({exc})")
+                    if data:
+                        yield decode(b"".join(data))
                     break
+                raw = b""
                 if data:
-                    yield decode(data)
+                    yield decode(b"".join(data))
             tail = decode(b"", final=True)
             if tail:
                 yield tail
         finally:
-            f.close()
+            self.close()
 
     def _damaged(self, why: str) -> None:
         self.truncated = True
         self.warnings.append(why)
+        if self.damage is None:
+            self.damage = why
+
+    def _offset(self) -> int:
+        """Byte offset of the window position in the (decompressed) text."""
+        return self._text_bytes + len(self._buf[: self._pos].encode("utf-8", "surrogatepass"))
+
+    def _where(self) -> str:
+        what = "decompressed JSON" if self.gzipped else "file"
+        return f"at byte {self._offset():,} of the {what}"
 
     def _fill(self) -> bool:
         """Append the next chunk to the window; False at the end of the file."""
         for chunk in self._chunks:
+            self._text_bytes += len(self._buf[: self._pos].encode("utf-8", "surrogatepass"))
             self._buf = self._buf[self._pos :] + chunk
             self._pos = 0
             return True
@@ -205,12 +256,20 @@ class TraceReader:
             self._pos += 1
             yield from self._object(scan)
         else:
-            shown = self._buf[self._pos : self._pos + 16].encode("ascii", "backslashreplace")
+            shown = ascii(self._buf[self._pos : self._pos + 16])  # control bytes escaped
             raise TraceError(
                 f"{self.path}: not a Chrome trace (expected JSON starting with '{{' or '[', "
-                f"found {shown.decode()!r})"
+                f"found {shown})"
             )
+        if not self.truncated:  # the rest of the file: white space, and a gzip stream's end
+            if self._peek(_WS) is not None:
+                self._damaged(f"unexpected text after the end of the JSON {self._where()}")
+            self.close()
         if not self.found_events_array:
+            if self.truncated:
+                raise TraceError(
+                    f"{self.path}: damaged trace: {self.damage}; no events before the damage"
+                )
             raise TraceError(f"{self.path}: not a Chrome trace (no 'traceEvents' array)")
 
     def _object(self, scan: Callable[[str, int], tuple[Any, int]]) -> Iterator[dict[str, Any]]:
@@ -245,7 +304,7 @@ class TraceReader:
             except _Invalid as exc:
                 if not self.found_events_array:
                     raise TraceError(f"{self.path}: not valid JSON ({exc})") from None
-                self._damaged(f"invalid JSON after the events ({exc}); ignored")
+                self._damaged(f"invalid JSON after the events {self._where()} ({exc})")
                 return
 
     def _events(self, scan: Callable[[str, int], tuple[Any, int]]) -> Iterator[dict[str, Any]]:
@@ -285,7 +344,7 @@ class TraceReader:
             except _Invalid as exc:
                 if self.events == 0:
                     raise TraceError(f"{self.path}: not valid JSON ({exc})") from None
-                self._damaged(f"invalid JSON after event {self.events:,} ({exc})")
+                self._damaged(f"invalid JSON {self._where()} ({exc})")
                 return
             if isinstance(event, dict):
                 self.events += 1
@@ -293,4 +352,4 @@ class TraceReader:
 
     def _end_early(self, why: str) -> None:
         if not self.truncated:  # a damaged gzip stream already said why
-            self._damaged(why)
+            self._damaged(f"{why}: the text ends {self._where()} (truncated file)")

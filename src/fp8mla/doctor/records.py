@@ -102,6 +102,7 @@ class TraceData:
     time_unit: str = "us"
     time_unit_reason: str = "Chrome trace default"
     truncated: bool = False
+    damage: str | None = None  # what is damaged and where (a partial analysis)
     warnings: list[str] = field(default_factory=list)
     device: str | None = None
     unread_categories: dict[str, int] = field(default_factory=dict)  # complete events not read

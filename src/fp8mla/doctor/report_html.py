@@ -40,6 +40,7 @@ word-break:break-all}.fix{background:#eef7ee;padding:6px 10px;border-radius:4px}
 .legend span{display:inline-block;margin-right:14px}.sw{display:inline-block;width:11px;
 height:11px;margin-right:4px;vertical-align:-1px;border-radius:2px}
 pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12.5px}
+.partial{color:#fff;background:#c0392b;padding:6px 10px;margin:6px 0;border-radius:4px}
 """
 
 
@@ -49,6 +50,7 @@ def _e(value: object) -> str:
 
 def _finding(i: int, f: dict[str, Any], step_ms: float) -> str:
     color = _SEVERITY.get(f["severity"], "#999")
+    mark = " (partial)" if f.get("partial") else ""
     rows = []
 
     def row(label: str, value: str) -> None:
@@ -96,7 +98,7 @@ def _finding(i: int, f: dict[str, Any], step_ms: float) -> str:
     return (
         f'<div class="card" style="border-left-color:{color}"><h3><span class="sev" '
         f'style="background:{color}">{_e(f["severity"].upper())}</span>{i}. '
-        f"{_e(f['title'])}</h3><table>{''.join(rows)}</table>"
+        f"{_e(f['title'])}{mark}</h3><table>{''.join(rows)}</table>"
         f"{f'<ul>{evidence}</ul>' if evidence else ''}"
         f'<div class="fix"><b>Fix:</b> {_e(f["suggestion"])}</div></div>'
     )
@@ -118,22 +120,34 @@ def _section(report: dict[str, Any]) -> str:
     device = f"{t['device']} · " if t["device"] else ("GPU · " if t["mode"] == "gpu" else "")
     mode = "GPU kernels" if t["mode"] == "gpu" else "CPU ops only"
     per = "in the window" if steps["method"] == "whole-trace" else "per step"
+    mark = " (partial)" if report.get("partial") else ""
     out = [
         f"<h1>fp8mla doctor: {_e(os.path.basename(report['path']))}</h1>",
         f"<p class='meta'>{_e(device + mode)} · {_e(steps_text(report))} · "
-        f"{steps['mean_ms']:.2f} ms {per} · {_e(layers_text(report))} · "
+        f"{steps['mean_ms']:.2f} ms {per}{mark} · {_e(layers_text(report))} · "
         f"{steps['idle_share']:.0%} idle</p>",
     ]
-    out += [f"<div class='note'>{_e(w)}</div>" for w in report["warnings"]]
-    out.append("<h2>Findings</h2>")
+    if report.get("partial"):
+        damaged = report["partial"]
+        out.append(
+            f"<div class='partial'><b>Partial report:</b> the trace is damaged "
+            f"({_e(damaged['damage'])}); every figure on this page covers only the "
+            f"{damaged['events_read']:,} complete events before the damage.</div>"
+        )
+    out += [
+        f"<div class='note'>{_e(w)}</div>"
+        for w in report["warnings"]
+        if not (report.get("partial") and w.startswith("PARTIAL:"))
+    ]
+    out.append(f"<h2>Findings{mark}</h2>")
     if report["findings"]:
         out += [_finding(i, f, steps["mean_ms"]) for i, f in enumerate(report["findings"], 1)]
     else:
         out.append(f"<p>{_e(no_findings_text(report))}</p>")
     out += [
-        "<h2>Where in the step the time goes</h2>",
+        f"<h2>Where in the step the time goes{mark}</h2>",
         timeline(report),
-        "<h2>Time per step by kernel family</h2>",
+        f"<h2>Time per step by kernel family{mark}</h2>",
         step_bars(report),
     ]
     fam_rows = [
@@ -146,7 +160,7 @@ def _section(report: dict[str, Any]) -> str:
         for r in report["families"]
     ]
     out.append(_table(["family", "launches/step", "ms/step", "share"], fam_rows, {1, 2, 3}))
-    out.append("<h2>Top kernels</h2>")
+    out.append(f"<h2>Top kernels{mark}</h2>")
     top_rows = [
         [
             f"<code>{_e(r['kernel_short'])}</code>",
@@ -175,6 +189,11 @@ def render_html(report: dict[str, Any], floor_text: str | None = None) -> str:
             f"<p class='meta'>{s['analysed']} of {s['ranks']} traces analysed · "
             f"{s['mean_ms']:.2f} ms per step · spread {s['spread']:.1%}</p>",
         ]
+        if s.get("partial"):
+            body.append(
+                f"<div class='partial'><b>Partial:</b> {len(s['partial'])} trace(s) damaged; "
+                f"their figures cover only the events before the damage.</div>"
+            )
         for rank in report["ranks"]:
             if "error" in rank:
                 body.append(f"<div class='note'>{_e(rank['path'])}: {_e(rank['error'])}</div>")

@@ -162,10 +162,16 @@ def _timeline(ctx: TraceContext) -> dict[str, Any] | None:
 
 
 def build_report(ctx: TraceContext, findings: list[Finding]) -> dict[str, Any]:
-    """The report dict of one trace."""
-    return {
+    """The report dict of one trace. For a damaged trace read with ``allow_partial``,
+    ``partial`` says what is damaged and how many events were read, and ``steps``, every
+    finding, family and top kernel carry ``"partial": true``: their totals cover only the
+    events before the damage."""
+    data = ctx.data
+    partial = bool(data.truncated)
+    report = {
         "schema_version": SCHEMA_VERSION,
-        "path": ctx.data.path,
+        "path": data.path,
+        "partial": {"damage": data.damage, "events_read": data.events} if partial else None,
         "trace": ctx.info,
         "steps": _steps(ctx),
         "layers": ctx.layers,
@@ -177,6 +183,9 @@ def build_report(ctx: TraceContext, findings: list[Finding]) -> dict[str, Any]:
         "warnings": list(ctx.warnings),
         "timeline": _timeline(ctx),
     }
+    for row in (report["steps"], *report["families"], *report["top_kernels"], *report["findings"]):
+        row["partial"] = partial
+    return report
 
 
 def _summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -193,6 +202,7 @@ def _summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "ranks": len(ranks),
         "analysed": len(ok),
+        "partial": [r["path"] for r in ok if r.get("partial")],
         "failed": [{"path": r["path"], "error": r["error"]} for r in ranks if "error" in r],
         "mean_ms": round(mean, 4),
         "slowest": max(means, key=means.__getitem__) if means else None,

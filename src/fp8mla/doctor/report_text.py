@@ -6,6 +6,7 @@ import os
 import textwrap
 from typing import Any
 
+from fp8mla._files import escape_controls
 from fp8mla.doctor.finding import range_text
 from fp8mla.doctor.floor import floor_text as report_floor_text
 
@@ -39,10 +40,16 @@ def _wrap(label: str, text: str) -> list[str]:
     return [f"    {label:<10}{lines[0]}"] + [indent + line for line in lines[1:]]
 
 
+def partial_text(report: dict[str, Any]) -> str:
+    """`` (partial)`` after each total of a report of a damaged trace, else ``""``."""
+    return " (partial)" if report.get("partial") else ""
+
+
 def _finding(i: int, f: dict[str, Any], step_ms: float, per: str = "per step") -> list[str]:
+    mark = " (partial)" if f.get("partial") else ""
     out = [
         f"{i}. [{f['severity'].upper()}] {f['title']}: {f['time_per_step_ms'] or 0:.2f} ms "
-        f"{per} ({f['share_of_step']:.1%} of {step_ms:.2f} ms)"
+        f"{per}{mark} ({f['share_of_step']:.1%} of {step_ms:.2f} ms)"
     ]
     if f.get("kernel"):
         if f.get("op") == f["kernel"]:  # CPU-only traces: the op is the unit of work
@@ -138,7 +145,12 @@ def no_findings_text(report: dict[str, Any]) -> str:
 def _breakdown(report: dict[str, Any]) -> list[str]:
     steps = report["steps"]
     window = steps["method"] == "whole-trace"
-    head = "The window" if window else f"Per step (mean of {steps['count']})"
+    mark = ", partial" if report.get("partial") else ""
+    head = (
+        f"The window{partial_text(report)}"
+        if window
+        else f"Per step (mean of {steps['count']}{mark})"
+    )
     busy = "GPU busy" if report["trace"]["mode"] == "gpu" else "in top-level ops"
     idle = "GPU idle" if report["trace"]["mode"] == "gpu" else "outside them"
     what = "launches" if report["trace"]["mode"] == "gpu" else "ops"
@@ -154,7 +166,7 @@ def _breakdown(report: dict[str, Any]) -> list[str]:
         )
     out.append("")
     kinds = "kernels" if report["trace"]["mode"] == "gpu" else "ops"
-    out.append(f"Top {kinds} ({'in the window' if window else 'per step'})")
+    out.append(f"Top {kinds} ({'in the window' if window else 'per step'}{mark})")
     for row in report["top_kernels"][:8]:
         out.append(
             f"  {row['share_of_step']:>6.1%} {row['time_per_step_ms']:>9.3f} ms "
@@ -194,12 +206,23 @@ def _single(report: dict[str, Any]) -> list[str]:
             [
                 f"{device}{mode}",
                 steps_text(report),
-                f"{steps['mean_ms']:.2f} ms {per}",
+                f"{steps['mean_ms']:.2f} ms {per}{partial_text(report)}",
                 layers_text(report),
             ]
         ),
     ]
+    damaged = report.get("partial")
+    if damaged:
+        out += textwrap.wrap(
+            f"PARTIAL REPORT: the trace is damaged ({damaged['damage']}); every figure below "
+            f"covers only the {damaged['events_read']:,} complete events before the damage",
+            _WIDTH - 2,
+            initial_indent="  ",
+            subsequent_indent="    ",
+        )
     for w in report["warnings"]:
+        if damaged and w.startswith("PARTIAL:"):
+            continue  # said above
         out += textwrap.wrap(w, _WIDTH - 2, initial_indent="  note: ", subsequent_indent="    ")
     out.append("")
     findings = report["findings"]
@@ -229,6 +252,7 @@ def format_text(report: dict[str, Any], floor_text: str | None = None) -> str:
             f"Summary: {s['analysed']} of {s['ranks']} traces analysed, "
             f"{s['mean_ms']:.2f} ms/step mean, spread {s['spread']:.1%}"
             + (f", slowest {os.path.basename(s['slowest'])}" if s["slowest"] else "")
+            + (f", {len(s['partial'])} of them partial (damaged)" if s.get("partial") else "")
         )
         for k in s["findings"]:
             out.append(
@@ -239,4 +263,4 @@ def format_text(report: dict[str, Any], floor_text: str | None = None) -> str:
     floor_text = floor_text or report_floor_text(report)
     if floor_text:
         out += ["", floor_text.rstrip()]
-    return "\n".join(out).rstrip() + "\n"
+    return escape_controls("\n".join(out).rstrip()) + "\n"  # names from the file, escaped

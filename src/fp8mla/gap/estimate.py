@@ -77,7 +77,8 @@ def estimate(
     spec = load_model(model)
     if spec.num_attention_heads % tp:
         raise ValueError(
-            f"tp: {tp} does not divide {spec.name}'s {spec.num_attention_heads} attention heads"
+            f"tp: expected a size that divides {spec.name}'s {spec.num_attention_heads} "
+            f"attention heads, got {tp}"
         )
     gpu_spec = lookup_gpu(gpu) if gpu is not None else None
     if bandwidth_tbps is not None:

@@ -14,11 +14,13 @@ with ``indexer_types`` (``"full"`` layers own an indexer) where present.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fp8mla._files import InputError, read_input
 from fp8mla.gap.presets import ALIASES, PRESETS
 
 SUPPORTED_ARCHITECTURES = (
@@ -69,12 +71,19 @@ class ModelSpec:
         return bool(self.index_topk) and self.indexer_layers > 0
 
 
+_MAX_VALUE = 1 << 31  # no shape of a model this size or larger
+_MAX_LAYERS = 4096
+
+
 def _int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
     value = cfg.get(key, default)
     if value is None:
         raise ValueError(f"config.json has no {key!r} (is this an MLA model?)")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"config.json {key!r}: expected a non-negative integer, got {value!r}")
+    high = _MAX_LAYERS if key == "num_hidden_layers" else _MAX_VALUE
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise ValueError(
+            f"config.json {key!r}: expected an integer in 0–{high:,}, got {value!r:.40}"
+        )
     return value
 
 
@@ -156,17 +165,21 @@ def load_model(model: str) -> ModelSpec:
         display, cfg, source = PRESETS[key]
         return spec_from_config(cfg, display, f"preset {key}: {source}")
     path = Path(model)
-    if path.is_dir():
+    if model and path.is_dir():
+        if not (path / "config.json").exists():
+            raise ValueError(f"{model}: a directory without a config.json")
         path = path / "config.json"
-    if not path.is_file():
+    elif not model or not os.path.lexists(path):
         raise ValueError(
-            f"unknown model {model!r}: not a preset ({', '.join(sorted(PRESETS))}) "
-            "and no such config.json"
+            f"unknown model {model!r}: not a preset ({', '.join(sorted(PRESETS))}) and no such file"
         )
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from exc
+        text = read_input(path).decode("utf-8")
+        cfg = json.loads(text)
+    except InputError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     name = path.parent.name or str(path)

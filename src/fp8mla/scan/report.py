@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from fp8mla._files import escape_controls
 from fp8mla.scan.findings import SEVERITY_ORDER, ScanResult
 
 
@@ -25,22 +26,29 @@ def _summary(result: ScanResult) -> str:
 
 
 def format_text(result: ScanResult) -> str:
-    """Findings grouped by severity, worst first (``file:line: severity kind in function``, the
-    line, why, fix), then the skipped files, notes on large files and a one-line summary."""
+    """Findings grouped by severity, worst first; within a severity, one paragraph per distinct
+    fix (``fix (N KIND sites): …``) with its sites under it (``file:line: severity kind in
+    function``, the line, why); then notes on large files and a one-line summary. Skipped files
+    are counted in the summary; the command line lists them on stderr."""
     blocks: list[str] = []
     for severity in SEVERITY_ORDER:
         group = [f for f in result.findings if f.severity == severity]
         if not group:
             continue
         blocks.append(f"== {severity} ({len(group)}) ==")
-        for f in group:
-            blocks.append(
+        fixes: dict[str, list] = {}
+        for f in group:  # first appearance order: path/line order of the findings
+            fixes.setdefault(f.suggestion, []).append(f)
+        for suggestion, sites in fixes.items():
+            kinds = sorted({f.kind for f in sites})
+            noun = "site" if len(sites) == 1 else "sites"
+            blocks.append(f"fix ({len(sites)} {'/'.join(kinds)} {noun}): {suggestion}")
+            blocks.extend(
                 f"{f.path}:{f.line}: {f.severity} {f.kind} in {f.function}\n"
                 f"    {f.code}\n"
-                f"  why: {f.reason}\n"
-                f"  fix: {f.suggestion}"
+                f"  why: {f.reason}"
+                for f in sites
             )
-    blocks.extend(f"{s.path}: skipped: {s.reason}" for s in result.skipped)
     blocks.extend(f"{n.path}: note: {n.note}" for n in result.notes)
     blocks.append(_summary(result))
-    return "\n\n".join(blocks)
+    return escape_controls("\n\n".join(blocks))  # source lines quoted as they are, escaped

@@ -13,10 +13,11 @@ import ast
 import io
 import os
 import re
-import stat
 import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from fp8mla._files import InputError, read_input
 
 PART_CHARS = 1 << 20  # about 100 MB of syntax tree per part
 MAX_PART_CHARS = 4 << 20  # one statement larger than this is not parsed
@@ -176,31 +177,16 @@ def _parse_in_parts(parsed: ParsedSource) -> Iterator[ast.Module]:
         raise UnparsableSource(f"no part parses: {parsed.notes[1]}")
 
 
-def _regular_file(path: str | os.PathLike[str]) -> None:
-    """Raise :class:`UnparsableSource` for a FIFO, socket or device: reading one can block
-    forever or never end."""
-    mode = os.stat(path).st_mode
-    if stat.S_ISREG(mode):
-        return
-    kinds = (
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a directory"),
-    )
-    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
-    raise UnparsableSource(f"not a regular file: {kind}, not read")
-
-
 def read_source(path: str | os.PathLike[str]) -> ParsedSource:
     """Read and parse the file at ``path``.
 
     Raises :class:`FileNotFoundError` (and other :class:`OSError`) when it cannot be read, and
     :class:`UnparsableSource` when it is not parsable Python or not a regular file (a FIFO,
-    socket or device is never opened).
+    socket or device is never read: :func:`fp8mla._files.open_input`).
     """
-    _regular_file(path)
-    with open(path, "rb") as f:
-        data = f.read()
+    os.stat(path)  # a missing file is an OSError, as reading it would be
+    try:
+        data = read_input(path)
+    except InputError as exc:
+        raise UnparsableSource(str(exc)) from None
     return parse_source(data, os.fspath(path))

@@ -8,7 +8,13 @@ each variant and tile the planner can pick (``fp8mla.attention.variants``, read 
 registry) (per KV dtype, with the FP8 decoding the launcher uses there, writing
 split partials and direct outputs), the split merge, the KV-write kernel for every storage
 dtype and scale mode, and the FP8 → fp16 staging of long extend batches. A build fails on a compile error, on spills above its limit or on shared
-memory over the target's per-block limit. ``tests/test_compile_matrix.py`` runs it in CI.
+memory over the target's per-block limit. ``tests/tools/test_compile_matrix.py`` runs it in CI.
+
+Builds run in a pool of processes that die with the run (however it ends), print a progress
+line every 20 builds (and at least once a minute) on stderr, and are cached: a build measured
+before with the same kernel source (Triton's ``cache_key``: the kernel and the jit functions it
+calls), options, target and toolchain (Triton, ptxas, the measuring code) is read back from
+``~/.cache/fp8mla/compile_matrix`` (``--cache DIR``, ``--no-cache``).
 """
 
 from __future__ import annotations
@@ -18,14 +24,21 @@ import json
 import multiprocessing
 import os
 import sys
-import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 
 import torch
 
+from fp8mla._files import check_output, replace_atomically
 from fp8mla.attention.targets import TARGETS, Target
-from fp8mla.tools.kernel_builds import TORCH_TO_TRITON, Build, measure
+from fp8mla.tools.build_runs import (
+    ProgressFn,
+    cached_measure,
+    default_cache_dir,
+    die_with_parent,
+    progress_lines,
+)
+from fp8mla.tools.kernel_builds import TORCH_TO_TRITON, Build
 from fp8mla.tools.matrix_report import markdown
 from fp8mla.tools.spill_limits import SPILL_EXCEPTIONS, SPILL_LIMIT
 
@@ -312,12 +325,11 @@ def all_jobs(targets: list[str] | None = None) -> list[Job]:
     return jobs
 
 
-def run_job(job: Job) -> Row:
-    """Build one job and judge it."""
+def run_job(job: Job, cache_dir: str | None = None) -> Row:
+    """Build one job and judge it; with ``cache_dir``, a build measured before with the same
+    kernel source, options, target and toolchain is read back instead of rebuilt."""
     target = TARGETS[job.target]
-    with warnings.catch_warnings():  # Triton 3.9 warns about its FP-fusion default change
-        warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION")
-        res = measure(job.build, target)
+    res = cached_measure(job.build, target, cache_dir)
     limit = target.smem_per_block
     if not res.ok:
         reason = f"compile error: {res.error}"
@@ -346,19 +358,48 @@ def run_job(job: Job) -> Row:
     )
 
 
-def build_matrix(targets: list[str] | None = None, workers: int | None = None) -> list[Row]:
+def build_matrix(
+    targets: list[str] | None = None,
+    workers: int | None = None,
+    *,
+    cache_dir: str | None = None,
+    progress: ProgressFn | None = None,
+) -> list[Row]:
     """Build every job in ``workers`` fresh processes (kernels must be imported there with
-    ``TRITON_INTERPRET`` unset, which this function arranges)."""
+    ``TRITON_INTERPRET`` unset, which this function arranges), in table order.
+
+    ``cache_dir``: reuse measurements of builds done before (see :func:`run_job`).
+    ``progress``: called after each build. The processes exit with the caller, even when it is
+    killed; an exception or ^C here cancels the builds not started."""
     jobs = all_jobs(targets)
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    if not jobs:
+        return []
+    workers = max(1, min(len(jobs), workers or os.cpu_count() or 1))
     saved = os.environ.pop("TRITON_INTERPRET", None)
+    rows: list[Row | None] = [None] * len(jobs)
     try:
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            return list(pool.map(run_job, jobs, chunksize=1))
+        pool = ProcessPoolExecutor(
+            workers, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),)
+        )
+        try:
+            futures = {pool.submit(run_job, job, cache_dir): i for i, job in enumerate(jobs)}
+            failed = 0
+            for done, future in enumerate(as_completed(futures), start=1):
+                row = rows[futures[future]] = future.result()
+                failed += not row.ok
+                if progress is not None:
+                    progress(done, len(jobs), failed)
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.kill()  # builds already running: no use finishing them
+            raise
+        pool.shutdown(wait=True)
     finally:
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
+    return [r for r in rows if r is not None]
 
 
 def available_targets() -> tuple[list[str], dict[str, str]]:
@@ -386,8 +427,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", metavar="MD", help="write the markdown table to this file")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON ('-': stdout)")
     p.add_argument("--targets", help="comma-separated target names (default: all)")
-    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--workers", type=int, default=None, help="build processes (default: CPUs)")
+    p.add_argument(
+        "--cache",
+        metavar="DIR",
+        default=default_cache_dir(),
+        help="reuse builds measured before, kept here (default: %(default)s)",
+    )
+    p.add_argument("--no-cache", action="store_true", help="build everything again")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = p.parse_args(argv)
+    parent = os.environ.get("FP8MLA_DIE_WITH_PARENT", "")
+    if parent.isdigit():
+        die_with_parent(int(parent))
+    for flag, value in (("--write", args.write), ("--json", args.json)):
+        problem = check_output(value) if value not in (None, "-") else None
+        if problem:
+            p.error(f"{flag} {value}: {problem}")
     available, missing = available_targets()
     wanted = args.targets.split(",") if args.targets else list(TARGETS)
     unknown = [t for t in wanted if t not in TARGETS]
@@ -396,24 +452,42 @@ def main(argv: list[str] | None = None) -> int:
     for name in wanted:
         if name not in available:
             print(f"skipping {name}: {missing[TARGETS[name].backend]}", file=sys.stderr)
-    rows = build_matrix([t for t in wanted if t in available], args.workers)
+    names = [t for t in wanted if t in available]
+    jobs = len(all_jobs(names)) if names else 0
+    cache = None if args.no_cache else args.cache
+    workers = max(1, min(jobs or 1, args.workers or os.cpu_count() or 1))
+    if not args.quiet:
+        where = f"builds cached in {cache}" if cache else "no cache"
+        print(
+            f"compile matrix: {jobs} builds for {len(names)} targets in {workers} processes "
+            f"({where})",
+            file=sys.stderr,
+            flush=True,
+        )
+    rows = build_matrix(
+        names, workers, cache_dir=cache, progress=None if args.quiet else progress_lines()
+    )
     if args.json:
         text = json.dumps([asdict(r) for r in rows], indent=1)
         if args.json == "-":
             print(text)
         else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+            _write(args.json, text + "\n")
     md = markdown(rows)
     if args.write:
-        with open(args.write, "w") as f:
-            f.write(md)
+        _write(args.write, md)
     if not args.json and not args.write:
         print(md)
     bad = [r for r in rows if not r.ok]
     for r in bad:
         print(f"FAILED {r.target} {r.kernel} {r.variant}: {r.reason}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _write(path: str, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename it into place."""
+    with replace_atomically(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 if __name__ == "__main__":
