@@ -1,0 +1,134 @@
+"""Sparse MLA attention on SM90 through the FP8 × FP8 decode kernel (``kernels/sm90/fp8qk.py``).
+
+A sparse query token is a paged-attention request of page size 1 whose page table is its own
+index list: once each list is compacted (``kernels/portable/sparse_compact.py``: the entries it
+attends to at the front, their count as the request's length), the dense SM90 kernel reads the
+packed ``fp8_ds_mla`` rows in place -- the latent part's e4m3 bytes as its FP8 pool, the four
+float32 scales as its per-token, per-128-channel scales, the bf16 RoPE part in its 16-bit RoPE
+mode (``ROPE_16BIT``). Rows of 16 to 32 heads run as one tile a token, more heads as 32-row
+tiles; long lists split over the GPU with the dense split merge. The dense path's conventions
+(base-2 LSE, -inf for a token with nothing to attend to) are turned into the sparse API's
+(natural log, +inf) here.
+
+Only what the planner (``sparse_plan.py``) routes here: SM90, bf16 queries, a packed cache whose
+token rows follow each other (one flat row stride), the RoPE part 64 wide.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from fp8mla.attention.config import LaunchPlan
+from fp8mla.attention.launch import AttentionLaunch
+from fp8mla.attention.planner import device_sm_count, make_launch_plan
+from fp8mla.attention.targets import launch_target
+from fp8mla.attention.workspace import split_capacity, split_partials
+from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, ROPE_OFFSET, SCALE_OFFSET, TOKEN_BYTES, TokenView
+from fp8mla.formats import Scales
+
+COMPACT_BLOCK = 1024  # index-list entries per step of the compaction
+LN2 = math.log(2.0)
+
+
+@dataclass
+class FP8QKSparse:
+    """The compaction buffers and the attention launch of one sparse plan on SM90."""
+
+    plan: LaunchPlan
+    launch: AttentionLaunch
+    compacted: torch.Tensor  # [num_tokens, topk] int32
+    counts: torch.Tensor  # [num_tokens] int32
+    topk: int
+
+
+def fp8qk_sparse(
+    num_tokens: int,
+    num_heads: int,
+    topk: int,
+    sm_scale: float,
+    workspace: torch.Tensor,
+    device: torch.device,
+) -> FP8QKSparse:
+    """Plan ``num_tokens`` query tokens of ``num_heads`` heads, each over its own ``topk``
+    slots, on the FP8 × FP8 kernel: one request of page size 1 per token."""
+    tokens = torch.arange(num_tokens + 1, dtype=torch.int32, device=device)
+    qo_indptr = tokens
+    kv_indptr = tokens * topk
+    compacted = torch.zeros(max(1, num_tokens * topk), dtype=torch.int32, device=device)
+    counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
+    rows = num_tokens * num_heads
+    target = launch_target(device, False)
+    plan = make_launch_plan(
+        batch=num_tokens,
+        num_heads=num_heads,
+        max_qo_len=1,
+        max_kv_len=topk,
+        sms=device_sm_count(device),
+        max_splits_by_workspace=max(1, split_capacity(workspace, 1, NOPE_DIM) // max(1, rows)),
+        target=target,
+        kv_dtype=torch.float8_e4m3fn,
+        config="fp8qk",
+        head_dim_kpe=ROPE_DIM,
+        q_dtype=torch.bfloat16,
+    )
+    partials = None
+    if plan.num_splits > 1:
+        partials = split_partials(workspace, plan.num_splits, rows, NOPE_DIM, plan.half_partials)
+    launch = AttentionLaunch(
+        plan,
+        batch=num_tokens,
+        heads=num_heads,
+        head_dim_kpe=ROPE_DIM,
+        page_size=1,
+        causal=False,
+        sm_scale=sm_scale,
+        indices=(qo_indptr, kv_indptr, compacted, counts),
+        partials=partials,
+        kv_dtype=torch.float8_e4m3fn,
+        device=device,
+        target=target,
+        interpreted=False,
+        kernel_options={"ROPE_16BIT": True},
+    )
+    return FP8QKSparse(plan, launch, compacted.view(max(1, num_tokens), -1), counts, topk)
+
+
+def cache_views(view: TokenView) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed cache as the dense kernel's three inputs, page size 1: the latent e4m3 bytes
+    ``[slots, 1, 512]``, the RoPE part's bytes ``[slots, 1, 128]`` (the kernel reads them as
+    bf16) and the scales ``[slots, 1, 4]`` float32, each a strided view of the cache."""
+    rows = view.data.view(-1, TOKEN_BYTES)  # contiguous token rows (the planner checks): no copy
+    ckv = rows[:, :NOPE_DIM].view(torch.float8_e4m3fn).unsqueeze(1)
+    kpe = rows[:, ROPE_OFFSET:].unsqueeze(1)
+    scales = rows.view(torch.float32)[:, SCALE_OFFSET // 4 : ROPE_OFFSET // 4].unsqueeze(1)
+    return ckv, kpe, scales
+
+
+def run_fp8qk_sparse(
+    s: FP8QKSparse,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    view: TokenView,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+) -> None:
+    """Compact the index lists, then the attention (and the split merge) into ``out`` and, when
+    given, ``lse`` in natural log (+inf for a token with nothing to attend to)."""
+    from fp8mla.kernels.portable.sparse_compact import _sparse_compact_kernel
+
+    n = s.counts.shape[0]
+    _sparse_compact_kernel[(n,)](
+        indices, topk_length if topk_length is not None else indices, s.compacted, s.counts,
+        indices.shape[0], s.topk, indices.stride(0), HAS_TOPK_LENGTH=topk_length is not None,
+        BLOCK=min(COMPACT_BLOCK, triton.next_power_of_2(s.topk)), num_warps=4,
+    )  # fmt: skip
+    ckv, kpe, scales = cache_views(view)
+    s.launch(q_nope, q_pe, ckv, kpe, out, lse, Scales(ckv=1.0, kpe=1.0, ckv_arr=scales))
+    if lse is not None:  # base 2 → natural log; a token that saw nothing: +inf
+        lse.mul_(LN2).nan_to_num_(nan=float("nan"), posinf=float("inf"), neginf=float("inf"))

@@ -1,0 +1,166 @@
+"""Sparse MLA attention through the SM90 FP8 × FP8 kernel (``fp8mla.dsa.sparse_sm90``) against
+float64 on the same packed bytes, on an H200: one token to a prefill chunk, 16 to 128 heads,
+-1 padding, ``topk_length``, tokens with nothing to attend to (out 0, LSE +inf), ids outside
+the cache (that token's rows NaN, the others exact), duplicates, both vLLM's and SGLang's cache
+shapes, and a CUDA graph replayed with new indices."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import IS_SM90
+
+pytestmark = pytest.mark.skipif(not IS_SM90, reason="the FP8 x FP8 kernel runs on SM90 GPUs only")
+
+SM_SCALE = 1 / math.sqrt(192)
+
+
+def _cache(slots: int, page: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed cache of random tokens (vLLM's ``[pages, page, 656]``), unused bytes NaN."""
+    import fp8mla
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    cache = torch.full((slots // page, page, 656), 0x7F, dtype=torch.uint8, device="cuda")
+    used = torch.randperm(slots, device="cuda", generator=g)[: slots // 2]
+    ckv = torch.randn(used.numel(), 512, device="cuda", generator=g) * 3
+    kpe = torch.randn(used.numel(), 64, device="cuda", generator=g)
+    fp8mla.pack_ds_mla(ckv.bfloat16(), kpe.bfloat16(), cache, used, validate=False)
+    return cache, used
+
+
+def _reference(q_nope, q_pe, cache, indices, topk_length):
+    """float64 attention of each token over its own listed slots (duplicates count)."""
+    import fp8mla
+
+    t_n, h_n, _ = q_nope.shape
+    out = torch.zeros(t_n, h_n, 512, dtype=torch.float64)
+    lse = torch.full((t_n, h_n), math.inf, dtype=torch.float64)
+    slots = cache.shape[0] * cache.shape[1]
+    for t in range(t_n):
+        n = indices.shape[1] if topk_length is None else int(topk_length[t])
+        row = indices[t, : max(0, min(n, indices.shape[1]))].long()
+        row = row[row != -1]
+        if ((row < 0) | (row >= slots)).any():
+            out[t] = math.nan
+            lse[t] = math.nan
+            continue
+        if row.numel() == 0:
+            continue
+        ckv, kpe = fp8mla.unpack_ds_mla(cache, row.cuda())
+        k = torch.cat([ckv, kpe], dim=1).double().cpu()
+        q = torch.cat([q_nope[t], q_pe[t]], dim=1).double().cpu()
+        s = q @ k.T * SM_SCALE
+        lse[t] = torch.logsumexp(s, dim=1)
+        out[t] = torch.softmax(s, dim=1) @ ckv.double().cpu()
+    return out, lse
+
+
+def _run(q_nope, q_pe, cache, indices, topk_length, graph=False):
+    from fp8mla.dsa.layout import token_view
+    from fp8mla.dsa.sparse_sm90 import fp8qk_sparse, run_fp8qk_sparse
+
+    t_n, h_n, _ = q_nope.shape
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    s = fp8qk_sparse(t_n, h_n, indices.shape[1], SM_SCALE, ws, torch.device("cuda"))
+    out = torch.empty_like(q_nope)
+    lse = torch.empty(t_n, h_n, dtype=torch.float32, device="cuda")
+    view = token_view(cache)
+    run_fp8qk_sparse(s, q_nope, q_pe, view, indices, topk_length, out, lse)
+    return out, lse, s
+
+
+def _rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    ok = torch.isfinite(b)
+    return float((a[ok] - b[ok]).norm() / b[ok].norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize(
+    "tokens, heads, topk, slots, page",
+    [(1, 32, 2048, 1 << 16, 64), (4, 16, 64, 4096, 1), (3, 64, 300, 8192, 64),
+     (2, 128, 2048, 1 << 16, 64), (64, 16, 517, 1 << 15, 64), (512, 128, 128, 1 << 14, 64)],
+)  # fmt: skip
+def test_matches_float64(tokens, heads, topk, slots, page):
+    torch.manual_seed(tokens * 7 + heads)
+    cache, used = _cache(slots, page, tokens)
+    pick = torch.randint(0, used.numel(), (tokens, topk), device="cuda")
+    indices = used[pick].to(torch.int32)
+    indices[:, ::7] = -1  # padding anywhere in the list
+    topk_length = torch.randint(0, topk + 3, (tokens,), dtype=torch.int32, device="cuda")
+    topk_length[0] = topk
+    q_nope = torch.randn(tokens, heads, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(tokens, heads, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse, _ = _run(q_nope, q_pe, cache, indices, topk_length)
+    ref, ref_lse = _reference(q_nope, q_pe, cache, indices.cpu(), topk_length.cpu())
+    assert _rel(out, ref) <= 3e-3
+    assert _rel(lse, ref_lse) <= 1e-4
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse.cpu()), empty)
+    assert (out.cpu()[empty] == 0).all()
+
+
+def test_bad_ids_poison_only_their_token():
+    cache, used = _cache(4096, 64, 3)
+    indices = used[torch.randint(0, used.numel(), (4, 96), device="cuda")].to(torch.int32)
+    indices[1, 5] = 4096  # past the cache
+    indices[2, 9] = -5  # below -1
+    indices[3, :] = -1  # nothing to attend to
+    q_nope = torch.randn(4, 32, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(4, 32, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse, _ = _run(q_nope, q_pe, cache, indices, None)
+    assert out[1:3].isnan().all() and lse[1:3].isnan().all()
+    assert (out[3] == 0).all() and torch.isinf(lse[3]).all() and (lse[3] > 0).all()
+    ref, _ = _reference(q_nope[:1], q_pe[:1], cache, indices[:1].cpu(), None)
+    assert _rel(out[:1], ref) <= 3e-3
+
+
+def test_sglang_pool_shape_and_duplicates():
+    cache, used = _cache(8192, 64, 5)
+    pool = cache.view(-1, 1, 656)  # SGLang's [slots, 1, 656]
+    indices = used[torch.randint(0, 16, (2, 64), device="cuda")].to(torch.int32)  # duplicates
+    q_nope = torch.randn(2, 16, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(2, 16, 64, device="cuda", dtype=torch.bfloat16)
+    out, _, _ = _run(q_nope, q_pe, pool, indices, None)
+    ref, _ = _reference(q_nope, q_pe, cache, indices.cpu(), None)
+    assert _rel(out, ref) <= 3e-3
+
+
+def test_cuda_graph_replays_new_indices():
+    from fp8mla.dsa.layout import token_view
+    from fp8mla.dsa.sparse_sm90 import fp8qk_sparse, run_fp8qk_sparse
+
+    cache, used = _cache(1 << 15, 64, 9)
+    t_n, h_n, topk = 8, 32, 512
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    s = fp8qk_sparse(t_n, h_n, topk, SM_SCALE, ws, torch.device("cuda"))
+    q_nope = torch.randn(t_n, h_n, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(t_n, h_n, 64, device="cuda", dtype=torch.bfloat16)
+    indices = torch.empty(t_n, topk, dtype=torch.int32, device="cuda")
+    lengths = torch.empty(t_n, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q_nope)
+    lse = torch.empty(t_n, h_n, device="cuda")
+    view = token_view(cache)
+
+    def fill(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        pick = torch.randint(0, used.numel(), (t_n, topk), device="cuda", generator=g)
+        indices.copy_(used[pick].to(torch.int32))
+        lengths.copy_(torch.randint(0, topk + 1, (t_n,), device="cuda", generator=g))
+
+    fill(0)
+    for _ in range(2):  # compile and warm up outside the capture
+        run_fp8qk_sparse(s, q_nope, q_pe, view, indices, lengths, out, lse)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_fp8qk_sparse(s, q_nope, q_pe, view, indices, lengths, out, lse)
+    for seed in (1, 2, 3):
+        fill(seed)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, ref_lse = _reference(q_nope, q_pe, cache, indices.cpu(), lengths.cpu())
+        assert _rel(out, ref) <= 3e-3
+        assert _rel(lse, ref_lse) <= 1e-4
