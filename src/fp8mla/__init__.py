@@ -21,6 +21,8 @@ _LAZY = {
     "MLAKVCache": "fp8mla.cache",
     "PoolExhaustedError": "fp8mla.cache",
     "mla_reference": "fp8mla.reference",
+    "sparse_mla": "fp8mla.dsa.sparse",
+    "SparseMLAWrapper": "fp8mla.dsa.sparse",
 }
 
 _SUBMODULES = (
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fp8mla.attention.functional import mla_decode  # noqa: F401
     from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper  # noqa: F401
     from fp8mla.cache import MLAKVCache, PoolExhaustedError  # noqa: F401
+    from fp8mla.dsa.sparse import SparseMLAWrapper, sparse_mla  # noqa: F401
     from fp8mla.reference import mla_reference  # noqa: F401
 
 
