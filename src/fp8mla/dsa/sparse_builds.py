@@ -20,7 +20,7 @@ KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
 MERGE = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_merge_kernel"
 
 
-def _attention_build(tile, packed: bool, split: bool, cvt: int, head_groups: int) -> Build:
+def _attention_build(tile, packed: bool, split: bool, cvt: int, target: Target) -> Build:
     kv = "u8" if packed else "bf16"
     ptrs = dict(
         q_nope_ptr="bf16",
@@ -38,8 +38,6 @@ def _attention_build(tile, packed: bool, split: bool, cvt: int, head_groups: int
         UNIT=16,
         BLOCK_H=tile.block_h,
         BLOCK_N=tile.block_n,
-        HEAD_GROUPS=head_groups,
-        NUM_SPLITS=4 if split else 1,
         VALUE_SPLIT=tile.value_split,
         PACKED=packed,
         HAS_TOPK_LENGTH=split,
@@ -50,8 +48,9 @@ def _attention_build(tile, packed: bool, split: bool, cvt: int, head_groups: int
         FP8_CVT=cvt,
         DECODE_SCALE=256.0 if cvt in (3, 5) else 1.0,
     )
+    cap = tile.max_registers(target.warp_size) if target.backend == "cuda" else None
     return Build(KERNEL, tuple(ptrs.items()), tuple(consts.items()), tile.num_warps,
-                 tile.num_stages)  # fmt: skip
+                 tile.num_stages, cap)  # fmt: skip
 
 
 def sparse_builds(target: Target) -> list[tuple[str, Build]]:
@@ -61,20 +60,19 @@ def sparse_builds(target: Target) -> list[tuple[str, Build]]:
     cvt = fp8_conversion(torch.float8_e4m3fn, torch.device("cuda"), False, "auto", target)
     builds = []
     for tile in sparse_table(target).tiles():
-        groups = 2 if tile.block_h == 64 else 1
         for packed in (True, False):
             for split in (True, False):
                 label = (
                     f"{'packed' if packed else 'bf16'} {tile.name} "
                     f"{'split+page64' if split else 'direct'}"
                 )
-                builds.append((label, _attention_build(tile, packed, split, cvt, groups)))
+                builds.append((label, _attention_build(tile, packed, split, cvt, target)))
     for splits in (2, 8, MAX_SPLITS):
         for rows in (32, 4096):
             block_d, block_s = merge_blocks(rows, splits, 132)
             ptrs = (("part_o_ptr", "fp32"), ("part_lse_ptr", "fp32"), ("o_ptr", "bf16"),
                     ("lse_ptr", "fp32"))  # fmt: skip
-            consts = (("NUM_SPLITS", splits), ("BLOCK_S", block_s), ("BLOCK_D", block_d),
+            consts = (("BLOCK_S", block_s), ("BLOCK_D", block_d),
                       ("WRITE_LSE", True))  # fmt: skip
             label = f"merge {splits} splits, {block_d} cols"
             builds.append((label, Build(MERGE, ptrs, consts, 4)))

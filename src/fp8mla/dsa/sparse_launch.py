@@ -118,8 +118,8 @@ class SparseLaunch:
             sm_scale_log2=float(sm_scale) * LN2_INV,
             BLOCK_H=tile.block_h,
             BLOCK_N=tile.block_n,
-            HEAD_GROUPS=plan.head_groups,
-            NUM_SPLITS=plan.num_splits,
+            head_groups=plan.head_groups,
+            num_splits=plan.num_splits,
             VALUE_SPLIT=tile.value_split,
             PACKED=self.packed,
             SPLIT=plan.split,
@@ -144,6 +144,9 @@ class SparseLaunch:
             index = torch.cuda.current_device()
         module = importlib.import_module(KERNEL.split(":")[0])
         options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+        cap = tile.max_registers(target.warp_size) if target.backend == "cuda" else None
+        if cap is not None and not interpreted:
+            options["maxnreg"] = cap
         self.kernel = KernelLauncher(module._sparse_mla_kernel, (plan.programs, 1, 1), options,
                                      index)  # fmt: skip
         self.merge = None
@@ -157,7 +160,7 @@ class SparseLaunch:
                 num_heads=plan.num_heads,
                 stride_po_split=partials.o.stride(0),
                 stride_pl_split=partials.lse.stride(0),
-                NUM_SPLITS=plan.num_splits,
+                num_splits=plan.num_splits,
                 BLOCK_S=plan.merge_block_s,
                 BLOCK_D=plan.merge_block_d,
             )

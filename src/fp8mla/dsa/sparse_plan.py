@@ -34,19 +34,30 @@ class SparseTile:
     @property
     def name(self) -> str:
         mark = "v" if self.value_split > 1 else ""
-        return f"{self.block_h}x{self.block_n}{mark} w{self.num_warps}s{self.num_stages}"
+        occ = f"o{self.occupancy}" if self.occupancy > 1 else ""
+        return f"{self.block_h}x{self.block_n}{mark} w{self.num_warps}s{self.num_stages}{occ}"
+
+    def max_registers(self, warp_size: int = 32) -> int | None:
+        """Registers per thread that leave room for ``occupancy`` programs per SM (64K on
+        every CUDA target; ptxas's ``maxnreg``), or None when that is the hardware's 255."""
+        if self.occupancy <= 1:
+            return None
+        cap = 65536 // (self.occupancy * self.num_warps * warp_size)
+        cap -= cap % 8  # ptxas allocates in steps of 8
+        return cap if cap < 255 else None
 
 
 @dataclass(frozen=True)
 class SparseTable:
-    """The tiles of one target family by heads per query token: up to 16, up to 32, more
-    (64-head groups: 128 heads run as two programs per token, side by side in the grid so that
-    the second reads the token's rows from the L2). ``min_split_entries``: the fewest
-    index-list entries worth a split of their own (the merge costs more below)."""
+    """The tiles of one target family by heads per query token: up to 16, up to 32, up to 64,
+    more (None: the 64-head tile, two head groups side by side in the grid, so that the second
+    reads the token's rows from the L2). ``min_split_entries``: the fewest index-list entries
+    worth a split of their own (the merge costs more below)."""
 
     heads16: SparseTile
     heads32: SparseTile
     heads64: SparseTile
+    heads128: SparseTile | None = None
     min_split_entries: int = 64
 
     def pick(self, num_heads: int) -> SparseTile:
@@ -54,49 +65,64 @@ class SparseTable:
             return self.heads16
         if num_heads <= 32:
             return self.heads32
-        return self.heads64
+        if num_heads <= 64 or self.heads128 is None:
+            return self.heads64
+        return self.heads128
 
     def tiles(self) -> list[SparseTile]:
         """Every tile the table can choose (what the compile matrix builds)."""
-        return list(dict.fromkeys((self.heads16, self.heads32, self.heads64)))
+        tiles = (self.heads16, self.heads32, self.heads64, self.heads128)
+        return list(dict.fromkeys(t for t in tiles if t is not None))
 
 
-# Compiled for each target (docs/sparse.md has the compile report), not yet timed: the H200's
-# numbers will replace these choices. Rule: the widest KV step whose tile fits the target's
-# shared memory with at most 128 B of spill per thread.
+# Compiled for every target (docs/sparse.md has the report), not yet timed: H200 measurements
+# will replace these choices. Rule: no more than 128 B of spill per thread (RDNA3 excepted:
+# every tile spills there), then the most programs per SM, then the widest KV step -- the
+# memory-bound cases (16-32 heads) want many loads in flight, the compute-bound ones (64-128
+# heads) fewer conversions of each tile. Value-split tiles ("v") compute the scores twice (two
+# programs, 256 output columns each): a 64-row tile's full-width accumulator spills everywhere.
 SPARSE_TABLES: dict[str, SparseTable] = {
+    # SM90/SM100 (227 KB): 16 heads three programs of 4 warps per SM (168 registers; 74 KB);
+    # 64 and 128 heads in wgmma-sized tiles (Triton lowers their dots to wgmma on SM90)
     "sm90": SparseTable(
-        heads16=SparseTile(16, 64, 4, 2, occupancy=2),
-        heads32=SparseTile(32, 64, 4, 2, occupancy=2),
-        heads64=SparseTile(64, 32, 8, 2),
+        heads16=SparseTile(16, 32, 4, 2, occupancy=3),
+        heads32=SparseTile(32, 32, 8, 2),
+        heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
+        heads128=SparseTile(128, 16, 8, 2, value_split=2),
     ),
     "sm100": SparseTable(
-        heads16=SparseTile(16, 64, 4, 2, occupancy=2),
-        heads32=SparseTile(32, 64, 4, 2, occupancy=2),
-        heads64=SparseTile(64, 32, 8, 2),
+        heads16=SparseTile(16, 32, 4, 2, occupancy=3),
+        heads32=SparseTile(32, 32, 8, 2),
+        heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
+        heads128=SparseTile(128, 16, 8, 2, value_split=2),
     ),
+    # SM80 (163 KB, mma.sync): a 64-row value split spills ~570 B there; 32-head groups instead
     "smem163": SparseTable(
-        heads16=SparseTile(16, 64, 4, 2, occupancy=2),
-        heads32=SparseTile(32, 64, 4, 2),
-        heads64=SparseTile(64, 32, 8, 2),
-    ),
-    "smem99": SparseTable(
         heads16=SparseTile(16, 32, 4, 2, occupancy=2),
-        heads32=SparseTile(32, 32, 4, 2),
-        heads64=SparseTile(64, 32, 8, 1),
+        heads32=SparseTile(32, 16, 4, 3, occupancy=2),
+        heads64=SparseTile(32, 32, 8, 2),
     ),
+    # SM86/89/120 (99 KB): one program per SM whatever the tile; 32-head groups above 32 heads
+    "smem99": SparseTable(
+        heads16=SparseTile(16, 32, 4, 2),
+        heads32=SparseTile(32, 16, 8, 2),
+        heads64=SparseTile(32, 16, 8, 2),
+    ),
+    # CDNA (wave64, 64 KB LDS; 512 VGPRs with the accumulation registers): nothing spills
     "wave64": SparseTable(
-        heads16=SparseTile(16, 32, 4, 1),
-        heads32=SparseTile(32, 32, 4, 1),
-        heads64=SparseTile(64, 16, 4, 1),
-    ),
-    "wave32": SparseTable(
-        heads16=SparseTile(16, 16, 4, 1),
+        heads16=SparseTile(16, 32, 4, 2),
         heads32=SparseTile(32, 16, 4, 1),
-        heads64=SparseTile(64, 16, 8, 1),
+        heads64=SparseTile(64, 16, 4, 1, value_split=2),
+    ),
+    # RDNA3 (wave32, 256 VGPRs): WMMA holds 16 values per lane per 16×16 operand tile, so the
+    # queries alone outgrow the registers; the smallest tile spills least (16-head groups)
+    "wave32": SparseTable(
+        heads16=SparseTile(16, 16, 8, 1),
+        heads32=SparseTile(16, 16, 8, 1),
+        heads64=SparseTile(16, 16, 8, 1),
     ),
     # Triton's CPU interpreter: small steps (its time grows with the tile), the GPUs' head
-    # groups, so that the same masks and groupings run there.
+    # groups and value split, so that the same masks and groupings run there.
     "interpreter": SparseTable(
         heads16=SparseTile(16, 16, 4, 1),
         heads32=SparseTile(32, 16, 4, 1),

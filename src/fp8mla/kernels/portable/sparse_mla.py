@@ -175,13 +175,13 @@ def _sparse_mla_kernel(
     num_slots,  # slot ids [0, num_slots) name a token of the cache
     topk,
     split_len,  # index-list entries per split, a multiple of BLOCK_N
+    head_groups,  # programs of BLOCK_H heads per token
+    num_splits,  # splits of each token's index list
     sm_scale_log2,  # sm_scale / ln 2 (softmax in base 2)
     PAGE_SIZE: tl.constexpr,  # 1: slot s at s × stride_page (SparseCache.addressing)
     UNIT: tl.constexpr,  # bytes per stride unit (16 where the cache allows: vector loads)
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    HEAD_GROUPS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     VALUE_SPLIT: tl.constexpr,  # 1, or 2: two programs per head group, 256 output columns each
     PACKED: tl.constexpr,  # the 656-byte FP8 cache (else a 16-bit [slots, 576] cache)
     HAS_TOPK_LENGTH: tl.constexpr,
@@ -197,10 +197,10 @@ def _sparse_mla_kernel(
     pid = tl.program_id(0)
     half = pid % VALUE_SPLIT
     rest = pid // VALUE_SPLIT
-    hg = rest % HEAD_GROUPS
-    rest = rest // HEAD_GROUPS
-    split = rest % NUM_SPLITS
-    t = (rest // NUM_SPLITS).to(tl.int64)
+    hg = rest % head_groups
+    rest = rest // head_groups
+    split = rest % num_splits
+    t = (rest // num_splits).to(tl.int64)
     if t >= num_tokens:
         return
     heads = hg * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -335,8 +335,8 @@ def _sparse_mla_merge_kernel(
     stride_o_t,
     stride_o_h,
     stride_lse_t,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # NUM_SPLITS rounded up to a power of two
+    num_splits,
+    BLOCK_S: tl.constexpr,  # num_splits rounded up to a power of two
     BLOCK_D: tl.constexpr,  # output columns per program
     WRITE_LSE: tl.constexpr,
 ):
@@ -349,7 +349,7 @@ def _sparse_mla_merge_kernel(
     if r >= num_rows:
         return
     s = tl.arange(0, BLOCK_S)
-    s_ok = s < NUM_SPLITS
+    s_ok = s < num_splits
     r64 = r.to(tl.int64)
     lse_s = tl.load(part_lse_ptr + s * stride_pl_split + r64, mask=s_ok, other=NEG_INF)
     bad = tl.max((lse_s != lse_s).to(tl.int32), axis=0) > 0
