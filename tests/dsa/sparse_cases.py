@@ -24,17 +24,17 @@ def packed_rows(
     generator: torch.Generator,
     scale_range: tuple[float, float] = (2.0**-12, 2.0**-4),
 ) -> torch.Tensor:
-    """``[num_slots, 656]`` uint8: random finite e4m3 codes, per-group scales log-uniform in
-    ``scale_range`` (arbitrary float32 values, not powers of two), N(0, 1) bf16 RoPE."""
-    g = generator
-    codes = torch.randint(0, 256, (num_slots, NOPE_DIM), generator=g, dtype=torch.int32)
+    """``[num_slots, 656]`` uint8 on the generator's device: random finite e4m3 codes,
+    per-group scales log-uniform in ``scale_range`` (arbitrary float32 values, not powers of
+    two), N(0, 1) bf16 RoPE."""
+    g, dev = generator, generator.device
+    codes = torch.randint(0, 256, (num_slots, NOPE_DIM), generator=g, device=dev, dtype=torch.int32)
     codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes).to(torch.uint8)  # no NaN
     lo, hi = math.log(scale_range[0]), math.log(scale_range[1])
-    scales = torch.exp(
-        torch.rand(num_slots, GROUPS, generator=g, dtype=torch.float64) * (hi - lo) + lo
-    )
-    rope = torch.randn(num_slots, ROPE_DIM, generator=g).to(torch.bfloat16)
-    rows = torch.empty(num_slots, TOKEN_BYTES, dtype=torch.uint8)
+    unit = torch.rand(num_slots, GROUPS, generator=g, device=dev, dtype=torch.float64)
+    scales = torch.exp(unit * (hi - lo) + lo)
+    rope = torch.randn(num_slots, ROPE_DIM, generator=g, device=dev).to(torch.bfloat16)
+    rows = torch.empty(num_slots, TOKEN_BYTES, dtype=torch.uint8, device=dev)
     rows[:, :NOPE_DIM] = codes
     rows[:, SCALE_OFFSET:ROPE_OFFSET] = scales.float().view(torch.uint8).view(num_slots, -1)
     rows[:, ROPE_OFFSET:] = rope.view(torch.uint8).view(num_slots, -1)
@@ -62,9 +62,10 @@ def packed_cache(
     scale_range: tuple[float, float] = (2.0**-12, 2.0**-4),
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """A random packed cache of ``num_slots`` slots (a multiple of ``page_size``)."""
-    g = torch.Generator().manual_seed(seed)
-    return as_shape(packed_rows(num_slots, g, scale_range).to(device), page_size, shape)
+    """A random packed cache of ``num_slots`` slots (a multiple of ``page_size``), made on
+    ``device``."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    return as_shape(packed_rows(num_slots, g, scale_range), page_size, shape)
 
 
 def poison(cache: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -90,19 +91,19 @@ def random_indices(
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """``[tokens, topk]`` int32 random slot ids (with repeats possible), a ``pad`` share -1."""
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, num_slots, (tokens, topk), generator=g, dtype=torch.int32)
+    g = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.randint(0, num_slots, (tokens, topk), generator=g, dtype=torch.int32, device=device)
     if pad:
-        drop = torch.rand(tokens, topk, generator=g) < pad
+        drop = torch.rand(tokens, topk, generator=g, device=device) < pad
         idx[drop] = -1
-    return idx.to(device)
+    return idx
 
 
 def queries(
     tokens: int, heads: int, dtype: torch.dtype = torch.bfloat16, *, seed: int = 0, device="cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q_nope [tokens, heads, 512]``, ``q_pe [tokens, heads, 64]``, N(0, 1)."""
-    g = torch.Generator().manual_seed(seed + 1000)
-    q_nope = torch.randn(tokens, heads, NOPE_DIM, generator=g).to(dtype).to(device)
-    q_pe = torch.randn(tokens, heads, ROPE_DIM, generator=g).to(dtype).to(device)
+    g = torch.Generator(device=device).manual_seed(seed + 1000)
+    q_nope = torch.randn(tokens, heads, NOPE_DIM, generator=g, device=device).to(dtype)
+    q_pe = torch.randn(tokens, heads, ROPE_DIM, generator=g, device=device).to(dtype)
     return q_nope, q_pe

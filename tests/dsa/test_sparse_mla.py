@@ -148,7 +148,7 @@ def test_duplicates_count_and_order_does_not_matter():
 
 
 def test_cache_shapes_dtypes_and_padded_pages_agree():
-    rows = packed_rows(256, torch.Generator().manual_seed(6)).to(DEVICE)
+    rows = packed_rows(256, torch.Generator(device=DEVICE).manual_seed(6))
     q_nope, q_pe = queries(2, 16, device=DEVICE)
     idx = random_indices(2, 40, 256, seed=6, pad=0.1, device=DEVICE)
     padded = torch.zeros(4, 65, TOKEN_BYTES, dtype=torch.uint8, device=DEVICE)
@@ -297,10 +297,19 @@ def test_cuda_graph_mode_keeps_the_first_plan():
 
 # -- GPU: engine sizes, CUDA graphs, every tile ------------------------------------------
 POOL = 1 << 20
+_POOLS: dict[int, torch.Tensor] = {}
+
+
+def gpu_pool(seed: int = 0) -> torch.Tensor:
+    """One 2^20-slot packed pool per seed and test process (688 MB, made on the GPU)."""
+    if seed not in _POOLS:
+        _POOLS.clear()
+        _POOLS[seed] = packed_cache(POOL, 64, device="cuda", seed=seed)
+    return _POOLS[seed]
 
 
 def gpu_case(tokens, heads, topk, seed=0, pad=0.05):
-    cache = packed_cache(POOL, 64, device="cuda", seed=seed)
+    cache = gpu_pool()
     q_nope, q_pe = queries(tokens, heads, device="cuda", seed=seed)
     idx = random_indices(tokens, topk, POOL, seed=seed, pad=pad, device="cuda")
     return q_nope, q_pe, cache, idx
@@ -379,3 +388,33 @@ def test_gpu_bf16_cache():
     idx = random_indices(tokens, topk, POOL, seed=5, pad=0.05, device="cuda")
     out, lse = sparse_mla(q_nope, q_pe, cache, idx, SM_SCALE, return_lse=True)
     check_rows(out, lse, q_nope, q_pe, cache, idx, torch.arange(0, tokens, 9, device="cuda"))
+
+
+# -- planning (host arithmetic, any machine) -----------------------------------------------
+def test_plans_of_the_engine_shapes_on_the_h200():
+    from fp8mla.attention.targets import TARGETS
+    from fp8mla.dsa.sparse_plan import make_sparse_plan, sparse_table
+
+    h200 = TARGETS["sm90"]
+    plan = lambda t, h, k: make_sparse_plan(num_tokens=t, num_heads=h, topk=k, sms=132,
+                                            target=h200)  # fmt: skip
+    decode = plan(128, 16, 2048)  # memory-bound: three programs per SM, one wave
+    assert decode.tile.block_h == 16 and decode.num_splits == 3 and decode.programs == 384
+    assert decode.split_len % decode.tile.block_n == 0
+    assert decode.split_len * decode.num_splits >= 2048
+    one = plan(1, 32, 2048)  # one stream: splits of 64 entries, a 32-split merge
+    assert one.num_splits == 32 and one.split_len == 64 and one.merge_block_s == 32
+    wide = plan(256, 128, 2048)  # compute-bound: every program a whole list, no merge
+    assert wide.num_splits == 1 and wide.head_groups * wide.tile.value_split == 2
+    assert plan(4096, 128, 2048).num_splits == 1
+    assert plan(2, 16, 16384).num_splits <= 64
+    few = plan(1, 16, 1)
+    assert few.num_splits == 1 and few.split_len == few.tile.block_n
+    for name in ("sm80", "sm86", "sm120", "gfx942", "gfx1100", "sm100"):
+        table = sparse_table(TARGETS[name])
+        for heads in (1, 16, 17, 32, 64, 100, 128):
+            tile = table.pick(heads)
+            p = make_sparse_plan(num_tokens=3, num_heads=heads, topk=100, sms=100,
+                                 target=TARGETS[name])  # fmt: skip
+            assert p.head_groups * tile.block_h >= heads
+            assert (p.num_splits - 1) * p.split_len < 100 <= p.num_splits * p.split_len

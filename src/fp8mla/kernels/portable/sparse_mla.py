@@ -1,11 +1,14 @@
 """Sparse MLA attention (DeepSeek Sparse Attention) over the packed 656-byte FP8 cache, on
 every target: each query token attends to its own list of cache slots, shared by its heads.
 
-One program per (query token, group of ``BLOCK_H`` heads, split of the token's index list),
-on a 1-D grid ordered head group fastest, so that the programs reading the same slots run side
-by side and the later ones find the rows in the L2. Every step gathers ``BLOCK_N`` slots'
-rows through the index list -- 512 e4m3 bytes, 4 float32 scales and 64 bf16 RoPE values each
-(``fp8mla.dsa.layout``) -- and serves all ``BLOCK_H`` heads of the token with them:
+One program per (query token, split of the token's index list, group of ``BLOCK_H`` heads,
+value half), on a 1-D grid ordered value half fastest, then head group, so that the programs
+reading the same slots run side by side and the later ones find the rows in the L2. With
+``VALUE_SPLIT=2`` two programs share a head group, each computing the scores and 256 of the
+512 output columns (a 64- or 128-row tile's full-width accumulator does not fit the
+registers). Every step gathers ``BLOCK_N`` slots' rows through the index list -- 512 e4m3
+bytes, 4 float32 scales and 64 bf16 RoPE values each (``fp8mla.dsa.layout``) -- and serves
+all ``BLOCK_H`` heads of the token with them:
 
 - the e4m3 bytes become fp16 exactly (``fp8_decode``; the integer modes yield 2^-8 × the value,
   ``DECODE_SCALE`` puts the 2^8 back) and stay unscaled: both dots read the same tile;
