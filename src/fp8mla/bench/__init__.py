@@ -15,16 +15,19 @@ from pathlib import Path
 
 from fp8mla._progress import Progress
 
-SECTIONS = ("goals", "host", "sweep", "extend", "seed")
+SECTIONS = ("goals", "host", "sweep", "extend", "seed", "sparse")
+DEFAULT_SECTIONS = ("goals", "host", "sweep", "extend", "seed")  # "sparse": on request
 
 
 @dataclass
 class BenchOptions:
-    sections: tuple[str, ...] = SECTIONS
+    sections: tuple[str, ...] = DEFAULT_SECTIONS
     impls: tuple[str, ...] | None = None
     out_dir: Path = Path("benchmarks/results")
     sglang_module: str | None = None
     flashinfer: str | None = None  # folder holding the flashinfer package ($FP8MLA_FLASHINFER)
+    flashmla: str | None = None  # folder holding FlashMLA's libraries ($FP8MLA_FLASHMLA)
+    vllm_sparse_module: str | None = None  # vLLM's Triton sparse MLA file ($FP8MLA_VLLM_SPARSE)
     seed_batches: tuple[int, ...] = (1, 32)
     quick: bool = False
     plot: bool = True
@@ -74,7 +77,13 @@ def run(opts: BenchOptions) -> int:
     notes: list[str] = list(opts.extra_notes)
     jsonl = results_path(opts.out_dir, env.gpu)
     seeds = opts.seed_batches if "seed" in opts.sections else ()
+    sparse_cases = []
+    if "sparse" in opts.sections:
+        from fp8mla.bench.sparse_cases import SPARSE_CASES, quick_cases
+
+        sparse_cases = quick_cases() if opts.quick else SPARSE_CASES
     steps = len(cases) + ("host" in opts.sections) + len(seeds)
+    steps += len(sparse_cases) + bool(sparse_cases)
     written = 0
     with Progress(steps, "bench") as bar:
         for case in cases:
@@ -92,9 +101,32 @@ def run(opts: BenchOptions) -> int:
             append_jsonl(jsonl, ctx.records[written:])
             written = len(ctx.records)
             bar.update(f"seed scenario, batch {batch}")
+        if sparse_cases:
+            from fp8mla.bench.sparse_runner import SPARSE_IMPLS, SparseContext, run_sparse
+
+            sparse = SparseContext(
+                env=env,
+                device=device,
+                impls=tuple(i for i in (opts.impls or SPARSE_IMPLS) if i in SPARSE_IMPLS),
+                flashmla_path=opts.flashmla,
+                vllm_path=opts.vllm_sparse_module,
+                records=ctx.records,
+            )
+
+            def saved(name: str) -> None:
+                nonlocal written
+                append_jsonl(jsonl, ctx.records[written:])
+                written = len(ctx.records)
+                bar.update(f"sparse {name}")
+
+            run_sparse(sparse, sparse_cases, notes, saved, layers=8 if opts.quick else 78)
     print(format_table(ctx.records))
     for note in dict.fromkeys(notes):
         print("note:", note)
+    if sparse_cases:
+        from fp8mla.bench.sparse_report import goal_lines
+
+        print("\n".join(["sparse goals:", *goal_lines(ctx.records)]))
     print(f"appended {len(ctx.records)} records of run {env.run} to {jsonl}")
     png = opts.out_dir / f"{gpu_slug(env.gpu)}.png"
     if opts.plot and plot_bandwidth(ctx.records, png):

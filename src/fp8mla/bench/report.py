@@ -27,7 +27,7 @@ def append_jsonl(path: Path, records: Sequence[dict]) -> None:
 
 def format_table(records: Sequence[dict]) -> str:
     head = (
-        f"{'case':40} {'impl':17} {'us':>9} {'p20-p80':>15} {'GB/s':>7} {'TFLOP/s':>8} "
+        f"{'case':40} {'impl':19} {'us':>9} {'p20-p80':>15} {'GB/s':>7} {'TFLOP/s':>8} "
         f"{'xfloor':>6} {'rel_err':>8}"
     )
     lines = [head, "-" * len(head)]
@@ -36,7 +36,7 @@ def format_table(records: Sequence[dict]) -> str:
         spread = f"{r['us_p20']:.1f}-{r['us_p80']:.1f}"
         num = lambda v, fmt, width: f"{v:{width}{fmt}}" if v is not None else f"{'-':>{width}}"
         lines.append(
-            f"{r['case']:40} {r['impl']:17} {r['us_median']:9.1f} {spread:>15} "
+            f"{r['case']:40} {r['impl']:19} {r['us_median']:9.1f} {spread:>15} "
             f"{num(r['gbps'], '.0f', 7)} {num(r['tflops'], '.1f', 8)} "
             f"{num(r['x_floor'], '.2f', 6)} {err:>8}"
         )
@@ -56,7 +56,8 @@ def plot_bandwidth(records: Sequence[dict], path: Path, impl: str = "fp8mla") ->
     rows = [
         r
         for r in records
-        if r["impl"] == impl
+        if r.get("section") != "sparse"
+        and r["impl"] == impl
         and r["heads"] == 16
         and r["page_size"] == 1
         and r["kv_dtype"].startswith("float8")

@@ -23,7 +23,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--sections",
         default="goals,host,sweep,extend,seed",
-        help="comma-separated subset of goals,host,sweep,extend,seed (default: all)",
+        help="comma-separated subset of goals,host,sweep,extend,seed,sparse (default: all but "
+        "sparse, the DeepSeek Sparse Attention section)",
     )
     p.add_argument(
         "--impls", default=None, help="comma-separated implementations (default: all available)"
@@ -55,6 +56,20 @@ def register(subparsers: Any) -> None:
         help="folder holding the flashinfer package (an unpacked wheel), when it is not "
         "installed; also $FP8MLA_FLASHINFER. Without it FlashInfer's rows are skipped with a note",
     )
+    p.add_argument(
+        "--flashmla",
+        default=None,
+        metavar="DIR",
+        help="folder holding FlashMLA's _flashmla_C.abi3.so and _flashmla_extension_C.abi3.so "
+        "(from a vLLM wheel) for the sparse section; also $FP8MLA_FLASHMLA",
+    )
+    p.add_argument(
+        "--vllm-sparse-module",
+        default=None,
+        metavar="PATH",
+        help="vLLM's Triton sparse MLA module file (v1/attention/ops/triton_sparse_mla_kernel.py "
+        "or xpu_mla_sparse.py) for the sparse section; also $FP8MLA_VLLM_SPARSE",
+    )
     p.add_argument("--quick", action="store_true", help="a short sweep and an 8-layer seed")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.set_defaults(func=run)
@@ -79,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
             out_dir=args.out,
             sglang_module=args.sglang_module,
             flashinfer=args.flashinfer,
+            flashmla=args.flashmla,
+            vllm_sparse_module=args.vllm_sparse_module,
             quick=args.quick,
             plot=not args.no_plot,
             run_id=args.run_id,

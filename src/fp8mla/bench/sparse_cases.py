@@ -1,0 +1,70 @@
+"""Sparse MLA (DeepSeek Sparse Attention) benchmark cases, and what each one reads and computes.
+
+Decode: ``batch`` requests of ``qo_len`` query tokens (2: a multi-token-prediction step), each
+token with its own ``topk`` slots; prefill: one chunk of ``qo_len`` tokens. Every case draws its
+slots at random from one packed pool of 2^20 tokens (page size 64), as the engines' pools hold
+them (``fp8mla.dsa.layout``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, TOKEN_BYTES
+
+SPARSE_POOL_SLOTS = 1 << 20
+SPARSE_PAGE_SIZE = 64
+SPARSE_LAYERS = 78  # layers of the one-stream CUDA-graph scenario (DeepSeek-V3.2, GLM-5)
+
+
+@dataclass(frozen=True)
+class SparseCase:
+    batch: int
+    heads: int
+    topk: int
+    qo_len: int = 1
+    prefill: bool = False
+    pool_slots: int = SPARSE_POOL_SLOTS
+    page_size: int = SPARSE_PAGE_SIZE
+    goal: str = ""
+
+    @property
+    def tokens(self) -> int:
+        """Query tokens of one call."""
+        return self.batch * self.qo_len
+
+    @property
+    def name(self) -> str:
+        if self.prefill:
+            return f"T{self.tokens}_H{self.heads}_K{self.topk}"
+        name = f"B{self.batch}_H{self.heads}_K{self.topk}"
+        return name + (f"_Q{self.qo_len}" if self.qo_len > 1 else "")
+
+
+def packed_bytes(case: SparseCase) -> int:
+    """Bytes of the packed cache one call reads: 656 per index-list entry per query token."""
+    return case.tokens * case.topk * TOKEN_BYTES
+
+
+def sparse_flops(case: SparseCase) -> int:
+    """``2 · T · H · topk · (576 + 512)``: Q·Kᵀ over 576 values and P·V over 512."""
+    return 2 * case.tokens * case.heads * case.topk * (NOPE_DIM + ROPE_DIM + NOPE_DIM)
+
+
+DECODE_GOAL = (
+    ">= 2.5 TB/s of packed bytes (<= 69 us), >= 2x vllm-triton-sparse, >= 3x gather-dequant"
+)
+SPARSE_CASES: list[SparseCase] = [
+    SparseCase(128, 16, 2048, goal=DECODE_GOAL),  # DeepSeek-V3.2 decode at TP8
+    SparseCase(128, 128, 2048, goal="DP attention decode"),
+    SparseCase(128, 128, 2048, qo_len=2, goal=">= 450 TFLOP/s, >= 1.1x flashmla-sparse-fp8"),
+    SparseCase(1, 32, 2048, goal="<= 10 us a layer in a CUDA graph of 78 layers"),
+    SparseCase(1, 128, 2048, qo_len=4096, prefill=True, goal=">= 450 TFLOP/s"),
+    SparseCase(1, 16, 2048, qo_len=4096, prefill=True),
+]
+LAYERS_CASE = SPARSE_CASES[3]  # the one-stream case, also timed as 78 layers in one graph
+
+
+def quick_cases() -> list[SparseCase]:
+    """A short run: one memory-bound and one compute-bound decode case."""
+    return [SparseCase(32, 16, 2048), SparseCase(32, 128, 2048)]

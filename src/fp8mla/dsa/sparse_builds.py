@@ -1,0 +1,79 @@
+"""The sparse MLA kernels as the compile matrix builds them: every tile a target's table can
+choose (``sparse_plan.SPARSE_TABLES``), for the packed cache (with its FP8 decoding there) and a
+bf16 cache, writing split partials and the output directly, and the split merge.
+
+``sparse_builds(target)`` returns ``(label, Build)`` pairs for
+``fp8mla.tools.kernel_builds.measure``; nothing here compiles. Representative constexprs:
+page size 64 (vLLM's and FlashMLA's pages) in the partials build, contiguous pages (page size 1
+addressing: SGLang's pool) in the direct one, 16-byte stride units, bf16 queries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8mla.attention.targets import Target
+from fp8mla.dsa.sparse_plan import MAX_SPLITS, merge_blocks, sparse_table
+from fp8mla.tools.kernel_builds import Build
+
+KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
+MERGE = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_merge_kernel"
+
+
+def _attention_build(tile, packed: bool, split: bool, cvt: int, target: Target) -> Build:
+    kv = "u8" if packed else "bf16"
+    ptrs = dict(
+        q_nope_ptr="bf16",
+        q_pe_ptr="bf16",
+        kv_ptr=kv,
+        scale_ptr="fp32" if packed else kv,
+        rope_ptr="bf16",
+        indices_ptr="i32",
+        topk_length_ptr="i32",
+        o_ptr="fp32" if split else "bf16",
+        lse_ptr="fp32",
+    )
+    consts = dict(
+        PAGE_SIZE=64 if split else 1,
+        UNIT=16,
+        BLOCK_H=tile.block_h,
+        BLOCK_N=tile.block_n,
+        VALUE_SPLIT=tile.value_split,
+        PACKED=packed,
+        HAS_TOPK_LENGTH=split,
+        SPLIT=split,
+        WRITE_LSE=True,
+        DOT_DTYPE="tl.float16" if packed else "tl.bfloat16",
+        ROPE_DTYPE="tl.bfloat16",
+        FP8_CVT=cvt,
+        DECODE_SCALE=256.0 if cvt in (3, 5) else 1.0,
+    )
+    cap = tile.max_registers(target.warp_size) if target.backend == "cuda" else None
+    return Build(KERNEL, tuple(ptrs.items()), tuple(consts.items()), tile.num_warps,
+                 tile.num_stages, cap)  # fmt: skip
+
+
+def sparse_builds(target: Target) -> list[tuple[str, Build]]:
+    """``(label, Build)`` of every sparse kernel build of ``target``."""
+    from fp8mla.attention.launch import fp8_conversion
+
+    cvt = fp8_conversion(torch.float8_e4m3fn, torch.device("cuda"), False, "auto", target)
+    builds = []
+    for tile in sparse_table(target).tiles():
+        for packed in (True, False):
+            for split in (True, False):
+                label = (
+                    f"{'packed' if packed else 'bf16'} {tile.name} "
+                    f"{'split+page64' if split else 'direct'}"
+                )
+                builds.append((label, _attention_build(tile, packed, split, cvt, target)))
+    for splits in (2, 8, MAX_SPLITS):
+        for rows in (32, 4096):
+            block_d, block_s = merge_blocks(rows, splits, 132)
+            ptrs = (("part_o_ptr", "fp32"), ("part_lse_ptr", "fp32"), ("o_ptr", "bf16"),
+                    ("lse_ptr", "fp32"))  # fmt: skip
+            consts = (("BLOCK_S", block_s), ("BLOCK_D", block_d),
+                      ("WRITE_LSE", True))  # fmt: skip
+            label = f"merge {splits} splits, {block_d} cols"
+            builds.append((label, Build(MERGE, ptrs, consts, 4)))
+    return list(dict.fromkeys(builds))

@@ -1,0 +1,179 @@
+"""The sparse benchmark's pieces that run anywhere: case names, byte and FLOP counts, the pool
+and its bf16 twin, the PyTorch gather-then-dequantize baseline against the reference, the
+records and the goal report, and the baselines' loaders when their files are missing."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+from fp8mla.bench import sparse_impls as S
+from fp8mla.bench.impls import Unavailable
+from fp8mla.bench.runner import Environment
+from fp8mla.bench.sparse_cases import (
+    SPARSE_CASES,
+    SparseCase,
+    packed_bytes,
+    sparse_flops,
+)
+from fp8mla.bench.sparse_inputs import bf16_twin, packed_pool, sparse_inputs
+from fp8mla.bench.sparse_report import goal_lines, main
+from fp8mla.bench.sparse_runner import SparseContext, check_rows, reference_rows, sparse_record
+from fp8mla.dsa.sparse_cache import sparse_cache
+from fp8mla.testing import rel_err
+
+from conftest import HAS_CUDA
+
+
+def test_case_names_and_counts():
+    assert [c.name for c in SPARSE_CASES] == [
+        "B128_H16_K2048",
+        "B128_H128_K2048",
+        "B128_H128_K2048_Q2",
+        "B1_H32_K2048",
+        "T4096_H128_K2048",
+        "T4096_H16_K2048",
+    ]
+    case = SparseCase(128, 16, 2048)
+    assert packed_bytes(case) == 128 * 2048 * 656
+    assert sparse_flops(case) == 2 * 128 * 16 * 2048 * 1088
+    q2 = SparseCase(128, 128, 2048, qo_len=2)
+    assert q2.tokens == 256 and sparse_flops(q2) == 2 * sparse_flops(SparseCase(128, 128, 2048))
+    assert all(c.pool_slots == 1 << 20 and c.page_size == 64 for c in SPARSE_CASES)
+
+
+def small_inputs(tokens=3, heads=16, topk=40, seed=0):
+    case = SparseCase(tokens, heads, topk, pool_slots=512)
+    pool = packed_pool(512, 64, torch.device("cpu"), seed=seed)
+    return sparse_inputs(case, pool, seed=seed)
+
+
+def test_pool_twin_holds_the_same_values():
+    inp = small_inputs()
+    twin = bf16_twin(inp.pool)
+    slots = torch.arange(512)
+    latent, rope = sparse_cache(inp.pool).dequantize(slots, torch.float64)
+    assert torch.equal(twin[:, :512].double(), latent)  # power-of-two scales: exact in bf16
+    assert torch.equal(twin[:, 512:].double(), rope)
+    assert inp.indices.dtype == torch.int32 and inp.indices.shape == (3, 40)
+    assert int(inp.indices.min()) >= 0 and int(inp.indices.max()) < 512
+
+
+def test_gather_dequant_matches_the_reference():
+    """Within bf16 arithmetic's error: its scores and probabilities are rounded to bf16."""
+    inp = small_inputs(tokens=5)
+    inp.indices[1, :7] = -1
+    ref = reference_rows(inp, list(range(5)))
+    out = S.gather_dequant(inp)()
+    assert rel_err(out.float(), ref) < 1e-2
+
+
+def test_dequantize_rows_is_the_layouts_arithmetic():
+    inp = small_inputs()
+    rows = inp.pool.view(-1, 656)[:10]
+    got = S.dequantize_rows(rows)
+    latent, rope = sparse_cache(inp.pool).dequantize(torch.arange(10), torch.float32)
+    assert torch.equal(got[:, :512], latent.to(torch.bfloat16))
+    assert torch.equal(got[:, 512:], rope.to(torch.bfloat16))
+
+
+def test_fp8mla_runners_match_the_reference():
+    """The kernel on a GPU, the PyTorch path on a CPU, on the packed pool and its twin."""
+    inp = small_inputs()
+    dev = "cuda" if HAS_CUDA else "cpu"
+    inp = type(inp)(inp.case, inp.pool.to(dev), inp.q.to(dev), inp.indices.to(dev))
+    ref = reference_rows(inp, list(range(3)))
+    for cache in (None, bf16_twin(inp.pool)):
+        assert rel_err(S.fp8mla_sparse(inp, cache)().float(), ref) < 3e-3
+
+
+def environment() -> Environment:
+    return Environment(
+        "GPU", "2026-12-06", "2.11", "3.6", 4.0, 700.0, "run-a", "2026-12-06T00:00:00"
+    )
+
+
+def test_records_and_goal_report(tmp_path):
+    ctx = SparseContext(env=environment(), device=torch.device("cpu"))
+    case = SparseCase(128, 16, 2048)
+    t = types.SimpleNamespace(us_median=60.0, us_p20=59.0, us_p80=61.0)
+    row = sparse_record(ctx, case, "fp8mla", t, 1.6e-3, timing="do_bench")
+    assert row["gbps"] == round(packed_bytes(case) / 60e-6 / 1e9, 1)
+    assert row["tflops"] == round(sparse_flops(case) / 60e-6 / 1e12, 2)
+    assert row["section"] == "sparse" and row["case"] == "B128_H16_K2048"
+    assert row["x_floor"] == round(60.0 / row["floor_us"], 2)
+    slow = types.SimpleNamespace(us_median=150.0, us_p20=149.0, us_p80=151.0)
+    sparse_record(ctx, case, "vllm-triton-sparse", slow, 2e-3)
+    lines = goal_lines(ctx.records)
+    assert any("B128_H16_K2048 fp8mla packed TB/s: 2.87 TB/s" in x and "met" in x for x in lines)
+    assert any("vs vllm-triton-sparse: 2.5x" in x and "met" in x for x in lines)
+    assert any("vs gather-dequant: not measured" in x for x in lines)
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ctx.records))
+    assert main([str(path)]) == 0
+    assert check_rows(SparseCase(1, 32, 2048)) == [0]
+    assert check_rows(case) == [0, 1, 64, 127]
+
+
+def test_baselines_without_their_files_are_unavailable(tmp_path, monkeypatch):
+    monkeypatch.delenv(S.FLASHMLA_ENV, raising=False)
+    monkeypatch.delenv(S.VLLM_SPARSE_ENV, raising=False)
+    with pytest.raises(Unavailable, match="no FlashMLA folder"):
+        S.load_flashmla(None)
+    with pytest.raises(Unavailable, match="_flashmla_C.abi3.so"):
+        S.load_flashmla(str(tmp_path))
+    with pytest.raises(Unavailable, match="no vLLM sparse module"):
+        S.load_vllm_sparse(None)
+    with pytest.raises(Unavailable, match="no file"):
+        S.load_vllm_sparse(str(tmp_path / "missing.py"))
+    inp = small_inputs()
+    with pytest.raises(Unavailable, match="64, 128"):
+        S.flashmla_sparse(inp, types.SimpleNamespace())
+
+
+def test_vllm_module_loads_with_stand_ins(tmp_path):
+    """A file shaped like vLLM 0.33.0's ``xpu_mla_sparse.py`` (its imports, its entry point)
+    loads through the stand-ins for ``vllm.triton_utils``."""
+    module = tmp_path / "fake_sparse.py"
+    module.write_text(
+        "import torch\n"
+        "from vllm.triton_utils import LOG2E, LOGE2, tl, triton\n"
+        "def triton_bf16_mla_sparse_interface(q, kv, indices, sm_scale, d_v=512):\n"
+        "    return torch.zeros(q.shape[0], q.shape[1], d_v), None, None\n"
+    )
+    fn = S.load_vllm_sparse(str(module))
+    inp = small_inputs()
+    out = S.vllm_triton_sparse(inp, bf16_twin(inp.pool), fn)()
+    assert out.shape == (3, 16, 512)
+
+
+def test_run_sparse_records_every_implementation_or_a_note(monkeypatch):
+    """The section's flow on small cases with the clocks stubbed: a record per implementation
+    that runs, a note for each that cannot, the layers scenario, the goal lines."""
+    from fp8mla.bench import sparse_runner as R
+
+    def once(fn, *args, **kwargs):
+        fn()
+        return R.Timing(10.0, 9.0, 11.0)
+
+    monkeypatch.setattr(R, "time_cuda", once)
+    monkeypatch.setattr(R, "time_graph", once)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    monkeypatch.setattr(R, "LAYERS_CASE", SparseCase(1, 16, 32, pool_slots=512))
+    monkeypatch.delenv(S.FLASHMLA_ENV, raising=False)
+    monkeypatch.delenv(S.VLLM_SPARSE_ENV, raising=False)
+    ctx = SparseContext(env=environment(), device=torch.device("cpu"))
+    notes: list[str] = []
+    cases = [SparseCase(2, 16, 32, pool_slots=512), SparseCase(1, 64, 16, pool_slots=512)]
+    R.run_sparse(ctx, cases, notes, layers=2)
+    impls = {(r["case"], r["impl"]) for r in ctx.records}
+    for case in ("B2_H16_K32", "B1_H64_K16"):
+        assert {(case, i) for i in ("fp8mla", "fp8mla-bf16", "gather-dequant")} <= impls
+    assert ("LAYERS2_B1_H16_K32", "fp8mla") in impls
+    assert any("flashmla-sparse-fp8: skipped" in n for n in notes)
+    assert any("vllm-triton-sparse: skipped" in n for n in notes)
+    assert all(r["rel_err"] is None or r["rel_err"] < 1e-2 for r in ctx.records)
