@@ -14,7 +14,7 @@
 #   tests   tests/dsa and tests/bench/test_sparse_bench.py (pytest-xdist workers when present)
 #   bench   fp8mla bench --sections sparse  ->  OUT_DIR/<date>-<gpu>.jsonl, bench_sparse.log
 #   goals   the goal lines of this run (python -m fp8mla.bench.sparse_report), printed last
-# Knobs: PYTHON (python3), TEST_WORKERS (6), TEST_TIMEOUT (200), BENCH_TIMEOUT (300),
+# Knobs: PYTHON (python3), TEST_WORKERS (6), TEST_TIMEOUT (200), BENCH_TIMEOUT (300), RUN_ID,
 #        BENCH_ARGS (e.g. "--quick", "--impls fp8mla,flashmla-sparse-fp8").
 set -uo pipefail
 out=${1:?usage: run_sparse_on_gpu.sh OUT_DIR}
@@ -38,7 +38,7 @@ tests=${PIPESTATUS[0]}
 vllm=.carry/vllm_sparse/triton_sparse_mla_kernel.py
 [ -f "$vllm" ] || vllm=.carry/vllm_sparse/xpu_mla_sparse.py
 timeout -s INT "${BENCH_TIMEOUT:-300}" $py -m fp8mla bench --sections sparse --out "$out" \
-  --no-plot --flashmla .carry/flashmla --vllm-sparse-module "$vllm" ${BENCH_ARGS:-} \
+  --no-plot --flashmla .carry/flashmla --vllm-sparse-module "$vllm" ${RUN_ID:+--run-id "$RUN_ID"} ${BENCH_ARGS:-} \
   2>"$out/bench_sparse.err" | tee "$out/bench_sparse.log" | sed '/^sparse goals:/,$d' | tail -40
 bench=${PIPESTATUS[0]}
 

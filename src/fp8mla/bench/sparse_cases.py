@@ -15,6 +15,7 @@ from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, TOKEN_BYTES
 SPARSE_POOL_SLOTS = 1 << 20
 SPARSE_PAGE_SIZE = 64
 SPARSE_LAYERS = 78  # layers of the one-stream CUDA-graph scenario (DeepSeek-V3.2, GLM-5)
+PACK_TOKENS = 1 << 17  # tokens the packed writer's measurement writes per call
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,15 @@ GATHER_ROWS = 1 << 20  # index-list entries the PyTorch baseline gathers at once
 Runner = Callable[[], torch.Tensor]
 
 
-def fp8mla_sparse(inp: SparseInputs, cache: torch.Tensor | None = None) -> Runner:
-    """fp8mla's kernel on ``cache`` (the packed pool, or its bf16 twin)."""
+def fp8mla_sparse(
+    inp: SparseInputs, cache: torch.Tensor | None = None, kernel: str = "auto"
+) -> Runner:
+    """fp8mla on ``cache`` (the packed pool, or its bf16 twin), in ``kernel`` (``plan()``'s:
+    the planner's choice, ``"portable"`` or ``"fp8qk"``)."""
     case, cache = inp.case, inp.pool if cache is None else cache
     w = SparseMLAWrapper(shared_workspace(inp.q.device, WORKSPACE_BYTES))
     w.plan(case.tokens, case.heads, case.topk, case.page_size if cache.dim() == 3 else 1,
-           torch.bfloat16, SM_SCALE, kv_data_type=cache.dtype)  # fmt: skip
+           torch.bfloat16, SM_SCALE, kv_data_type=cache.dtype, kernel=kernel)  # fmt: skip
     out = torch.empty(case.tokens, case.heads, NOPE_DIM, dtype=torch.bfloat16, device=inp.q.device)
     q_nope, q_pe, idx = inp.q_nope, inp.q_pe, inp.indices
     return lambda: w.run(q_nope, q_pe, cache, idx, out=out)

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fp8mla.bench.sparse_cases import SPARSE_LAYERS
+from fp8mla.bench.sparse_cases import PACK_TOKENS, SPARSE_LAYERS
 
 
 def _pick(records: Sequence[dict], case: str, impl: str) -> dict | None:
@@ -57,6 +57,8 @@ def goal_lines(records: Sequence[dict]) -> list[str]:
     line(f"{case} fp8mla TFLOP/s", value(case, "fp8mla", "tflops"), 450, "", True)
     case = f"LAYERS{SPARSE_LAYERS}_B1_H32_K2048"
     line(f"{case} fp8mla us per layer", value(case, "fp8mla", "us_median"), 10, " us", False)
+    case = f"PACK_N{PACK_TOKENS}"
+    line(f"{case} pack_ds_mla TB/s", value(case, "fp8mla-pack", "gbps", 1e-3), 2, " TB/s", True)
     errs = [r["rel_err"] for r in records if r.get("section") == "sparse" and r.get("impl") == "fp8mla"
             and r.get("rel_err") is not None]  # fmt: skip
     line("fp8mla worst error vs float64", max(errs) if errs else None, 3e-3, "", False)

@@ -22,6 +22,7 @@ from fp8mla.bench.measure import Timing, time_cuda, time_graph
 from fp8mla.bench.runner import Environment
 from fp8mla.bench.sparse_cases import (
     LAYERS_CASE,
+    PACK_TOKENS,
     SPARSE_LAYERS,
     SPARSE_POOL_SLOTS,
     SparseCase,
@@ -29,11 +30,13 @@ from fp8mla.bench.sparse_cases import (
     sparse_flops,
 )
 from fp8mla.bench.sparse_inputs import SparseInputs, bf16_twin, packed_pool, sparse_inputs
+from fp8mla.dsa.layout import NOPE_DIM
 from fp8mla.dsa.reference import sparse_mla_reference
 from fp8mla.testing import rel_err
 
-SPARSE_IMPLS = ("fp8mla", "fp8mla-bf16", "flashmla-sparse-fp8", "vllm-triton-sparse",
-                "gather-dequant")  # fmt: skip
+# fp8mla-portable: the portable kernel on the packed pool where the planner takes another
+SPARSE_IMPLS = ("fp8mla", "fp8mla-portable", "fp8mla-bf16", "flashmla-sparse-fp8",
+                "vllm-triton-sparse", "gather-dequant")  # fmt: skip
 GRAPH_BYTES = 64 << 20  # cases reading less than this are timed as CUDA-graph replays
 ROTATIONS = 16  # index lists a small case's graph cycles through
 CHECK_TOKENS = 4  # query tokens compared with the float64 reference per case
@@ -79,6 +82,8 @@ class SparseContext:
 def make_sparse_runner(name: str, inp: SparseInputs, ctx: SparseContext) -> S.Runner:
     if name == "fp8mla":
         return S.fp8mla_sparse(inp)
+    if name == "fp8mla-portable":
+        return S.fp8mla_sparse(inp, kernel="portable")
     if name == "fp8mla-bf16":
         return S.fp8mla_sparse(inp, ctx.bf16())
     if name == "flashmla-sparse-fp8":
@@ -220,6 +225,29 @@ def bench_sparse_layers(ctx: SparseContext, notes: list[str], layers: int = SPAR
         torch.cuda.empty_cache()
 
 
+def bench_pack(ctx: SparseContext, n: int = PACK_TOKENS) -> None:
+    """``pack_ds_mla`` writing ``n`` bf16 rows at random slots of a cache of as many: GB/s
+    counting the bytes read (rows, slots) and written (656 a token)."""
+    from fp8mla.dsa.format import pack_ds_mla
+
+    dev = ctx.device
+    ckv = torch.randn(n, NOPE_DIM, device=dev).to(torch.bfloat16)
+    kpe = torch.randn(n, 64, device=dev).to(torch.bfloat16)
+    cache = torch.zeros(n // 64, 64, 656, dtype=torch.uint8, device=dev)
+    slots = torch.randperm(n, device=dev)
+    t = time_cuda(lambda: pack_ds_mla(ckv, kpe, cache, slots, validate=False))
+    moved = n * (NOPE_DIM * 2 + 64 * 2 + 8 + 656)
+    secs = t.us_median * 1e-6
+    ctx.records.append({
+        "gpu": ctx.env.gpu, "date": ctx.env.date, "torch": ctx.env.torch,
+        "triton": ctx.env.triton, "case": f"PACK_N{n}", "impl": "fp8mla-pack",
+        "tokens": n, "us_median": round(t.us_median, 3), "us_p20": round(t.us_p20, 3),
+        "us_p80": round(t.us_p80, 3), "gbps": round(moved / secs / 1e9, 1),
+        "copy_tbps": round(ctx.env.copy_tbps, 3), "run": ctx.env.run, "timing": "do_bench",
+        "goal": ">= 2 TB/s", "section": "sparse", "rel_err": None,
+    })  # fmt: skip
+
+
 def run_sparse(
     ctx: SparseContext,
     cases: Sequence[SparseCase],
@@ -236,4 +264,5 @@ def run_sparse(
         bench_sparse_layers(ctx, notes, layers)
         if on_case:
             on_case(f"{layers} layers")
+    bench_pack(ctx, PACK_TOKENS if ctx.device.type == "cuda" else 1024)
     notes.append(f"sparse: every case reads random slots of one {SPARSE_POOL_SLOTS}-slot pool")

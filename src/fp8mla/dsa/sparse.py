@@ -24,6 +24,7 @@ Values: bf16 queries against the FP8 values, float32 accumulation
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from typing import Literal, overload
@@ -38,7 +39,14 @@ from fp8mla.attention.workspace import split_capacity, split_partials
 from fp8mla.dsa.layout import MAX_PAGE_SIZE, NOPE_DIM, ROPE_DIM
 from fp8mla.dsa.sparse_cache import DTYPES_16BIT, PACKED_DTYPES, SparseCache, sparse_cache
 from fp8mla.dsa.sparse_launch import SparseLaunch
-from fp8mla.dsa.sparse_plan import MAX_TOPK, SparsePlan, SparseTile, make_sparse_plan
+from fp8mla.dsa.sparse_plan import (
+    MAX_TOPK,
+    SparsePlan,
+    SparseTile,
+    fp8qk_serves,
+    make_sparse_plan,
+)
+from fp8mla.dsa.sparse_sm90 import FP8QKSparseLaunch
 from fp8mla.formats import Q_DTYPES
 from fp8mla.runtime import interpreted, resolve_backend
 
@@ -101,6 +109,7 @@ class SparseMLAWrapper:
         num_splits: int | None = None,
         tile: SparseTile | None = None,
         fp8_cvt: str = "auto",
+        kernel: str = "auto",
     ) -> None:
         """Describe the shape: up to ``num_tokens`` query tokens of ``num_heads`` heads, each
         with ``topk`` index-list entries, over a cache of ``page_size`` tokens per page
@@ -108,7 +117,12 @@ class SparseMLAWrapper:
         ``sm_scale``. ``kv_data_type`` (keyword): the cache's dtype -- uint8 (int8,
         float8_e4m3fn) for the packed cache, bf16/fp16 for a 16-bit one. ``num_splits`` and
         ``tile`` override the planner (tuning, tests); ``fp8_cvt`` the e4m3 decoding (auto,
-        ptx, int, portable, native)."""
+        ptx, int, portable, native). ``kernel``: ``"auto"`` (the target's table), ``"portable"``
+        (the Triton kernel every target runs) or ``"fp8qk"`` (SM90, bf16 queries, the packed
+        cache with its token rows following each other: the FP8 × FP8 decode kernel of the dense
+        path, ``fp8mla.dsa.sparse_sm90``)."""
+        if kernel not in ("auto", "portable", "fp8qk"):
+            raise ValueError(f"expected kernel auto, portable or fp8qk, got {kernel!r}")
         for name, value, lo, hi in (
             ("num_tokens", num_tokens, 1, None),
             ("num_heads", num_heads, 1, MAX_HEADS),
@@ -149,16 +163,34 @@ class SparseMLAWrapper:
                 num_splits=num_splits,
                 tile=tile,
             )
-            partials = None
-            if plan.split:
-                partials = split_partials(
-                    self._workspace, plan.num_splits, num_tokens * num_heads, NOPE_DIM
+            overrides = tile is not None or num_splits is not None or fp8_cvt != "auto"
+            if kernel == "fp8qk" and overrides:
+                raise ValueError(
+                    'expected no tile, num_splits or fp8_cvt override with kernel="fp8qk" '
+                    "(the dense kernel's planner chooses its own), got one"
                 )
-            launch = SparseLaunch(
-                plan, sm_scale=scale, q_dtype=q_data_type, kv_dtype=kv_data_type,
-                partials=partials, device=self.device, target=target, interpreted=interp,
-                fp8_cvt=fp8_cvt,
-            )  # fmt: skip
+            # the overrides tune the portable kernel: they choose it
+            asked = "portable" if overrides else kernel
+            fp8qk = fp8qk_serves(asked, target, num_heads, q_data_type, kv_data_type, interp)
+            if fp8qk:
+                launch = FP8QKSparseLaunch(num_tokens, num_heads, topk, scale, self._workspace,
+                                           self.device)  # fmt: skip
+                dense = launch.sparse.plan
+                plan = dataclasses.replace(
+                    plan, tile=SparseTile(dense.config.block_m, dense.config.block_n, 4, 1),
+                    head_groups=dense.m_tiles, num_splits=dense.num_splits, kernel="fp8qk",
+                )  # fmt: skip
+            else:
+                partials = None
+                if plan.split:
+                    partials = split_partials(
+                        self._workspace, plan.num_splits, num_tokens * num_heads, NOPE_DIM
+                    )
+                launch = SparseLaunch(
+                    plan, sm_scale=scale, q_dtype=q_data_type, kv_dtype=kv_data_type,
+                    partials=partials, device=self.device, target=target, interpreted=interp,
+                    fp8_cvt=fp8_cvt,
+                )  # fmt: skip
         else:
             plan = SparsePlan(
                 SparseTile(0, 0, 0, 0), num_tokens, num_heads, topk, 1, 1, topk

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from fp8mla.attention.targets import INTERPRETER, KB, Target
 
 MAX_SPLITS = 64
@@ -59,6 +61,10 @@ class SparseTable:
     heads64: SparseTile
     heads128: SparseTile | None = None
     min_split_entries: int = 64
+    # SM90: bf16 queries over the packed cache take the FP8 × FP8 decode kernel
+    # (``sparse_sm90.py``: the Gluon kernel of the dense path, each token a request of its own
+    # index list) from this many heads on (None: never), the tiles above the rest
+    fp8qk_from_heads: int | None = None
 
     def pick(self, num_heads: int) -> SparseTile:
         if num_heads <= 16:
@@ -89,6 +95,7 @@ SPARSE_TABLES: dict[str, SparseTable] = {
         heads32=SparseTile(32, 32, 8, 2),
         heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
         heads128=SparseTile(128, 16, 8, 2, value_split=2),
+        fp8qk_from_heads=1,
     ),
     "sm100": SparseTable(
         heads16=SparseTile(16, 32, 4, 2, occupancy=3),
@@ -162,6 +169,7 @@ class SparsePlan:
     split_len: int
     merge_block_d: int = 512
     merge_block_s: int = 1
+    kernel: str = "portable"  # "portable" (kernels/portable/sparse_mla.py) or "fp8qk" (SM90)
 
     @property
     def programs(self) -> int:
@@ -197,6 +205,39 @@ def merge_blocks(rows: int, splits: int, sms: int) -> tuple[int, int]:
     while block_d > 32 and block_d * block_s > MERGE_VALUES_PER_PROGRAM:
         block_d //= 2
     return block_d, block_s
+
+
+def fp8qk_serves(
+    kernel: str,
+    target: Target | None,
+    num_heads: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    interpreted: bool,
+) -> bool:
+    """Whether a plan takes the SM90 FP8 × FP8 kernel (``sparse_sm90.py``): asked for
+    (``kernel="fp8qk"``, ``ValueError`` where it cannot serve) or, with ``"auto"``, where the
+    target's table takes it for these heads; it needs SM90 with Gluon, bf16 queries and the
+    packed cache."""
+    from fp8mla.attention.variants import get_variant
+
+    why = None
+    if interpreted or target is None or target.backend != "cuda" or int(target.arch) != 90:
+        why = "it runs on SM90 GPUs only"
+    elif get_variant("fp8qk").supports(target, torch.float8_e4m3fn, 32, 64) is not None:
+        why = get_variant("fp8qk").supports(target, torch.float8_e4m3fn, 32, 64)
+    elif q_dtype != torch.bfloat16:
+        why = f"its query split is exact for bf16 queries only, got {q_dtype}"
+    elif kv_dtype.itemsize != 1:
+        why = f"it reads the packed FP8 cache, got a {kv_dtype} cache"
+    if kernel == "fp8qk":
+        if why is not None:
+            raise ValueError(
+                f'expected a batch the kernel "fp8qk" serves, got one it does not: {why}'
+            )
+        return True
+    first = sparse_table(target).fp8qk_from_heads if target is not None else None
+    return kernel == "auto" and why is None and first is not None and num_heads >= first
 
 
 def make_sparse_plan(

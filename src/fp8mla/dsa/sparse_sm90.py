@@ -10,8 +10,9 @@ tiles; long lists split over the GPU with the dense split merge. The dense path'
 (base-2 LSE, -inf for a token with nothing to attend to) are turned into the sparse API's
 (natural log, +inf) here.
 
-Only what the planner (``sparse_plan.py``) routes here: SM90, bf16 queries, a packed cache whose
-token rows follow each other (one flat row stride), the RoPE part 64 wide.
+Only what the planner (``sparse_plan.py``) routes here: SM90, bf16 queries, the packed cache;
+``run()`` takes a cache whose token rows follow each other (the engines' caches), one flat row
+stride, and refuses another with a ``ValueError`` (plan ``kernel="portable"`` for it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from fp8mla.attention.launch import AttentionLaunch
 from fp8mla.attention.planner import device_sm_count, make_launch_plan
 from fp8mla.attention.targets import launch_target
 from fp8mla.attention.workspace import split_capacity, split_partials
-from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, ROPE_OFFSET, SCALE_OFFSET, TOKEN_BYTES, TokenView
+from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, ROPE_OFFSET, SCALE_OFFSET, TOKEN_BYTES
 from fp8mla.formats import Scales
 
 COMPACT_BLOCK = 1024  # index-list entries per step of the compaction
@@ -97,11 +98,19 @@ def fp8qk_sparse(
     return FP8QKSparse(plan, launch, compacted.view(max(1, num_tokens), -1), counts, topk)
 
 
-def cache_views(view: TokenView) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The packed cache as the dense kernel's three inputs, page size 1: the latent e4m3 bytes
-    ``[slots, 1, 512]``, the RoPE part's bytes ``[slots, 1, 128]`` (the kernel reads them as
-    bf16) and the scales ``[slots, 1, 4]`` float32, each a strided view of the cache."""
-    rows = view.data.view(-1, TOKEN_BYTES)  # contiguous token rows (the planner checks): no copy
+def cache_views(view) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed cache (a ``TokenView`` or ``SparseCache`` of uint8 rows) as the dense kernel's
+    three inputs, page size 1: the latent e4m3 bytes ``[slots, 1, 512]``, the RoPE part's
+    bytes ``[slots, 1, 128]`` (the kernel reads them as bf16) and the scales ``[slots, 1, 4]``
+    float32, each a strided view of the cache; ``ValueError`` for a cache whose token rows do
+    not follow each other."""
+    if view.addressing() != (1, TOKEN_BYTES, TOKEN_BYTES) or view.data.dtype != torch.uint8:
+        raise ValueError(
+            "expected a packed cache whose 656-byte token rows follow each other for the SM90 "
+            f"sparse kernel, got rows at {view.addressing()} (page size, page and token stride "
+            'in bytes); plan kernel="portable" for it'
+        )
+    rows = view.data.reshape(-1, TOKEN_BYTES)  # a view: the rows follow each other
     ckv = rows[:, :NOPE_DIM].view(torch.float8_e4m3fn).unsqueeze(1)
     kpe = rows[:, ROPE_OFFSET:].unsqueeze(1)
     scales = rows.view(torch.float32)[:, SCALE_OFFSET // 4 : ROPE_OFFSET // 4].unsqueeze(1)
@@ -112,7 +121,7 @@ def run_fp8qk_sparse(
     s: FP8QKSparse,
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
-    view: TokenView,
+    view,
     indices: torch.Tensor,
     topk_length: torch.Tensor | None,
     out: torch.Tensor,
@@ -132,3 +141,15 @@ def run_fp8qk_sparse(
     s.launch(q_nope, q_pe, ckv, kpe, out, lse, Scales(ckv=1.0, kpe=1.0, ckv_arr=scales))
     if lse is not None:  # base 2 → natural log; a token that saw nothing: +inf
         lse.mul_(LN2).nan_to_num_(nan=float("nan"), posinf=float("inf"), neginf=float("inf"))
+
+
+class FP8QKSparseLaunch:
+    """The launch ``SparseMLAWrapper`` keeps for an ``fp8qk`` plan: :func:`fp8qk_sparse` once,
+    :func:`run_fp8qk_sparse` per call."""
+
+    def __init__(self, num_tokens: int, num_heads: int, topk: int, sm_scale: float,
+                 workspace: torch.Tensor, device: torch.device) -> None:  # fmt: skip
+        self.sparse = fp8qk_sparse(num_tokens, num_heads, topk, sm_scale, workspace, device)
+
+    def __call__(self, q_nope, q_pe, view, indices, topk_length, out, lse) -> None:
+        run_fp8qk_sparse(self.sparse, q_nope, q_pe, view, indices, topk_length, out, lse)
