@@ -1,8 +1,11 @@
 """The sparse MLA kernels as the compile matrix builds them: every tile a target's table can
 choose (``sparse_plan.SPARSE_TABLES``), for the packed cache (with its FP8 decoding there) and a
-bf16 cache, writing split partials and the output directly, and the split merge.
+bf16 cache, writing split partials and the output directly, and the split merge; the index
+lists' compaction; on SM90 the FP8 × FP8 decode kernel in its 16-bit RoPE mode over the packed
+cache (``sparse_sm90.py``), split and in row tiles.
 
-``sparse_builds(target)`` returns ``(label, Build)`` pairs for
+``sparse_builds(target)`` returns ``(label, Build, tile)`` triples (``tile``: the spill limits'
+key) for
 ``fp8mla.tools.kernel_builds.measure``; nothing here compiles. Representative constexprs:
 page size 64 (vLLM's and FlashMLA's pages) in the partials build, contiguous pages (page size 1
 addressing: SGLang's pool) in the direct one, 16-byte stride units, bf16 queries.
@@ -17,6 +20,7 @@ from fp8mla.dsa.sparse_plan import MAX_SPLITS, merge_blocks, sparse_table
 from fp8mla.tools.kernel_builds import Build
 
 KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
+COMPACT = "fp8mla.kernels.portable.sparse_compact:_sparse_compact_kernel"
 MERGE = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_merge_kernel"
 
 
@@ -53,8 +57,30 @@ def _attention_build(tile, packed: bool, split: bool, cvt: int, target: Target) 
                  tile.num_stages, cap)  # fmt: skip
 
 
-def sparse_builds(target: Target) -> list[tuple[str, Build]]:
-    """``(label, Build)`` of every sparse kernel build of ``target``."""
+def fp8qk_rope16_builds(target: Target) -> list[tuple[str, Build]]:
+    """The SM90 FP8 × FP8 kernel as the sparse path launches it: the dense matrix's e4m3
+    token-group and row-tile builds with the scales as float32 and ``ROPE_16BIT``."""
+    from fp8mla.dsa.sparse_plan import fp8qk_serves
+    from fp8mla.tools.compile_matrix import attention_jobs
+
+    if not fp8qk_serves("auto", target, 32, torch.bfloat16, torch.uint8, interpreted=False):
+        return []
+    out = []
+    for job in attention_jobs(target):
+        v = job.variant
+        if not job.build.kernel.endswith(":_mla_fp8qk_kernel") or not v.startswith("e4m3"):
+            continue
+        if "group" in v or "rowtiles" in v:
+            consts = dict(job.build.constexprs, TOKEN_GROUP=True, ROPE_16BIT=True)
+            ptrs = dict(job.build.pointers, scale_arr_ptr="fp32")
+            build = Build(job.build.kernel, tuple(ptrs.items()), tuple(consts.items()),
+                          job.build.num_warps, job.build.num_stages, job.build.maxnreg)  # fmt: skip
+            out.append((f"packed {v.split(' ', 1)[1]} rope16", build))
+    return out
+
+
+def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
+    """``(label, Build, tile)`` of every sparse kernel build of ``target``."""
     from fp8mla.attention.launch import fp8_conversion
 
     cvt = fp8_conversion(torch.float8_e4m3fn, torch.device("cuda"), False, "auto", target)
@@ -66,7 +92,13 @@ def sparse_builds(target: Target) -> list[tuple[str, Build]]:
                     f"{'packed' if packed else 'bf16'} {tile.name} "
                     f"{'split+page64' if split else 'direct'}"
                 )
-                builds.append((label, _attention_build(tile, packed, split, cvt, target)))
+                builds.append(
+                    (
+                        label,
+                        _attention_build(tile, packed, split, cvt, target),
+                        tile.name.split(" ")[0],
+                    )
+                )
     for splits in (2, 8, MAX_SPLITS):
         for rows in (32, 4096):
             block_d, block_s = merge_blocks(rows, splits, 132)
@@ -75,5 +107,10 @@ def sparse_builds(target: Target) -> list[tuple[str, Build]]:
             consts = (("BLOCK_S", block_s), ("BLOCK_D", block_d),
                       ("WRITE_LSE", True))  # fmt: skip
             label = f"merge {splits} splits, {block_d} cols"
-            builds.append((label, Build(MERGE, ptrs, consts, 4)))
+            builds.append((label, Build(MERGE, ptrs, consts, 4), ""))
+    compact = (("indices_ptr", "i32"), ("topk_length_ptr", "i32"), ("out_ptr", "i32"),
+               ("count_ptr", "i32"))  # fmt: skip
+    consts = (("HAS_TOPK_LENGTH", True), ("BLOCK", 1024))
+    builds.append(("compact", Build(COMPACT, compact, consts, 4), ""))
+    builds += [(label, build, "rope16") for label, build in fp8qk_rope16_builds(target)]
     return list(dict.fromkeys(builds))

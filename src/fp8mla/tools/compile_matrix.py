@@ -314,6 +314,17 @@ def ds_mla_pack_jobs(target: Target) -> list[Job]:
     return jobs
 
 
+def sparse_jobs(target: Target) -> list[Job]:
+    """Sparse MLA (DeepSeek Sparse Attention): every build of ``fp8mla.dsa.sparse_builds``."""
+    from fp8mla.dsa.sparse_builds import sparse_builds
+
+    jobs = []
+    for label, build, tile in sparse_builds(target):
+        limit, why = _spill_limit(target.name, "sparse", tile)
+        jobs.append(Job(target.name, "sparse", label, build, limit, why))
+    return jobs
+
+
 def all_jobs(targets: list[str] | None = None) -> list[Job]:
     """Every build of the matrix, in table order; pure host arithmetic (nothing compiles)."""
     names = targets or list(TARGETS)
@@ -321,7 +332,7 @@ def all_jobs(targets: list[str] | None = None) -> list[Job]:
     for name in names:
         t = TARGETS[name]
         jobs += attention_jobs(t) + merge_jobs(t) + kv_write_jobs(t) + kv_stage_jobs(t)
-        jobs += ds_mla_pack_jobs(t)
+        jobs += ds_mla_pack_jobs(t) + sparse_jobs(t)
     return jobs
 
 
