@@ -19,7 +19,8 @@ from sparse_cases import SM_SCALE, packed_cache, packed_rows, poison, queries, r
 from fp8mla import SparseMLAWrapper, sparse_mla
 from fp8mla.dsa.layout import TOKEN_BYTES
 from fp8mla.dsa.reference import sparse_mla_reference
-from fp8mla.dsa.sparse_plan import SPARSE_TABLES, SparseTile
+from fp8mla.attention.targets import launch_target
+from fp8mla.dsa.sparse_plan import SPARSE_TABLES, SparseTile, fp8qk_serves
 from fp8mla.testing import rel_err
 
 from conftest import HAS_CUDA, INTERPRETED
@@ -32,6 +33,18 @@ def tolerance(q_dtype: torch.dtype) -> float:
     """Relative error bar against float64 on the same bytes (the issue's 3e-3 for bf16; the
     interpreter computes in fp32 and PyTorch rounds its output, as a GPU does)."""
     return 3e-3 if q_dtype == torch.bfloat16 else 1e-3
+
+
+def lse_tolerance(q_dtype: torch.dtype, cache: torch.Tensor, heads: int) -> float:
+    """Relative LSE error bar: 1e-5 for the portable kernel (fp32 scores of exact fp16
+    products); 1e-3 where the planner takes the SM90 FP8 × FP8 kernel, whose scores carry the
+    tensor cores' FP8 accumulation (1.2-2.9e-4 measured on these tests on an H200; the dense
+    suite bounds the same kernel's LSE at 2e-3 absolute)."""
+    if not HAS_CUDA or INTERPRETED:
+        return 1e-5
+    target = launch_target(torch.device(DEVICE), False)
+    fp8qk = fp8qk_serves("auto", target, heads, q_dtype, cache.dtype, False)
+    return 1e-3 if fp8qk else 1e-5
 
 
 def workspace(nbytes: int = 16 << 20) -> torch.Tensor:
@@ -62,7 +75,7 @@ def check(out, lse, q_nope, q_pe, cache, indices, topk_length=None):
     if live.any():
         err = rel_err(out[live].float(), ref_o[live])
         assert err <= tolerance(q_nope.dtype), f"out: {err:.2e}"
-        assert rel_err(lse[live], ref_l[live]) <= 1e-5
+        assert rel_err(lse[live], ref_l[live]) <= lse_tolerance(q_nope.dtype, cache, lse.shape[1])
     return ref_o, ref_l
 
 

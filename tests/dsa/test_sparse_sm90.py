@@ -128,6 +128,22 @@ def test_sglang_pool_shape_and_duplicates():
     assert _rel(out, ref) <= 3e-3
 
 
+def test_pages_with_a_gap_read_the_same_rows():
+    """Pages whose stride is 65 rows (a gap of NaN bytes after each): the compaction turns slots
+    into rows; the result is the contiguous cache's, bit for bit, ids outside the cache NaN."""
+    cache, used = _cache(8192, 64, 7)
+    gapped = torch.full((128, 65, 656), 0x7F, dtype=torch.uint8, device="cuda")
+    gapped[:, :64] = cache
+    indices = used[torch.randint(0, used.numel(), (3, 200), device="cuda")].to(torch.int32)
+    indices[2, 17] = 8192  # past the cache
+    q_nope = torch.randn(3, 32, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(3, 32, 64, device="cuda", dtype=torch.bfloat16)
+    want, want_lse, _ = _run(q_nope, q_pe, cache, indices, None)
+    got, got_lse, _ = _run(q_nope, q_pe, gapped[:, :64], indices, None)
+    assert torch.equal(got[:2], want[:2]) and torch.equal(got_lse[:2], want_lse[:2])
+    assert got[2].isnan().all() and got_lse[2].isnan().all()
+
+
 def test_cuda_graph_replays_new_indices():
     from fp8mla.dsa.layout import token_view
     from fp8mla.dsa.sparse_sm90 import fp8qk_sparse, run_fp8qk_sparse

@@ -32,13 +32,13 @@ def format_table(records: Sequence[dict]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in records:
-        err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
+        err = "-" if r.get("rel_err") is None else f"{r['rel_err']:.1e}"
         spread = f"{r['us_p20']:.1f}-{r['us_p80']:.1f}"
         num = lambda v, fmt, width: f"{v:{width}{fmt}}" if v is not None else f"{'-':>{width}}"
         lines.append(
             f"{r['case']:40} {r['impl']:19} {r['us_median']:9.1f} {spread:>15} "
-            f"{num(r['gbps'], '.0f', 7)} {num(r['tflops'], '.1f', 8)} "
-            f"{num(r['x_floor'], '.2f', 6)} {err:>8}"
+            f"{num(r.get('gbps'), '.0f', 7)} {num(r.get('tflops'), '.1f', 8)} "
+            f"{num(r.get('x_floor'), '.2f', 6)} {err:>8}"
         )
     return "\n".join(lines)
 

@@ -11,8 +11,10 @@ tiles; long lists split over the GPU with the dense split merge. The dense path'
 (natural log, +inf) here.
 
 Only what the planner (``sparse_plan.py``) routes here: SM90, bf16 queries, the packed cache;
-``run()`` takes a cache whose token rows follow each other (the engines' caches), one flat row
-stride, and refuses another with a ``ValueError`` (plan ``kernel="portable"`` for it).
+``run()`` takes a cache whose 656-byte token rows follow each other within a page and whose
+page stride is a whole number of rows (the engines' caches; pages with a gap after them too:
+the compaction turns slots into rows), and refuses another with a ``ValueError`` (plan
+``kernel="portable"`` for it).
 """
 
 from __future__ import annotations
@@ -98,23 +100,49 @@ def fp8qk_sparse(
     return FP8QKSparse(plan, launch, compacted.view(max(1, num_tokens), -1), counts, topk)
 
 
-def cache_views(view) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The packed cache (a ``TokenView`` or ``SparseCache`` of uint8 rows) as the dense kernel's
-    three inputs, page size 1: the latent e4m3 bytes ``[slots, 1, 512]``, the RoPE part's
-    bytes ``[slots, 1, 128]`` (the kernel reads them as bf16) and the scales ``[slots, 1, 4]``
-    float32, each a strided view of the cache; ``ValueError`` for a cache whose token rows do
-    not follow each other."""
-    if view.addressing() != (1, TOKEN_BYTES, TOKEN_BYTES) or view.data.dtype != torch.uint8:
+@dataclass
+class CacheRows:
+    """The packed cache as the dense kernel's three inputs, page size 1 -- the latent e4m3 bytes
+    ``[rows, 1, 512]``, the RoPE part's bytes ``[rows, 1, 128]`` (the kernel reads them as
+    bf16), the scales ``[rows, 1, 4]`` float32, each a strided view of the cache -- and how the
+    compaction turns a slot into a row (``paged`` False: the slot is the row)."""
+
+    ckv: torch.Tensor
+    kpe: torch.Tensor
+    scales: torch.Tensor
+    paged: bool
+    page_size: int
+    rows_per_page: int
+    num_slots: int
+
+
+def cache_rows(view) -> CacheRows:
+    """The packed cache (a ``TokenView`` or ``SparseCache`` of uint8 rows) as :class:`CacheRows`;
+    ``ValueError`` for a cache whose token rows do not follow each other within a page or
+    whose page stride is not a whole number of rows."""
+    page_size, page_stride, token_stride = view.addressing()
+    if (
+        token_stride != TOKEN_BYTES
+        or page_stride % TOKEN_BYTES
+        or view.data.dtype != torch.uint8
+        or view.data.stride(2) != 1
+    ):
         raise ValueError(
-            "expected a packed cache whose 656-byte token rows follow each other for the SM90 "
-            f"sparse kernel, got rows at {view.addressing()} (page size, page and token stride "
-            'in bytes); plan kernel="portable" for it'
+            "expected a packed cache whose 656-byte token rows follow each other within a page "
+            "and whose page stride is a whole number of rows for the SM90 sparse kernel, got "
+            f"rows at {view.addressing()} (page size, page and token stride in bytes); plan "
+            'kernel="portable" for it'
         )
-    rows = view.data.reshape(-1, TOKEN_BYTES)  # a view: the rows follow each other
+    pages = view.data.shape[0]
+    rows_per_page = page_stride // TOKEN_BYTES
+    paged = rows_per_page != page_size
+    # every row from the first page's first token to the last page's last one, gaps included
+    n_rows = (pages - 1) * rows_per_page + page_size if paged else view.num_slots
+    rows = view.data.as_strided((n_rows, TOKEN_BYTES), (TOKEN_BYTES, 1))
     ckv = rows[:, :NOPE_DIM].view(torch.float8_e4m3fn).unsqueeze(1)
     kpe = rows[:, ROPE_OFFSET:].unsqueeze(1)
     scales = rows.view(torch.float32)[:, SCALE_OFFSET // 4 : ROPE_OFFSET // 4].unsqueeze(1)
-    return ckv, kpe, scales
+    return CacheRows(ckv, kpe, scales, paged, page_size, rows_per_page, view.num_slots)
 
 
 def run_fp8qk_sparse(
@@ -131,14 +159,15 @@ def run_fp8qk_sparse(
     given, ``lse`` in natural log (+inf for a token with nothing to attend to)."""
     from fp8mla.kernels.portable.sparse_compact import _sparse_compact_kernel
 
+    c = cache_rows(view)
     n = s.counts.shape[0]
     _sparse_compact_kernel[(n,)](
         indices, topk_length if topk_length is not None else indices, s.compacted, s.counts,
-        indices.shape[0], s.topk, indices.stride(0), HAS_TOPK_LENGTH=topk_length is not None,
+        indices.shape[0], s.topk, indices.stride(0), c.num_slots, c.page_size, c.rows_per_page,
+        HAS_TOPK_LENGTH=topk_length is not None, PAGED=c.paged,
         BLOCK=min(COMPACT_BLOCK, triton.next_power_of_2(s.topk)), num_warps=4,
     )  # fmt: skip
-    ckv, kpe, scales = cache_views(view)
-    s.launch(q_nope, q_pe, ckv, kpe, out, lse, Scales(ckv=1.0, kpe=1.0, ckv_arr=scales))
+    s.launch(q_nope, q_pe, c.ckv, c.kpe, out, lse, Scales(ckv=1.0, kpe=1.0, ckv_arr=c.scales))
     if lse is not None:  # base 2 → natural log; a token that saw nothing: +inf
         lse.mul_(LN2).nan_to_num_(nan=float("nan"), posinf=float("inf"), neginf=float("inf"))
 

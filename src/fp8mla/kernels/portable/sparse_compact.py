@@ -3,16 +3,21 @@ token attends to (within ``topk_length``, not ``-1``) moved to the front of its 
 order, and their count.
 
 The SM90 kernels read a request's page table as ``kv_len`` tokens of ``kv_indices``; a sparse
-token is such a request of page size 1 whose entries are its slots. Entries below ``-1`` or past
-the cache stay in the list: the attention kernels never read them and make that token's rows
-NaN. Entries past the count are left as they were (the kernels read none of them).
+token is such a request of page size 1 whose entries are rows of the cache. Where the cache's
+token rows follow each other a slot is its row (``PAGED=False``: the ids are copied as they
+are, and entries below ``-1`` or past the cache stay in the list for the attention kernel to
+find). Pages of ``page_size`` slots whose stride is ``rows_per_page`` token rows (pages with a
+gap after them, ``PAGED=True``) turn slot ``s`` into row
+``(s // page_size) * rows_per_page + s % page_size``, and an id outside ``[0, num_slots)`` into
+``-2``, which the attention kernel takes as an entry outside the cache (its token's rows NaN). Entries past the count are left as they were (the
+kernels read none of them).
 """
 
 import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(do_not_specialize=["num_tokens", "num_slots", "page_size", "rows_per_page"])
 def _sparse_compact_kernel(
     indices_ptr,  # [T, topk] int32 slot ids (-1: no token)
     topk_length_ptr,  # [T] int32 (HAS_TOPK_LENGTH only)
@@ -21,7 +26,11 @@ def _sparse_compact_kernel(
     num_tokens,  # rows of this call: programs of later rows write a count of 0
     topk,
     stride_idx_t,
+    num_slots,  # PAGED only: the cache's slots
+    page_size,  # PAGED only: slots per page
+    rows_per_page,  # PAGED only: the page stride in token rows
     HAS_TOPK_LENGTH: tl.constexpr,
+    PAGED: tl.constexpr,  # False: slot ids are row ids
     BLOCK: tl.constexpr,  # entries per step
 ):
     t = tl.program_id(0).to(tl.int64)
@@ -38,6 +47,10 @@ def _sparse_compact_kernel(
         pos = b0 + tl.arange(0, BLOCK)
         idx = tl.load(src + pos, mask=pos < n_len, other=-1)
         keep = (idx != -1).to(tl.int32)
+        if PAGED:
+            inside = (idx >= 0) & (idx < num_slots)
+            row = (idx // page_size) * rows_per_page + idx % page_size
+            idx = tl.where(inside, row, -2)
         tl.store(dst + count + tl.cumsum(keep, axis=0) - 1, idx, mask=keep > 0)
         count += tl.sum(keep, axis=0)
     tl.store(count_ptr + t, count)
