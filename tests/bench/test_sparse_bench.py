@@ -117,8 +117,15 @@ def test_records_and_goal_report(tmp_path):
     assert main([str(path)]) == 0
     assert check_rows(SparseCase(1, 32, 2048)) == [0]
     assert check_rows(case) == [0, 1, 64, 127]
-    pack = {"case": "PACK_N131072", "impl": "fp8mla-pack", "us_median": 60.0, "us_p20": 59.0,
-            "us_p80": 61.0, "gbps": 2630.0, "rel_err": None}  # a writer's record: no FLOPs
+    pack = {
+        "case": "PACK_N131072",
+        "impl": "fp8mla-pack",
+        "us_median": 60.0,
+        "us_p20": 59.0,
+        "us_p80": 61.0,
+        "gbps": 2630.0,
+        "rel_err": None,
+    }  # a writer's record: no FLOPs
     table = format_table(ctx.records + [pack])
     assert "PACK_N131072" in table and "2630" in table and "B128_H16_K2048" in table
 

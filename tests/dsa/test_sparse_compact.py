@@ -28,7 +28,11 @@ def expected(indices, topk_length, num_tokens, paged, num_slots, page_size, rows
             rows.append([])
             counts.append(0)
             continue
-        n = indices.shape[1] if topk_length is None else max(0, min(int(topk_length[t]), indices.shape[1]))
+        n = (
+            indices.shape[1]
+            if topk_length is None
+            else max(0, min(int(topk_length[t]), indices.shape[1]))
+        )
         kept = [int(i) for i in indices[t, :n] if int(i) != -1]
         if paged:
             kept = [(i // page_size) * rows_per_page + i % page_size if 0 <= i < num_slots else -2

@@ -17,9 +17,9 @@ import torch
 from sparse_cases import SM_SCALE, packed_cache, packed_rows, poison, queries, random_indices
 
 from fp8mla import SparseMLAWrapper, sparse_mla
+from fp8mla.attention.targets import launch_target
 from fp8mla.dsa.layout import TOKEN_BYTES
 from fp8mla.dsa.reference import sparse_mla_reference
-from fp8mla.attention.targets import launch_target
 from fp8mla.dsa.sparse_plan import SPARSE_TABLES, SparseTile, fp8qk_serves
 from fp8mla.testing import rel_err
 
