@@ -15,6 +15,13 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # Pinned SGLang/vLLM (no dependencies) for tests/integrations, apart from the venv's packages.
 ENGINES := $(VENV)/engines
 ENGINES_STAMP := $(ENGINES)/.installed
+# The engine matrix's further legs, one folder each where pins conflict with $(ENGINES) (vLLM
+# 0.34 pins tokenizers>=0.23.3, SGLang 0.5.23 tokenizers==0.23.2): `make test` runs the vLLM
+# tests again against each (`make test ENGINE_LEGS=` skips them).
+ENGINES_VLLM034 := $(VENV)/engines-vllm-0.34
+ENGINE_LEGS ?= $(ENGINES_VLLM034)
+ENGINE_LEG_TESTS := tests/integrations/test_engines_installed.py \
+  tests/integrations/test_vllm_plugin.py tests/integrations/test_vllm_graph.py
 
 # Triton kernels run compiled on a CUDA GPU, interpreted everywhere else.
 HAS_CUDA := $(shell python3 -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 && echo 1 || echo 0)
@@ -52,10 +59,19 @@ $(STAMP): pyproject.toml Makefile
 $(ENGINES_STAMP): tests/integrations/requirements-engines.txt tests/integrations/install_engines.py | $(STAMP)
 	@$(PY) tests/integrations/install_engines.py --target $(ENGINES)
 
-engines: $(ENGINES_STAMP)
+$(ENGINES_VLLM034)/.installed: tests/integrations/requirements-engines-vllm-0.34.txt tests/integrations/install_engines.py | $(STAMP)
+	@$(PY) tests/integrations/install_engines.py --target $(ENGINES_VLLM034) \
+	  --requirements tests/integrations/requirements-engines-vllm-0.34.txt
 
-test: $(STAMP) $(ENGINES_STAMP)
+engines: $(ENGINES_STAMP) $(ENGINES_VLLM034)/.installed
+
+test: $(STAMP) $(ENGINES_STAMP) $(addsuffix /.installed,$(ENGINE_LEGS))
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	@for leg in $(abspath $(ENGINE_LEGS)); do \
+	  echo "fp8mla: the vLLM tests against $$leg"; \
+	  FP8MLA_ENGINES_PATH=$$leg FP8MLA_ENGINES_ONLY=vllm \
+	    $(PY) -m pytest -q $(ENGINE_LEG_TESTS) || exit $$?; \
+	done
 
 demo: $(STAMP)
 	@echo "fp8mla: running the demo (about a minute on a CPU): $(PY) -m fp8mla demo $(DEMO_ARGS)"

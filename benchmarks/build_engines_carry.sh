@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# Build the git-ignored carry folders that let the GPU machine (Python 3.12, torch 2.11,
+# Build the git-ignored carry folder that lets the GPU machine (Python 3.12, torch 2.11,
 # Triton 3.6, no package registry, 64 MiB per call with the working tree) run
-# tests/integrations and bench_sglang_kit.py against the pinned engines.
-# Run HERE (with the registry), from anywhere in the repository:
-#     benchmarks/build_engines_carry.sh        # -> .carry/engines-sglang, .carry/engines-vllm
-# Each folder holds two zips: <engine>.zip (the engine's .py files, pruned below) and deps.zip
-# (the pinned packages from tests/integrations/requirements-engines.txt that the GPU machine
-# lacks and that engine's attention tests import). Each must stay within 50 MiB (checked at
-# the end, measured with du -sb). Carry ONE per GPU call:
-#     run(carry=[".carry/engines-sglang"], command="benchmarks/run_engines_on_gpu.sh sglang")
-#     run(carry=[".carry/engines-vllm"],   command="benchmarks/run_engines_on_gpu.sh vllm")
+# tests/integrations and the engine benchmarks against the pinned engines, both engines in one
+# call. Run HERE (with the registry), from anywhere in the repository:
+#     benchmarks/build_engines_carry.sh        # -> .carry/engines
+# The folder holds, per engine, <engine>.zip (the engine's .py files, pruned below),
+# deps-<engine>.zip (its pinned packages that the GPU machine lacks, where the other engine
+# pins another version or does not need them) and requirements-<engine>.txt (its pins, for the
+# tests' version check), and deps-common.zip (the packages both engines pin at the same
+# version, carried once). SGLang's pins come from tests/integrations/requirements-engines.txt,
+# vLLM's from VLLM_REQUIREMENTS (default: requirements-engines-vllm-0.34.txt, the newest
+# release the tests cover; requirements-engines.txt gives vLLM 0.33.0). The folder and the
+# working tree must fit the 64 MiB a call carries (checked at the end, measured with du -sb):
+#     run(carry=[".carry/engines"], command="benchmarks/run_engines_on_gpu.sh")
 # Knobs (defaults build the GPU carry):
 #     CARRY_PYTHON=3.12   the Python whose compiled wheels are taken (3.11: a carry for a CPU
 #                         simulation here, where the only local torch wheel is for 3.11)
-#     CARRY_DIR=.carry    where engines-<engine>/ go
-# Versions are all pinned (the requirements file); the pruning rules are below, each with why.
+#     CARRY_DIR=.carry    where engines/ goes
+#     VLLM_REQUIREMENTS   the requirements file vLLM's pins come from (see above)
+# Versions are all pinned (the requirements files); the pruning rules are below, each with why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -23,18 +27,20 @@ pyver=${CARRY_PYTHON:-3.12}
 abi=cp${pyver/./}
 dest=${CARRY_DIR:-.carry}
 case $dest in /*) ;; *) dest=$root/$dest ;; esac
-limit=$((50 * 1024 * 1024))
-req=tests/integrations/requirements-engines.txt
+limit=$((64 * 1024 * 1024))
+sglang_req=tests/integrations/requirements-engines.txt
+vllm_req=${VLLM_REQUIREMENTS:-tests/integrations/requirements-engines-vllm-0.34.txt}
 
 # --- Pruning rule 1: packages the GPU machine already has are not carried. ---
 # Its image holds these (device docs, KINDS.md "Python packages already there", read
 # 2026-11-17), together with torch, triton, numpy and torch's own dependencies (sympy, mpmath,
 # networkx, jinja2, markupsafe, filelock, fsspec, typing-extensions), none of which is in the
-# requirements file anyway. tests/integrations/conftest.py APPENDS the carry to sys.path, after
+# requirements files anyway. tests/integrations/conftest.py APPENDS the carry to sys.path, after
 # site-packages, so a carried copy of one of these would never be imported there: it would
 # only cost bytes. (Where the image's version differs from our pin -- transformers 5.17.0 vs
 # 5.19.0, huggingface-hub 1.33.0 vs 2.4.0 -- the image's is the one that runs either way;
-# run_engines_on_gpu.sh records the versions it used.)
+# run_engines_on_gpu.sh records the versions it used. vLLM 0.34 declares huggingface-hub>=2.0,
+# but the modules the tests import use no 2.x API.)
 ON_GPU_IMAGE="aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi click
   cloudpickle einops frozenlist h11 httpx huggingface-hub idna multidict pillow
   prometheus-client propcache psutil py-cpuinfo pyyaml regex requests safetensors sentencepiece
@@ -93,32 +99,50 @@ zipdir() {  # zipdir SRC ZIP: deterministic order, no extra attributes
   (cd "$1" && find . -type f | LC_ALL=C sort | zip -q -X -9 "$2" -@)
 }
 
-echo "build_engines_carry: CPython $pyver wheels into $dest"
-mkdir -p "$work/wheels"
-grep -vE '^(#|$|sglang==|vllm==)' "$req" > "$work/deps.txt"
-while read -r spec; do
-  name=$(echo "${spec%%==*}" | norm)
-  if in_list "$name" "$ON_GPU_IMAGE"; then continue; fi
-  dl "$work/wheels" "$spec" >"$work/dl.log" 2>&1 || {
-    echo "build_engines_carry: no $abi wheel for $spec:" >&2; tail -3 "$work/dl.log" >&2; exit 1; }
-done < "$work/deps.txt"
-
-fail=0
-for engine in sglang vllm; do
-  ver=$(grep -E "^$engine==" "$req" | cut -d= -f3)
-  case $engine in
-    sglang) skip=$SGLANG_SKIP_DEPS prune=$SGLANG_PRUNE keep=$SGLANG_KEEP_DATA ;;
-    vllm) skip=$VLLM_SKIP_DEPS prune=$VLLM_PRUNE keep=$VLLM_KEEP_DATA ;;
-  esac
-  # dependencies: every carried wheel but this engine's skip list
-  rm -rf "$work/deps" && mkdir -p "$work/deps"
-  for w in "$work"/wheels/*.whl; do
-    name=$(basename "$w" | cut -d- -f1 | norm)
+echo "build_engines_carry: CPython $pyver wheels into $dest/engines"
+# carried_deps ENGINE REQ: "name==version" lines of REQ that ENGINE's tests need and the GPU
+# image lacks (rules 1 and 2)
+carried_deps() {
+  local skip spec name
+  case $1 in sglang) skip=$SGLANG_SKIP_DEPS ;; vllm) skip=$VLLM_SKIP_DEPS ;; esac
+  grep -vE '^(#|$|sglang==|vllm==)' "$2" | while read -r spec; do
+    name=$(echo "${spec%%==*}" | norm)
+    in_list "$name" "$ON_GPU_IMAGE" && continue
     in_list "$name" "$skip" && continue
-    unzip -q -o "$w" -d "$work/deps"
-  done
+    echo "$name==${spec#*==}"
+  done | sort -u
+}
+carried_deps sglang "$sglang_req" > "$work/sglang.deps"
+carried_deps vllm "$vllm_req" > "$work/vllm.deps"
+comm -12 "$work/sglang.deps" "$work/vllm.deps" > "$work/common.deps"
+comm -23 "$work/sglang.deps" "$work/vllm.deps" > "$work/sglang-only.deps"
+comm -13 "$work/sglang.deps" "$work/vllm.deps" > "$work/vllm-only.deps"
+# unpack_deps LIST DIR: the wheels of LIST, unpacked into DIR
+unpack_deps() {
+  local spec
+  rm -rf "$2" && mkdir -p "$2"
+  while read -r spec; do
+    rm -rf "$work/whl" && mkdir -p "$work/whl"
+    dl "$work/whl" "$spec" >"$work/dl.log" 2>&1 || {
+      echo "build_engines_carry: no $abi wheel for $spec:" >&2; tail -3 "$work/dl.log" >&2; exit 1; }
+    unzip -q -o "$work"/whl/*.whl -d "$2"
+  done < "$1"
   # RECORD lists files by hash (not needed to import); bin/ holds console scripts
-  rm -rf "$work"/deps/*.dist-info/RECORD "$work/deps/bin"
+  rm -rf "$2"/*.dist-info/RECORD "$2/bin"
+}
+
+out=$dest/engines
+rm -rf "$out" && mkdir -p "$out"
+unpack_deps "$work/common.deps" "$work/deps-common"
+zipdir "$work/deps-common" "$out/deps-common.zip"
+for engine in sglang vllm; do
+  case $engine in
+    sglang) req=$sglang_req prune=$SGLANG_PRUNE keep=$SGLANG_KEEP_DATA ;;
+    vllm) req=$vllm_req prune=$VLLM_PRUNE keep=$VLLM_KEEP_DATA ;;
+  esac
+  ver=$(grep -E "^$engine==" "$req" | cut -d= -f3)
+  unpack_deps "$work/$engine-only.deps" "$work/deps-$engine"
+  zipdir "$work/deps-$engine" "$out/deps-$engine.zip"
   # the engine itself
   dl "$work/$engine-whl" "$engine==$ver" >"$work/dl.log" 2>&1 || {
     echo "build_engines_carry: no $abi wheel for $engine==$ver:" >&2; tail -3 "$work/dl.log" >&2; exit 1; }
@@ -139,20 +163,21 @@ for engine in sglang vllm; do
     done
     find . -type d -empty -delete
   )
-  out=$dest/engines-$engine
-  rm -rf "$out" && mkdir -p "$out"
   zipdir "$work/$engine-src" "$out/$engine.zip"
-  zipdir "$work/deps" "$out/deps.zip"
-  size=$(du -sb "$out" | cut -f1)
-  carried=$(ls "$work/deps" | grep -E '\.dist-info$' | sed 's/\.dist-info$//' | tr '\n' ' ')
-  printf '%s: %d bytes (%.1f MiB): %s\n  deps: %s\n' "$out" "$size" \
-    "$(awk -v s="$size" 'BEGIN{print s/1048576}')" "$(cd "$out" && du -b ./*.zip | tr '\n\t' '  ')" "$carried"
-  if [ "$size" -gt "$limit" ]; then
-    echo "build_engines_carry: $out is over 50 MiB ($size bytes)" >&2
-    fail=1
-  fi
+  cp "$req" "$out/requirements-$engine.txt"
+  printf '%s %s: %s\n  deps: %s\n' "$engine" "$ver" \
+    "$(cd "$out" && du -b "$engine.zip" "deps-$engine.zip" | tr '\n\t' '  ')" \
+    "$(tr '\n' ' ' < "$work/$engine-only.deps")"
 done
+printf 'common deps: %s: %s\n' "$(cd "$out" && du -b deps-common.zip | cut -f1)" \
+  "$(tr '\n' ' ' < "$work/common.deps")"
+size=$(du -sb "$out" | cut -f1)
 # what travels besides the carry: the working tree (tracked and untracked, not ignored)
 tree=$(git ls-files -z -co --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
-echo "working tree: $tree bytes; a call carries it plus one engine folder (64 MiB in all)"
-exit $fail
+printf '%s: %d bytes (%.1f MiB); working tree %d bytes; together %.1f of 64 MiB\n' "$out" \
+  "$size" "$(awk -v s="$size" 'BEGIN{print s/1048576}')" "$tree" \
+  "$(awk -v s="$((size + tree))" 'BEGIN{print s/1048576}')"
+if [ $((size + tree)) -gt "$limit" ]; then
+  echo "build_engines_carry: $out and the working tree are over 64 MiB" >&2
+  exit 1
+fi

@@ -1,9 +1,10 @@
 """Set-up for the engine integration tests: the real, pinned SGLang and vLLM packages.
 
 They live in their own folder (``.venv/engines``, filled by ``install_engines.py`` from
-``make test``; ``FP8MLA_ENGINES_PATH`` points elsewhere, e.g. a GPU machine's carried copy)
-and are appended to ``sys.path`` by ``engines_path.use_engines``, so fp8mla's own torch and
-Triton stay the ones imported. When the install found the package registry unreachable, only
+``make test``; ``FP8MLA_ENGINES_PATH`` points elsewhere: the engine matrix's vLLM 0.34 folder
+``.venv/engines-vllm-0.34``, which ``make test`` runs the vLLM tests against too, or a GPU
+machine's carried copy) and are appended to ``sys.path`` by ``engines_path.use_engines``, so
+fp8mla's own torch and Triton stay the ones imported. When the install found the package registry unreachable, only
 ``test_engines_installed.py`` is collected and it skips with that reason (one line).
 
 Stand-ins (test-only, see ``use_engines``): ``standins/torchvision`` when no working

@@ -1,8 +1,11 @@
 """Where the pinned engine packages live for these tests, and how they are put on sys.path.
 
-Shared by ``conftest.py`` and ``benchmarks/bench_sglang_kit.py`` (GPU machine runs).
-``FP8MLA_ENGINES_PATH`` points at another folder (a GPU machine's unpacked carry);
-``FP8MLA_ENGINES_ONLY`` names the one engine such a folder holds (one engine per GPU call).
+Shared by ``conftest.py`` and the engine benchmarks (``benchmarks/bench_sglang_kit.py``,
+``benchmarks/bench_vllm_step.py``; GPU machine runs). ``FP8MLA_ENGINES_PATH`` points at another
+folder: a leg of ``make test``'s engine matrix (``.venv/engines-vllm-0.34``, whose pins
+conflict with the default folder's) or a GPU machine's unpacked carry; ``FP8MLA_ENGINES_ONLY``
+names the one engine such a folder holds. The folder's engine pins are read from the
+``requirements.txt`` that ``install_engines.py`` leaves in it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,17 @@ ROOT = HERE.parents[1]
 ENGINES = Path(os.environ.get("FP8MLA_ENGINES_PATH") or ROOT / ".venv" / "engines")
 UNREACHABLE = ENGINES / "UNREACHABLE"
 ONLY = os.environ.get("FP8MLA_ENGINES_ONLY") or None
+PINS = ENGINES / "requirements.txt"  # the folder's requirements (install_engines.py)
+
+
+def engine_pins() -> dict[str, str]:
+    """The engines this folder pins, by name (``{"sglang": "0.5.23", "vllm": "0.33.0"}``);
+    only ``FP8MLA_ENGINES_ONLY`` when that is set."""
+    from integrations.install_engines import REQUIREMENTS
+    from integrations.install_engines import engine_pins as read
+
+    pins = read(PINS if PINS.is_file() else REQUIREMENTS)
+    return {name: v for name, v in pins.items() if ONLY is None or name == ONLY}
 
 
 def _torchvision_loads() -> bool:

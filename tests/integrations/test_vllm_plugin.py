@@ -1,5 +1,6 @@
-"""vLLM 0.33.0 loads fp8mla through ``vllm.general_plugins``; ``FP8MLAImpl.forward_mqa`` (an
-``MLACommonImpl`` subclass) on vLLM's paged cache against fp8mla's float64 reference."""
+"""vLLM (0.33.0 and 0.34.0: the engine matrix of ``make test``) loads fp8mla through
+``vllm.general_plugins``; ``FP8MLAImpl.forward_mqa`` (an ``MLACommonImpl`` subclass) on vLLM's
+paged cache against fp8mla's float64 reference."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from fp8mla.integrations import BACKEND_ENV, IntegrationConfigError  # noqa: E402
 from fp8mla.reference import mla_reference  # noqa: E402
+from integrations.vllm_step import engine_config_cpu  # noqa: E402
 
 SCALE = 576**-0.5
 
@@ -73,11 +75,11 @@ def test_capabilities_let_vllm_refuse_with_a_reason(plugins_loaded):
 
 
 def _impl(kv_cache_dtype="fp8", num_heads=16, kv_lora_rank=512):
-    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.config import set_current_vllm_config
 
     from fp8mla.integrations.vllm.backend import FP8MLAImpl
 
-    with set_current_vllm_config(VllmConfig()):
+    with set_current_vllm_config(engine_config_cpu()):
         return FP8MLAImpl(
             num_heads, 576, SCALE, 1, None, None, kv_cache_dtype, None, "decoder", None,
             q_lora_rank=None, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=128,

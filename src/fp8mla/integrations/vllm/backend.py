@@ -6,12 +6,24 @@ to fp8mla's wrapper as two strided views and ``layer._k_scale`` (a 1-element dev
 read by the kernel) as the dequantization scale: no cast, no copy. Prefill keeps vLLM's own
 MLA prefill path (``MLACommonImpl``'s MHA over the up-projected K/V).
 
-Metadata: vLLM's dense block table becomes the wrapper's CSR page list on the device: every
-decode request gets the same host-known number of pages, ``ceil(max_seq_len / block_size)``
-(``max_seq_len`` is the host bound vLLM already keeps), so ``kv_indptr`` is built on the host
-and ``kv_indices`` is a slice of the block table; the exact lengths stay on the device
-(``seq_lens``) and bound what the kernel reads. The plan runs once per step, on the first
-layer's call.
+Eager metadata: vLLM's dense block table becomes the wrapper's CSR page list on the device:
+every decode request gets the same host-known number of pages,
+``ceil(max_seq_len / block_size)`` (``max_seq_len`` is the host bound vLLM already keeps), so
+``kv_indptr`` is built on the host and ``kv_indices`` is a slice of the block table; the
+exact lengths stay on the device (``seq_lens``) and bound what the kernel reads. The plan runs
+once per step, on the first layer's call.
+
+Full CUDA graphs (``AttentionCGSupport.UNIFORM_BATCH``, as vLLM's FlashMLA and Triton MLA
+builders declare): vLLM captures whole decode steps of uniform batches (every request the same
+query length: decode, or speculative verification rows) and calls
+``build_for_cudagraph_capture`` once per captured shape, outside the graph. The builder plans a
+CUDA-graph wrapper there, once per shape, over vLLM's own persistent buffers: the block table
+(``[num_reqs, max_blocks]`` int32, read as a CSR page list of ``max_blocks`` entries per
+request) and ``seq_lens`` (int32) become the wrapper's ``kv_indices`` and ``kv_len_arr``
+themselves, so the captured kernels read the tables and lengths vLLM rewrites in place before
+each replay; ``qo_indptr`` and ``kv_indptr`` depend only on the shape. Nothing is planned or
+read back between replays, and the plan does not depend on lengths. Padded requests of a
+captured batch have length 0 (vLLM writes 0) and produce no work.
 """
 
 from __future__ import annotations
@@ -55,7 +67,9 @@ class FP8MLADecodeMetadata(MLACommonDecodeMetadata):
     query_start_loc_cpu: torch.Tensor | None = None
     max_seq_len: int = 0
     causal: bool = True
-    planned: Any = None  # (wrapper, plan key) once the step's first layer planned
+    # (wrapper, plan key): set by the step's first layer (eager), or by the builder for a
+    # captured CUDA graph
+    planned: Any = None
 
 
 def decode_plan_args(
@@ -82,9 +96,16 @@ def decode_plan_args(
 class FP8MLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
     # Multi-token decode rows (speculative verification) are one causal block per request.
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
-    # The plan reads host arrays per step: attention runs outside vLLM's full CUDA graphs
-    # (piecewise graphs capture the rest of the model).
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    # Full CUDA graphs of uniform decode batches: build_for_cudagraph_capture plans a graph
+    # wrapper per captured shape over vLLM's persistent block table and lengths.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._layer_names = list(layer_names)
+        # graph wrappers by captured shape; one workspace for all (one replays at a time)
+        self._graph_plans: dict[tuple, tuple[BatchMLAPagedAttentionWrapper, tuple]] = {}
+        self._graph_workspace: torch.Tensor | None = None
 
     def _build_decode(
         self,
@@ -110,6 +131,97 @@ class FP8MLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         if isinstance(metadata.decode, FP8MLADecodeMetadata):
             metadata.decode.causal = bool(metadata.causal)
         return metadata
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        """The metadata vLLM captures a full CUDA graph with (decode only, as for every MLA
+        backend), carrying the graph wrapper planned for its shape."""
+        metadata = super().build_for_cudagraph_capture(common_attn_metadata)
+        if isinstance(metadata.decode, FP8MLADecodeMetadata):
+            metadata.decode.planned = self._graph_plan(metadata.decode)
+        return metadata
+
+    def _layer_plan_key(self) -> tuple:
+        """The plan key (see ``FP8MLAImpl.plan_key``) every fp8mla layer of this group will
+        compare at its first captured call."""
+        ctx = self.compilation_config.static_forward_context
+        impls = [getattr(ctx.get(name), "impl", None) for name in self._layer_names]
+        keys = {
+            impl.plan_key(self.model_config.dtype, impl.kv_dtype(self.kv_cache_spec.dtype),
+                          self.page_size)
+            for impl in impls
+            if isinstance(impl, FP8MLAImpl)
+        }  # fmt: skip
+        if len(keys) != 1:
+            raise IntegrationConfigError(
+                f"fp8mla (vllm): expected the layers of one KV-cache group to share heads, "
+                f"softmax scale and KV dtype for a CUDA graph, got {len(keys)} settings"
+            )
+        return keys.pop()
+
+    def _graph_plan(self, decode: FP8MLADecodeMetadata) -> tuple:
+        """(graph wrapper, plan key) for the captured shape of ``decode``, planned once."""
+        block_table, seq_lens = decode.block_table, decode.seq_lens
+        n = seq_lens.numel()
+        if (
+            block_table.dtype != torch.int32
+            or seq_lens.dtype != torch.int32
+            or not block_table.is_contiguous()
+            or not seq_lens.is_contiguous()
+        ):
+            raise IntegrationConfigError(
+                f"fp8mla (vllm): expected contiguous int32 block table and seq_lens for a "
+                f"CUDA graph (read in place at every replay), got {block_table.dtype} "
+                f"{tuple(block_table.stride())} and {seq_lens.dtype}"
+            )
+        qsl = decode.query_start_loc_cpu[: n + 1].to(torch.int32)
+        qsl = qsl - qsl[0]
+        qlen = int(qsl[1]) if n else 1
+        qo_indptr = torch.arange(0, (n + 1) * qlen, qlen, dtype=torch.int32)
+        if not torch.equal(qsl, qo_indptr):
+            raise IntegrationConfigError(
+                f"fp8mla (vllm): expected a uniform decode batch for a CUDA graph, got query "
+                f"start locations {qsl.tolist()}"
+            )
+        width = block_table.shape[1]
+        plan_key = self._layer_plan_key()
+        shape = (n, qlen, decode.causal, block_table.data_ptr(), width, seq_lens.data_ptr())
+        backend = kernel_backend()
+        hit = self._graph_plans.get((shape, plan_key, backend))
+        if hit is not None:
+            return hit
+        heads, sm_scale, q_dtype, kv_dtype, page_size = plan_key
+        if self._graph_workspace is None:
+            self._graph_workspace = torch.empty(
+                WORKSPACE_BYTES, dtype=torch.uint8, device=self.device
+            )
+        i32 = dict(dtype=torch.int32, device=self.device)
+        kv_indices = block_table.view(-1)
+        wrapper = BatchMLAPagedAttentionWrapper(
+            self._graph_workspace,
+            use_cuda_graph=True,
+            qo_indptr=torch.empty(n + 1, **i32),
+            kv_indptr=torch.empty(n + 1, **i32),
+            kv_indices=kv_indices,
+            kv_len_arr=seq_lens,
+            backend=backend,
+        )
+        wrapper.plan(
+            qo_indptr,
+            torch.arange(0, (n + 1) * width, width, dtype=torch.int32),
+            kv_indices,
+            seq_lens,
+            heads,
+            HEAD_DIM_CKV,
+            HEAD_DIM_KPE,
+            page_size,
+            decode.causal,
+            sm_scale,
+            q_dtype,
+            kv_dtype,
+        )
+        planned = (wrapper, plan_key)
+        self._graph_plans[(shape, plan_key, backend)] = planned
+        return planned
 
 
 class FP8MLABackend(MLACommonBackend):
@@ -253,10 +365,24 @@ class FP8MLAImpl(MLACommonImpl[MLACommonMetadata]):
             self._wrappers[device] = w
         return w
 
+    def kv_dtype(self, cache_dtype: torch.dtype) -> torch.dtype:
+        """The dtype this layer reads a cache allocated as ``cache_dtype`` in."""
+        return self._fp8_dtype if self._fp8_dtype is not None else cache_dtype
+
+    def plan_key(self, q_dtype: torch.dtype, kv_dtype: torch.dtype, page_size: int) -> tuple:
+        """What a plan fixes for this layer: heads, softmax scale, dtypes, page size."""
+        return (self.num_heads, float(self.scale), q_dtype, kv_dtype, int(page_size))
+
     def _plan(self, decode: FP8MLADecodeMetadata, q_dtype, kv_cache: torch.Tensor):
-        key = (self.num_heads, float(self.scale), q_dtype, kv_cache.dtype, kv_cache.shape[1])
+        key = self.plan_key(q_dtype, kv_cache.dtype, kv_cache.shape[1])
         if decode.planned is not None and decode.planned[1] == key:
             return decode.planned[0]
+        if kv_cache.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            got = "no plan" if decode.planned is None else f"a plan for {decode.planned[1]}"
+            raise IntegrationConfigError(
+                f"fp8mla (vllm): a CUDA graph captures metadata from "
+                f"FP8MLAMetadataBuilder.build_for_cudagraph_capture planned for {key}, got {got}"
+            )
         wrapper = self._wrapper(kv_cache.device)
         qo_indptr, kv_indptr, kv_indices, kv_len = decode_plan_args(
             decode.block_table,
