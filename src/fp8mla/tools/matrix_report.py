@@ -44,6 +44,10 @@ compile error, on spills above the limit, or on shared memory over the target's 
 - **kv_stage** (`_kv_stage_kernel`): FP8 pages staged in fp16 for long extend chunks.
 - **ds_mla_pack** (`_ds_mla_pack_kernel`): the packed 656-byte `fp8_ds_mla` writer of DSA
   models, bf16/fp16/fp32 rows, arbitrary and power-of-two scales.
+- **sparse** (`fp8mla.dsa.sparse_builds`): the portable sparse MLA kernel in every tile of the
+  target's sparse table over the packed cache (split and direct; `v`: value-split tiles), its
+  split merge, the index-list compaction (cache rows that follow each other, and pages with a
+  gap), and on SM90 the FP8 × FP8 decode kernel in its 16-bit RoPE mode (`rope16`).
 
 FP8 attention is also built with per-token-group scales (`split+group`).
 
