@@ -181,7 +181,10 @@ def test_run_sparse_records_every_implementation_or_a_note(monkeypatch):
     ctx = SparseContext(env=environment(), device=torch.device("cpu"))
     notes: list[str] = []
     cases = [SparseCase(2, 16, 32, pool_slots=512), SparseCase(1, 64, 16, pool_slots=512)]
-    R.run_sparse(ctx, cases, notes, layers=2)
+    saved: list[tuple[str, int]] = []  # (step, records so far): what the bench saves after each
+    R.run_sparse(ctx, cases, notes, lambda name: saved.append((name, len(ctx.records))), layers=2)
+    assert [name for name, _ in saved] == ["B2_H16_K32", "B1_H64_K16", "2 layers", "packed writer"]
+    assert saved[-1][1] == len(ctx.records), "the writer's record came after the last save"
     impls = {(r["case"], r["impl"]) for r in ctx.records}
     for case in ("B2_H16_K32", "B1_H64_K16"):
         assert {(case, i) for i in ("fp8mla", "fp8mla-bf16", "gather-dequant")} <= impls

@@ -83,7 +83,7 @@ def run(opts: BenchOptions) -> int:
 
         sparse_cases = quick_cases() if opts.quick else SPARSE_CASES
     steps = len(cases) + ("host" in opts.sections) + len(seeds)
-    steps += len(sparse_cases) + bool(sparse_cases)
+    steps += len(sparse_cases) + 2 * bool(sparse_cases)  # the cases, layers, the writer
     written = 0
     with Progress(steps, "bench") as bar:
         for case in cases:

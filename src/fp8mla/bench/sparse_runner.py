@@ -257,7 +257,8 @@ def run_sparse(
     on_case: Callable[[str], None] | None = None,
     layers: int = SPARSE_LAYERS,
 ) -> None:
-    """Every case, then the layers scenario; ``on_case(name)`` after each (progress, saving)."""
+    """Every case, the layers scenario, then the packed writer; ``on_case(name)`` after each
+    (progress, saving)."""
     for case in cases:
         bench_sparse_case(ctx, case, notes)
         if on_case:
@@ -267,4 +268,6 @@ def run_sparse(
         if on_case:
             on_case(f"{layers} layers")
     bench_pack(ctx, PACK_TOKENS if ctx.device.type == "cuda" else 1024)
+    if on_case:
+        on_case("packed writer")
     notes.append(f"sparse: every case reads random slots of one {SPARSE_POOL_SLOTS}-slot pool")
