@@ -44,6 +44,10 @@ compile error, on spills above the limit, or on shared memory over the target's 
 - **kv_stage** (`_kv_stage_kernel`): FP8 pages staged in fp16 for long extend chunks.
 - **ds_mla_pack** (`_ds_mla_pack_kernel`): the packed 656-byte `fp8_ds_mla` writer of DSA
   models, bf16/fp16/fp32 rows, arbitrary and power-of-two scales.
+- **indexer**: DSA's lightning indexer (`fp8mla.dsa.indexer_builds`): the 132-byte key writer,
+  the paged and ragged logits kernels and the fused logits + top-k kernel (1-2 tokens a
+  request, 32 and 64 heads), the top-k's chunk and merge programs at k = 2,048 and the slot
+  conversion.
 
 FP8 attention is also built with per-token-group scales (`split+group`).
 
