@@ -23,6 +23,7 @@ _LAZY = {
     "mla_reference": "fp8mla.reference",
     "pack_ds_mla": "fp8mla.dsa.format",
     "unpack_ds_mla": "fp8mla.dsa.format",
+    "pack_index_keys": "fp8mla.dsa.index_cache",
     "sparse_mla": "fp8mla.dsa.sparse",
     "SparseMLAWrapper": "fp8mla.dsa.sparse",
 }
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper  # noqa: F401
     from fp8mla.cache import MLAKVCache, PoolExhaustedError  # noqa: F401
     from fp8mla.dsa.format import pack_ds_mla, unpack_ds_mla  # noqa: F401
+    from fp8mla.dsa.index_cache import pack_index_keys  # noqa: F401
     from fp8mla.dsa.sparse import SparseMLAWrapper, sparse_mla  # noqa: F401
     from fp8mla.reference import mla_reference  # noqa: F401
 

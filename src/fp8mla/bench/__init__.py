@@ -15,8 +15,8 @@ from pathlib import Path
 
 from fp8mla._progress import Progress
 
-SECTIONS = ("goals", "host", "sweep", "extend", "seed", "sparse")
-DEFAULT_SECTIONS = ("goals", "host", "sweep", "extend", "seed")  # "sparse": on request
+SECTIONS = ("goals", "host", "sweep", "extend", "seed", "sparse", "indexer")
+DEFAULT_SECTIONS = ("goals", "host", "sweep", "extend", "seed")  # "sparse", "indexer": on request
 
 
 @dataclass
@@ -28,6 +28,7 @@ class BenchOptions:
     flashinfer: str | None = None  # folder holding the flashinfer package ($FP8MLA_FLASHINFER)
     flashmla: str | None = None  # folder holding FlashMLA's libraries ($FP8MLA_FLASHMLA)
     vllm_sparse_module: str | None = None  # vLLM's Triton sparse MLA file ($FP8MLA_VLLM_SPARSE)
+    vllm_indexer_module: str | None = None  # vLLM's mqa_logits_triton.py ($FP8MLA_VLLM_INDEXER)
     seed_batches: tuple[int, ...] = (1, 32)
     quick: bool = False
     plot: bool = True
@@ -82,8 +83,15 @@ def run(opts: BenchOptions) -> int:
         from fp8mla.bench.sparse_cases import SPARSE_CASES, quick_cases
 
         sparse_cases = quick_cases() if opts.quick else SPARSE_CASES
+    indexer_cases = []
+    if "indexer" in opts.sections:
+        from fp8mla.bench.indexer_cases import INDEXER_CASES
+        from fp8mla.bench.indexer_cases import quick_cases as quick_indexer
+
+        indexer_cases = quick_indexer() if opts.quick else INDEXER_CASES
     steps = len(cases) + ("host" in opts.sections) + len(seeds)
     steps += len(sparse_cases) + 2 * bool(sparse_cases)  # the cases, layers, the writer
+    steps += len(indexer_cases) + bool(indexer_cases)
     written = 0
     with Progress(steps, "bench") as bar:
         for case in cases:
@@ -120,6 +128,24 @@ def run(opts: BenchOptions) -> int:
                 bar.update(f"sparse {name}")
 
             run_sparse(sparse, sparse_cases, notes, saved, layers=8 if opts.quick else 78)
+        if indexer_cases:
+            from fp8mla.bench.indexer_runner import INDEXER_IMPLS, IndexerContext, run_indexer
+
+            indexer = IndexerContext(
+                env=env,
+                device=device,
+                impls=tuple(i for i in (opts.impls or INDEXER_IMPLS) if i in INDEXER_IMPLS),
+                vllm_path=opts.vllm_indexer_module,
+                records=ctx.records,
+            )
+
+            def indexer_saved(name: str) -> None:
+                nonlocal written
+                append_jsonl(jsonl, ctx.records[written:])
+                written = len(ctx.records)
+                bar.update(f"indexer {name}")
+
+            run_indexer(indexer, indexer_cases, notes, indexer_saved, layer=not opts.quick)
     print(format_table(ctx.records))
     for note in dict.fromkeys(notes):
         print("note:", note)
@@ -127,6 +153,10 @@ def run(opts: BenchOptions) -> int:
         from fp8mla.bench.sparse_report import goal_lines
 
         print("\n".join(["sparse goals:", *goal_lines(ctx.records)]))
+    if indexer_cases:
+        from fp8mla.bench.indexer_report import goal_lines as indexer_goal_lines
+
+        print("\n".join(["indexer goals:", *indexer_goal_lines(ctx.records)]))
     print(f"appended {len(ctx.records)} records of run {env.run} to {jsonl}")
     png = opts.out_dir / f"{gpu_slug(env.gpu)}.png"
     if opts.plot and plot_bandwidth(ctx.records, png):

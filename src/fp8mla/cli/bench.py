@@ -23,8 +23,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--sections",
         default="goals,host,sweep,extend,seed",
-        help="comma-separated subset of goals,host,sweep,extend,seed,sparse (default: all but "
-        "sparse, the DeepSeek Sparse Attention section)",
+        help="comma-separated subset of goals,host,sweep,extend,seed,sparse,indexer (default: all "
+        "but sparse and indexer, the DeepSeek Sparse Attention sections)",
     )
     p.add_argument(
         "--impls", default=None, help="comma-separated implementations (default: all available)"
@@ -70,6 +70,13 @@ def register(subparsers: Any) -> None:
         help="vLLM's Triton sparse MLA module file (v1/attention/ops/triton_sparse_mla_kernel.py "
         "or xpu_mla_sparse.py) for the sparse section; also $FP8MLA_VLLM_SPARSE",
     )
+    p.add_argument(
+        "--vllm-indexer-module",
+        default=None,
+        metavar="PATH",
+        help="vLLM's Triton indexer logits file (v1/attention/ops/mqa_logits_triton.py) for the "
+        "indexer section; also $FP8MLA_VLLM_INDEXER",
+    )
     p.add_argument("--quick", action="store_true", help="a short sweep and an 8-layer seed")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     p.set_defaults(func=run)
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             flashinfer=args.flashinfer,
             flashmla=args.flashmla,
             vllm_sparse_module=args.vllm_sparse_module,
+            vllm_indexer_module=args.vllm_indexer_module,
             quick=args.quick,
             plot=not args.no_plot,
             run_id=args.run_id,

@@ -325,6 +325,18 @@ def sparse_jobs(target: Target) -> list[Job]:
     return jobs
 
 
+def indexer_jobs(target: Target) -> list[Job]:
+    """The lightning indexer (DeepSeek Sparse Attention): every build of
+    ``fp8mla.dsa.indexer_builds``."""
+    from fp8mla.dsa.indexer_builds import indexer_builds
+
+    jobs = []
+    for label, build, tile in indexer_builds(target):
+        limit, why = _spill_limit(target.name, "indexer", tile)
+        jobs.append(Job(target.name, "indexer", label, build, limit, why))
+    return jobs
+
+
 def all_jobs(targets: list[str] | None = None) -> list[Job]:
     """Every build of the matrix, in table order; pure host arithmetic (nothing compiles)."""
     names = targets or list(TARGETS)
@@ -333,6 +345,7 @@ def all_jobs(targets: list[str] | None = None) -> list[Job]:
         t = TARGETS[name]
         jobs += attention_jobs(t) + merge_jobs(t) + kv_write_jobs(t) + kv_stage_jobs(t)
         jobs += ds_mla_pack_jobs(t) + sparse_jobs(t)
+        jobs += indexer_jobs(t)
     return jobs
 
 

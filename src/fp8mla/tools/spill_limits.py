@@ -85,6 +85,15 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
         "least",
     ),
     (
+        ("gfx1100",),
+        "indexer",
+        "",
+        1024,
+        "RDNA3: the indexer's 128-deep query operand and its scores tile crowd the 256 VGPRs "
+        "(WMMA holds 16 values per lane per 16×16 operand tile), and the top-k merge's 8,192 "
+        "candidates at 32 waves: 190-790 B spill at the smallest tiles that compile",
+    ),
+    (
         ("sm90",),
         "sparse",
         "rope16",

@@ -1,0 +1,187 @@
+"""Launch planning for the lightning indexer: the logits tile and dot mode per target family,
+how a row's positions are cut among programs, and the top-k's chunks and merge levels.
+
+Pure host arithmetic on shapes (never on lengths held on the device), so one plan serves every
+step of a shape, captured in a CUDA graph or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fp8mla.attention.targets import INTERPRETER, Target
+
+FUSED_MIN_CONTEXT = 16384  # longer contexts may take the fused logits + top-k kernel
+MAX_TOPK = 8192
+SELECT_ENTRIES = 8192  # candidates one top-k program holds at once (registers)
+MIN_LOGITS_CHUNK = 512  # positions per logits program, at least
+
+
+@dataclass(frozen=True)
+class LogitsTile:
+    """``block_n`` keys a step, ``num_warps`` warps, ``num_stages`` pipeline stages; ``dot``:
+    how the e4m3 codes reach the dot (``"fp8"``: e4m3 × e4m3 tensor-core dot, ``"fp16"``:
+    decoded exactly to fp16, ``"fp32"``: the interpreter)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    dot: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.block_n} keys {self.dot} w{self.num_warps}s{self.num_stages}"
+
+
+@dataclass(frozen=True)
+class IndexerTable:
+    """One target family's choices: the logits tile, the fused kernel's warps (its candidate
+    lists live in its registers while they are compacted), and the warps per 1,024 entries a
+    top-k program holds (at most ``max_warps``)."""
+
+    logits: LogitsTile
+    fused_warps: int
+    entries_per_warp: int
+    max_warps: int
+
+
+# Compiled for every target (docs/compile_matrix.md has the report), not yet timed: H200
+# measurements will replace these choices. 64 keys a step is one page of the engines' caches.
+INDEXER_TABLES: dict[str, IndexerTable] = {
+    # SM89+ (e4m3 tensor-core dots): SM90/SM100 lower the dot to wgmma
+    "fp8": IndexerTable(LogitsTile(64, 4, 3, "fp8"), 8, 512, 16),
+    # SM80/86: no FP8 instructions, fp16 decoded by bit moves (inline PTX)
+    "fp16": IndexerTable(LogitsTile(64, 4, 3, "fp16"), 8, 512, 16),
+    # CDNA (wave64): the same bit moves in Triton integer ops
+    "wave64": IndexerTable(LogitsTile(64, 4, 2, "fp16"), 8, 2048, 16),
+    # RDNA3 (wave32): WMMA's operand tiles crowd the 256 VGPRs; 32 keys a step spill least
+    "wave32": IndexerTable(LogitsTile(32, 8, 2, "fp16"), 8, 256, 32),
+    # Triton's CPU interpreter: fp32 dots; few, wide programs (its time grows per program)
+    "interpreter": IndexerTable(LogitsTile(64, 4, 1, "fp32"), 4, 1024, 16),
+}
+
+
+def logits_warps(tile: LogitsTile, qrows: int) -> int:
+    """Warps of a logits program whose query tile is ``qrows`` (rows × heads) wide: twice the
+    tile's from 128 on (the score tile's accumulator then spans two warp groups)."""
+    return tile.num_warps * (2 if qrows >= 128 else 1)
+
+
+def indexer_table(target: Target | None) -> IndexerTable:
+    """The table of ``target``'s family (None: the H200)."""
+    if target is None:
+        return INDEXER_TABLES["fp8"]
+    if target is INTERPRETER or target.backend == "interpreter":
+        return INDEXER_TABLES["interpreter"]
+    if target.is_hip:
+        return INDEXER_TABLES["wave64" if target.warp_size == 64 else "wave32"]
+    return INDEXER_TABLES["fp8" if int(target.arch) >= 89 else "fp16"]
+
+
+def pow2_at_least(n: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, n - 1).bit_length())
+
+
+def select_warps(entries: int, table: IndexerTable) -> int:
+    """Warps of a top-k program holding ``entries`` candidates."""
+    warps = pow2_at_least(-(-entries // table.entries_per_warp), 4)
+    return min(warps, table.max_warps)
+
+
+def logits_chunk(programs_per_row: int, max_context_len: int, block_n: int) -> int:
+    """Positions per logits program so that each row spreads over ``programs_per_row``
+    programs: a multiple of ``block_n``, at least :data:`MIN_LOGITS_CHUNK`."""
+    per = -(-max_context_len // max(1, programs_per_row))
+    per = max(per, MIN_LOGITS_CHUNK)
+    return -(-per // block_n) * block_n
+
+
+def logits_grid(requests: int, max_context_len: int, sms: int, tile: LogitsTile,
+                waves: int = 4) -> tuple[int, int]:  # fmt: skip
+    """``(chunk, programs per request)`` of the logits kernels: ``waves`` × SMs programs in
+    all, each request's positions cut evenly."""
+    per_row = max(1, -(-waves * sms // max(1, requests)))
+    chunk = logits_chunk(per_row, max(1, max_context_len), tile.block_n)
+    return chunk, max(1, -(-max_context_len // chunk))
+
+
+@dataclass(frozen=True)
+class TopkPlan:
+    """The top-k of ``rows`` rows of ``cols`` columns: ``chunk`` columns per first-level
+    program (a power of two), ``regions`` chunks a row, then merge levels of ``group`` regions
+    each (``levels``: regions in after each level)."""
+
+    k: int
+    kp: int  # k rounded up to a power of two: a region's capacity
+    chunk: int
+    regions: int
+    group: int
+    levels: tuple[int, ...]
+
+    @property
+    def single(self) -> bool:
+        """One program a row writes the output: no merge."""
+        return self.regions == 1
+
+
+def merge_levels(regions: int, group: int) -> tuple[int, ...]:
+    """Regions left after each merge level (the last is 1)."""
+    levels = []
+    while regions > 1:
+        regions = -(-regions // group)
+        levels.append(regions)
+    return tuple(levels)
+
+
+def topk_plan(rows: int, cols: int, k: int, sms: int) -> TopkPlan:
+    """Rows up to :data:`SELECT_ENTRIES` columns take one program each; longer rows are cut
+    into chunks of that many (each keeps at most ``k`` of them), merged ``SELECT_ENTRIES //
+    kp`` regions at a time: the fewest levels (launches), each level's programs as wide as the
+    registers allow."""
+    kp = pow2_at_least(k, 16)
+    group = max(2, SELECT_ENTRIES // kp)
+    if cols <= SELECT_ENTRIES:
+        return TopkPlan(k, kp, pow2_at_least(max(cols, 1), 16), 1, group, ())
+    chunk = max(SELECT_ENTRIES, 2 * kp)
+    regions = -(-cols // chunk)
+    return TopkPlan(k, kp, chunk, regions, group, merge_levels(regions, group))
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """The fused logits + top-k kernel: ``chunk`` positions per program, ``regions`` programs
+    a request, candidate lists of ``cap`` entries (``k`` kept and a tile's worth of room:
+    2 × ``kp`` from ``k`` = 64 on), then merge levels of ``group`` regions."""
+
+    k: int
+    kp: int
+    cap: int
+    chunk: int
+    regions: int
+    group: int
+    levels: tuple[int, ...]
+
+
+def fused_plan(requests: int, max_context_len: int, k: int, sms: int,
+               tile: LogitsTile) -> FusedPlan:  # fmt: skip
+    """Chunks of at least 4 × ``kp`` positions (so that a list keeps a fraction of its
+    chunk), as many as give two programs per SM."""
+    kp = pow2_at_least(k, 16)
+    group = max(2, SELECT_ENTRIES // kp)
+    per_row = max(1, -(-2 * sms // max(1, requests)))
+    chunk = max(-(-max_context_len // per_row), 4 * kp)
+    chunk = -(-chunk // tile.block_n) * tile.block_n
+    regions = max(1, -(-max_context_len // chunk))
+    cap = pow2_at_least(kp + tile.block_n)  # room for the k kept and one more tile
+    return FusedPlan(k, kp, cap, chunk, regions, group, merge_levels(regions, group))
+
+
+def fused_serves(requests: int, max_context_len: int, k: int, sms: int) -> bool:
+    """``fused="auto"``: contexts beyond :data:`FUSED_MIN_CONTEXT` whose requests fill the GPU
+    with chunks of 4 × ``kp`` positions. A few requests over a long context take the two-pass
+    path: its logits kernel spreads one row over every SM, and the logits of one row (4 bytes a
+    position) are small beside its keys (132 bytes)."""
+    if max_context_len <= FUSED_MIN_CONTEXT:
+        return False
+    kp = pow2_at_least(k, 16)
+    return requests * -(-max_context_len // (4 * kp)) >= sms

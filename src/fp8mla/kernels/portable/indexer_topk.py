@@ -1,0 +1,229 @@
+"""Exact top-k of float32 logits per row, on every target: ``k`` positions of the largest
+values, the lower position first among equal values, listed in ascending position order with
+-1 after them when a row has fewer than ``k`` positions.
+
+Values compare as 32-bit keys that order like the floats (``order_key``: -0 as +0, NaN above
++inf). A block of candidates held in registers is selected in one go (``select_top``): the
+k-th largest key is found two bits at a time from the top -- 16 block-wide sums, each
+counting the keys at or above three candidate thresholds -- then every key above it is taken, and of the keys equal to it the first
+ones in order until ``k``; a prefix sum over the chosen ones gives each its place, so the
+order of the candidates is kept. A block holds at most 2^21 - 1 candidates (``kth_key``'s
+counts).
+
+A long row is cut into chunks (``_topk_chunk_kernel``): each program keeps its chunk's own
+top-k -- a superset of the row's top-k within the chunk -- as a list of (key, position) in
+position order, its "region". ``_topk_merge_kernel`` selects again over a group of regions
+(their concatenation is in position order too) into one region, level after level, the last
+level writing the row's output (and, given a block table, the cache slots of the positions).
+"""
+
+import triton
+import triton.language as tl
+
+NEG_ONE = tl.constexpr(-1)
+
+
+@triton.jit
+def order_key(x):
+    """float32 → uint32 keys in the floats' order: -0 and +0 alike, NaN (any) the largest."""
+    x = tl.where(x == 0.0, 0.0, x)
+    b = x.to(tl.uint32, bitcast=True)
+    key = tl.where((b >> 31) != 0, ~b, b | 0x80000000)
+    return tl.where(x != x, 0xFFFFFFFF, key)
+
+
+@triton.jit
+def kth_key(keys, live, k):
+    """The largest threshold ``T`` with at least ``k`` live keys ``>= T`` (0 when fewer than
+    ``k`` keys live: every key is then above it), found two bits a step from the top: the
+    counts at the step's three candidate thresholds ride in one 64-bit sum (21 bits each)."""
+    t = tl.zeros([], tl.uint32)
+    field = (1 << 21) - 1
+    for i in tl.static_range(16):
+        c1 = t | (1 << (30 - 2 * i))
+        c2 = t | (2 << (30 - 2 * i))
+        c3 = t | (3 << (30 - 2 * i))
+        hits = (keys >= c1).to(tl.int64) + ((keys >= c2).to(tl.int64) << 21)
+        hits += (keys >= c3).to(tl.int64) << 42
+        total = tl.sum(tl.where(live, hits, 0), axis=0)
+        n1 = (total & field).to(tl.int32)
+        n2 = ((total >> 21) & field).to(tl.int32)
+        n3 = (total >> 42).to(tl.int32)
+        t = tl.where(n3 >= k, c3, tl.where(n2 >= k, c2, tl.where(n1 >= k, c1, t)))
+    return t
+
+
+@triton.jit
+def select_top(keys, live, k):
+    """The top ``k`` of the 1-D ``keys`` where ``live``, the earlier entry first among equal
+    keys: ``(chosen mask, place of each chosen entry in order, how many, the k-th key)``."""
+    t = kth_key(keys, live, k)
+    above = live & (keys > t)
+    tie = (live & (keys == t)).to(tl.int32)
+    need = k - tl.sum(above.to(tl.int32), axis=0)
+    tie_rank = tl.cumsum(tie, axis=0) - tie
+    chosen = above | ((tie != 0) & (tie_rank < need))
+    c = chosen.to(tl.int32)
+    place = tl.cumsum(c, axis=0) - c
+    return chosen, place, tl.sum(c, axis=0), t
+
+
+@triton.jit
+def write_output(out_row, slot_row, bt_row, pos, chosen, place, count, k, num_pages,
+                 KP: tl.constexpr, PAGE_SIZE: tl.constexpr, WRITE_SLOTS: tl.constexpr):  # fmt: skip
+    """The row's output: chosen positions at their places, -1 from ``count`` to ``k``; with
+    ``WRITE_SLOTS`` also each position's cache slot through the block-table row (-1 for a page
+    id outside ``[0, num_pages)``)."""
+    tl.store(out_row + place, pos, mask=chosen)
+    j = tl.arange(0, KP)
+    pad = (j >= count) & (j < k)
+    tl.store(out_row + j, tl.full([KP], -1, tl.int32), mask=pad)
+    if WRITE_SLOTS:
+        page = tl.load(bt_row + pos // PAGE_SIZE, mask=chosen, other=-1)
+        slot = page * PAGE_SIZE + pos % PAGE_SIZE
+        slot = tl.where((page >= 0) & (page < num_pages), slot, NEG_ONE)
+        tl.store(slot_row + place, slot, mask=chosen)
+        tl.store(slot_row + j, tl.full([KP], -1, tl.int32), mask=pad)
+
+
+@triton.jit(do_not_specialize=["k", "num_pages"])
+def _topk_chunk_kernel(
+    logits_ptr,  # [rows, L] float32
+    start_ptr,  # [rows] int32 first column of each row (HAS_START)
+    end_ptr,  # [rows] int32 one past its last column
+    out_ptr,  # FINAL: [rows, k] int32 positions; else [rows, chunks, KP] region positions
+    key_ptr,  # [rows, chunks, KP] region keys (uint32 bits in int32; not FINAL)
+    count_ptr,  # [rows, chunks] int32 region sizes (not FINAL)
+    slot_ptr,  # [rows, k] int32 cache slots (FINAL with WRITE_SLOTS)
+    bt_ptr,  # [B, max_pages] int32 block table (WRITE_SLOTS)
+    stride_l_row,
+    stride_out_row,
+    stride_bt_b,
+    rows_per_request,  # rows of one block-table row (WRITE_SLOTS)
+    num_cols,  # L
+    num_pages,
+    k,
+    HAS_START: tl.constexpr,
+    CHUNK: tl.constexpr,  # columns per program, a power of two
+    KP: tl.constexpr,  # k rounded up to a power of two (a region's capacity)
+    FINAL: tl.constexpr,  # one chunk a row: write the row's output
+    WRITE_SLOTS: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    c = tl.program_id(0)
+    row = tl.program_id(1)
+    chunks = tl.num_programs(0)
+    if HAS_START:
+        lo = tl.minimum(tl.maximum(tl.load(start_ptr + row), 0), num_cols)
+    else:
+        lo = 0
+    hi = tl.minimum(tl.maximum(tl.load(end_ptr + row), lo), num_cols)
+
+    # -- the chunk's keys (positions relative to the row's first column) --
+    rel = c * CHUNK + tl.arange(0, CHUNK)
+    live = rel < hi - lo
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_l_row + lo + rel, mask=live, other=0.0)
+    keys = order_key(x)
+    chosen, place, count, _ = select_top(keys, live, k)
+
+    # -- the row's output, or the chunk's region --
+    if FINAL:
+        out_row = out_ptr + row.to(tl.int64) * stride_out_row
+        slot_row = slot_ptr + row.to(tl.int64) * stride_out_row
+        bt_row = bt_ptr + (row // rows_per_request).to(tl.int64) * stride_bt_b
+        write_output(out_row, slot_row, bt_row, rel, chosen, place, count, k, num_pages,
+                     KP, PAGE_SIZE, WRITE_SLOTS)  # fmt: skip
+    else:
+        region = (row * chunks + c).to(tl.int64) * KP
+        tl.store(out_ptr + region + place, rel, mask=chosen)
+        tl.store(key_ptr + region + place, keys.to(tl.int32, bitcast=True), mask=chosen)
+        tl.store(count_ptr + row * chunks + c, count)
+
+
+@triton.jit(do_not_specialize=["k", "num_pages", "regions_in"])
+def _topk_merge_kernel(
+    in_pos_ptr,  # [rows, regions_in, region_stride] int32 positions
+    in_key_ptr,  # [rows, regions_in, region_stride] keys (uint32 bits in int32)
+    in_count_ptr,  # [rows, regions_in] int32 sizes (each <= CAPR)
+    out_ptr,  # FINAL: [rows, k] int32 positions; else [rows, groups, KP] region positions
+    key_ptr,  # [rows, groups, KP] keys (uint32 bits in int32; not FINAL)
+    count_ptr,  # [rows, groups] int32 (not FINAL)
+    slot_ptr,  # [rows, k] int32 (FINAL with WRITE_SLOTS)
+    bt_ptr,  # [B, max_pages] int32 (WRITE_SLOTS)
+    stride_out_row,
+    stride_bt_b,
+    rows_per_request,
+    regions_in,
+    region_stride,  # entries between regions of the input
+    num_pages,
+    k,
+    G: tl.constexpr,  # input regions per program, a power of two
+    CAPR: tl.constexpr,  # entries read per input region (>= its size), a power of two
+    KP: tl.constexpr,
+    FINAL: tl.constexpr,
+    WRITE_SLOTS: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    g = tl.program_id(0)
+    row = tl.program_id(1)
+    groups = tl.num_programs(0)
+
+    # -- the group's regions, concatenated in order --
+    reg = g * G + tl.arange(0, G)
+    reg_ok = reg < regions_in
+    sizes = tl.load(in_count_ptr + row * regions_in + reg, mask=reg_ok, other=0)
+    j = tl.arange(0, CAPR)
+    live = j[None, :] < sizes[:, None]
+    at = (row * regions_in + reg).to(tl.int64)[:, None] * region_stride + j[None, :]
+    keys = tl.load(in_key_ptr + at, mask=live, other=0).to(tl.uint32, bitcast=True)
+    keys = tl.reshape(keys, [G * CAPR])
+    pos = tl.reshape(tl.load(in_pos_ptr + at, mask=live, other=0), [G * CAPR])
+    live = tl.reshape(live, [G * CAPR])
+    chosen, place, count, _ = select_top(keys, live, k)
+
+    if FINAL:
+        out_row = out_ptr + row.to(tl.int64) * stride_out_row
+        slot_row = slot_ptr + row.to(tl.int64) * stride_out_row
+        bt_row = bt_ptr + (row // rows_per_request).to(tl.int64) * stride_bt_b
+        write_output(out_row, slot_row, bt_row, pos, chosen, place, count, k, num_pages,
+                     KP, PAGE_SIZE, WRITE_SLOTS)  # fmt: skip
+    else:
+        region = (row * groups + g).to(tl.int64) * KP
+        tl.store(out_ptr + region + place, pos, mask=chosen)
+        tl.store(key_ptr + region + place, keys.to(tl.int32, bitcast=True), mask=chosen)
+        tl.store(count_ptr + row * groups + g, count)
+
+
+@triton.jit
+def _to_slots_kernel(
+    pos_ptr,  # [T, k] int32 request-relative positions (-1: none)
+    req_ptr,  # [T] int32 block-table row of each token (HAS_REQ), else t // rows_per_request
+    bt_ptr,  # [B, max_pages] int32
+    out_ptr,  # [T, k] int32 slots
+    stride_pos_t,
+    stride_out_t,
+    stride_bt_b,
+    rows_per_request,
+    num_requests,
+    max_pages,
+    num_pages,
+    k,
+    HAS_REQ: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    t = tl.program_id(1)
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_row = j < k
+    if HAS_REQ:
+        req = tl.load(req_ptr + t)
+    else:
+        req = t // rows_per_request
+    req = req + tl.zeros([BLOCK], tl.int32)  # a vector: the interpreter's scalar masks differ
+    pos = tl.load(pos_ptr + t.to(tl.int64) * stride_pos_t + j, mask=in_row, other=-1)
+    slot_page = pos // PAGE_SIZE
+    ok = in_row & (req >= 0) & (req < num_requests) & (pos >= 0) & (slot_page < max_pages)
+    page = tl.load(bt_ptr + req.to(tl.int64) * stride_bt_b + slot_page, mask=ok, other=-1)
+    ok = ok & (page >= 0) & (page < num_pages)
+    slot = tl.where(ok, page * PAGE_SIZE + (pos - slot_page * PAGE_SIZE), NEG_ONE)
+    tl.store(out_ptr + t.to(tl.int64) * stride_out_t + j, slot, mask=in_row)
