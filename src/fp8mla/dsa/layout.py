@@ -45,6 +45,19 @@ NAN_E4M3 = 0x7F  # the e4m3 NaN code written, whatever the sign (GPUs' satfinite
 NAN_BF16 = 0x7FC0  # the bf16 NaN written for a NaN RoPE value of an fp16/fp32 input
 
 
+def slot_addressing(data: torch.Tensor) -> tuple[int, int, int]:
+    """``(page_size, page_stride, token_stride)`` in bytes of a ``[pages, page_size, width]``
+    cache view whose rows are contiguous, for a kernel that finds slot ``s`` at
+    ``(s // page_size) * page_stride + (s % page_size) * token_stride``: pages that follow each
+    other without a gap are one page of every slot (page size 1, no division in the kernel)."""
+    pages, size, width = data.shape
+    item = data.element_size()
+    token = data.stride(1) * item if size > 1 else width * item
+    if pages <= 1 or data.stride(0) * item == size * token:
+        return 1, token, token
+    return size, data.stride(0) * item, token
+
+
 @dataclass(frozen=True)
 class TokenView:
     """A packed cache read as bytes: ``data [pages, page_size, 656]`` uint8 (a view of the
@@ -59,15 +72,8 @@ class TokenView:
         return self.data.shape[0] * self.page_size
 
     def addressing(self) -> tuple[int, int, int]:
-        """``(page_size, page_stride, token_stride)`` in bytes for a kernel that finds slot
-        ``s`` at ``(s // page_size) * page_stride + (s % page_size) * token_stride``: pages
-        that follow each other without a gap are one page of every slot (page size 1, no
-        division in the kernel)."""
-        pages, size, _ = self.data.shape
-        token = self.data.stride(1) if size > 1 else TOKEN_BYTES
-        if pages <= 1 or self.data.stride(0) == size * token:
-            return 1, token, token
-        return size, self.data.stride(0), token
+        """:func:`slot_addressing` of the view."""
+        return slot_addressing(self.data)
 
 
 def token_view(cache: torch.Tensor, *, page_size: int | None = None) -> TokenView:

@@ -24,6 +24,7 @@ from fp8mla.dsa.layout import (
     ROPE_OFFSET,
     SCALE_OFFSET,
     TOKEN_BYTES,
+    slot_addressing,
     token_view,
 )
 
@@ -55,15 +56,8 @@ class SparseCache:
         return self.data.dtype
 
     def addressing(self) -> tuple[int, int, int]:
-        """``(page_size, page_stride, token_stride)`` in bytes: slot ``s`` starts at
-        ``(s // page_size) * page_stride + (s % page_size) * token_stride``; pages that follow
-        each other without a gap are one page of every slot (page size 1: no division)."""
-        pages, size, _ = self.data.shape
-        item = self.data.element_size()
-        token = self.data.stride(1) * item if size > 1 else self.data.shape[2] * item
-        if pages <= 1 or self.data.stride(0) * item == size * token:
-            return 1, token, token
-        return size, self.data.stride(0) * item, token
+        """:func:`fp8mla.dsa.layout.slot_addressing` of the view."""
+        return slot_addressing(self.data)
 
     def rows(self, slots: torch.Tensor) -> torch.Tensor:
         """The rows of ``slots`` (int64, each in ``[0, num_slots)``): ``[N, width]``."""
