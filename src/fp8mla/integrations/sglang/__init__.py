@@ -4,15 +4,19 @@ SGLang loads the entry-point group ``sglang.srt.plugins`` in every process befor
 arguments (``sglang.srt.plugins.load_plugins``). fp8mla declares :func:`register` there, so
 with fp8mla installed next to SGLang the name ``fp8mla`` is a choice of
 ``--attention-backend``, ``--decode-attention-backend`` and ``--prefill-attention-backend``.
-:func:`register` only extends SGLang's own extension points; it replaces no SGLang function:
+It serves dense MLA models (``backend.FP8MLAAttnBackend``) and DeepSeek Sparse Attention
+models, DeepSeek-V3.2 and GLM-5 (``dsa_backend.FP8MLADSABackend``, in place of SGLang's ``dsa``
+backend). :func:`register` only extends SGLang's own extension points:
 
 - ``ATTENTION_BACKENDS`` (``register_attention_backend``): the factory;
 - ``arg_groups.choices.add_attention_backend_choices``: the CLI choice;
 - DeepSeek-family models: ``FORWARD_ABSORB_CORE_ATTENTION_BACKENDS`` (the backend receives
   ``q_nope``/``q_rope`` and the latent K separately) and ``AttentionBackendRegistry`` (every
   batch takes the absorbed MLA path; fp8mla has no MHA prefill);
-- a server-args validation pass (``register_post_process``) that refuses what fp8mla cannot
-  serve at start-up, in one line naming the option.
+- the resolution step ``handle_other_validations`` (``register_resolution_hook``), which runs
+  the server-args pass that refuses what fp8mla cannot serve at start-up, in one line naming
+  the option (:func:`check_server_args`; ``dsa_config.check_dsa_server_args`` on DSA models);
+- DSA models: ``HookRegistry`` hooks on the pool layout and the indexer (``dsa_config``).
 """
 
 from __future__ import annotations
@@ -78,7 +82,10 @@ def check_server_args(view: Any) -> dict:
 
 
 def create_backend(runner: Any):
-    """``ATTENTION_BACKENDS["fp8mla"]``: the backend for one ``ModelRunner``."""
+    """``ATTENTION_BACKENDS["fp8mla"]``: the backend for one ``ModelRunner`` (the DSA one
+    for DeepSeek Sparse Attention models)."""
+    from sglang.srt.configs.model_config import is_deepseek_dsa
+
     from fp8mla.integrations.common import IntegrationConfigError
 
     if not getattr(runner, "use_mla_backend", False):
@@ -86,6 +93,10 @@ def create_backend(runner: Any):
             "fp8mla (sglang): --attention-backend fp8mla serves MLA models only "
             "(DeepSeek-V2/V3, Kimi-K2, GLM-5); choose another backend for this model"
         )
+    if is_deepseek_dsa(runner.model_config.hf_config):
+        from fp8mla.integrations.sglang.dsa_backend import FP8MLADSABackend
+
+        return FP8MLADSABackend(runner)
     from fp8mla.integrations.sglang.backend import FP8MLAAttnBackend
 
     return FP8MLAAttnBackend(runner)
@@ -120,8 +131,13 @@ def register() -> None:
     if NAME not in FORWARD_ABSORB_CORE_ATTENTION_BACKENDS:
         FORWARD_ABSORB_CORE_ATTENTION_BACKENDS.append(NAME)
     AttentionBackendRegistry.register(NAME, _absorbed_mla)
+    # SGLang 0.5.23 keeps this registry but its resolution pipeline does not iterate it; the
+    # resolution hook of dsa_config.register_dsa_hooks runs the pass at start-up
     if check_server_args not in POST_PROCESS_PASSES:
         register_post_process(check_server_args)
+    from fp8mla.integrations.sglang.dsa_config import register_dsa_hooks
+
+    register_dsa_hooks()
 
 
 __all__ = ["NAME", "check_server_args", "create_backend", "register"]
