@@ -21,7 +21,8 @@ ENGINES_STAMP := $(ENGINES)/.installed
 ENGINES_VLLM034 := $(VENV)/engines-vllm-0.34
 ENGINE_LEGS ?= $(ENGINES_VLLM034)
 ENGINE_LEG_TESTS := tests/integrations/test_engines_installed.py \
-  tests/integrations/test_vllm_plugin.py tests/integrations/test_vllm_graph.py
+  tests/integrations/test_vllm_plugin.py tests/integrations/test_vllm_graph.py \
+  tests/integrations/test_vllm_sparse.py
 
 # Triton kernels run compiled on a CUDA GPU, interpreted everywhere else.
 HAS_CUDA := $(shell python3 -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 && echo 1 || echo 0)
