@@ -114,7 +114,7 @@ def flashmla_fp8(inp: BenchInputs, ops: types.SimpleNamespace) -> Runner:
     def run() -> torch.Tensor:
         out = ops.fp8_decode(q_fp8, pages.cache, HEAD_DIM_CKV, pages.seqlens, pages.block_table,
                              SM_SCALE, True, meta, splits, descale_q, descale_k)[0]  # fmt: skip
-        return out.view(b * s_q, h, HEAD_DIM_CKV)
+        return out.reshape(b * s_q, h, HEAD_DIM_CKV)
 
     return run
 
@@ -133,8 +133,8 @@ def flashmla_bf16kv(inp: BenchInputs, ops: types.SimpleNamespace) -> Runner:
         raise _refused(exc) from exc
 
     def run() -> torch.Tensor:
-        ops.dense_decode(q, pages.cache, HEAD_DIM_CKV, pages.seqlens, pages.block_table,
-                         SM_SCALE, True, meta, splits, out)  # fmt: skip
-        return out.view(b * s_q, h, HEAD_DIM_CKV)
+        result = ops.dense_decode(q, pages.cache, HEAD_DIM_CKV, pages.seqlens, pages.block_table,
+                                  SM_SCALE, True, meta, splits, out)[0]  # fmt: skip
+        return result.reshape(b * s_q, h, HEAD_DIM_CKV)
 
     return run
