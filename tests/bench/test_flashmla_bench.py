@@ -12,7 +12,7 @@ from fp8mla.attention.reference import mla_reference
 from fp8mla.bench import flashmla as F
 from fp8mla.bench import runner as R
 from fp8mla.bench.cases import GOAL_CASES, Case
-from fp8mla.bench.impls import SM_SCALE, Unavailable
+from fp8mla.bench.impls import Unavailable
 from fp8mla.bench.inputs import build_inputs, page_copy
 from fp8mla.bench.report import GOAL_CHECKS, goal_lines
 from fp8mla.bench.runner import BenchContext, Environment, reference_subset
@@ -177,7 +177,6 @@ def test_flashmla_runners_pass_the_case(case):
     assert rel_err(out_fp8[rows].float(), ref) < 6e-2
     assert rel_err(out_bf16[rows].float(), ref) < 5e-3
     assert fake.calls == {"fp8_metadata": 1, "fp8_decode": 2, "dense_decode": 2}
-    assert SM_SCALE == 1 / 192**0.5
 
 
 def test_flashmla_runners_refuse_extend_chunks_and_e5m2():
@@ -246,6 +245,11 @@ def test_flashmla_rows_carry_their_error(stubbed_clocks):
     assert rows["flashmla-bf16kv"]["rel_err"] < 5e-3
 
 
+def test_goals_section_lists_flashmla_beside_flashinfer():
+    impls = list(R.ALL_IMPLS)
+    assert impls[-4:] == ["flashinfer-fp8", "flashinfer-bf16kv", "flashmla-fp8", "flashmla-bf16kv"]
+
+
 def test_goal_cases_and_their_goal_lines():
     names = [c.name for c in GOAL_CASES]
     assert names[-3:] == [
@@ -281,3 +285,19 @@ def test_goal_cases_and_their_goal_lines():
         "not measured (goal <= 0.93x)" in lines["B64_H128_L4096 fp8mla time / flashinfer-bf16kv's"]
     )
     assert "not measured" in lines["B32_H32_L4096 fp8mla time"]
+
+
+def test_report_command_reads_the_files_last_run(tmp_path, capsys):
+    from fp8mla.bench.report import append_jsonl, main
+
+    h64 = "B64_H64_L4096_float8_e4m3fn"
+    path = tmp_path / "nvidia-h200.jsonl"
+    old = dict(case=h64, impl="fp8mla", us_median=200.0, rel_err=1.7e-3, goal="g", run="a")
+    append_jsonl(path, [old, dict(old, impl="flashmla-fp8", us_median=100.0, rel_err=2.4e-2)])
+    append_jsonl(
+        path, [dict(old, run="b", us_median=90.0), dict(old, run="b", impl="flashmla-fp8")]
+    )
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "B64_H64_L4096 fp8mla speedup over flashmla-fp8: 2.22x (200.0 / 90.0 us)" in out
+    assert main([]) == 2
