@@ -1,4 +1,4 @@
-"""The FlashMLA decode baselines' plumbing, on the CPU: the 64-token-page copy of a case's
+"""The FlashMLA decode baselines' plumbing, on any device: the 64-token-page copy of a case's
 tokens, the FP8 query quantization, the arguments the two ops receive (checked by stand-ins
 that compute the attention those arguments describe with fp8mla's reference: they test our
 inputs and calls, not FlashMLA), a missing FlashMLA folder, and the goal lines."""
@@ -19,7 +19,6 @@ from fp8mla.bench.runner import BenchContext, Environment, reference_subset
 from fp8mla.testing import rel_err
 
 E4M3 = torch.float8_e4m3fn
-CPU = torch.device("cpu")
 
 
 def environment() -> Environment:
@@ -30,9 +29,10 @@ def environment() -> Environment:
 
 @pytest.mark.parametrize("source_page", [1, 16])
 @pytest.mark.parametrize("context", [1, 17, 100, 128])
-def test_page_copy_holds_the_same_tokens(source_page, context):
+def test_page_copy_holds_the_same_tokens(device, source_page, context):
+    dev = torch.device(device)
     case = Case(3, 4, context, page_size=source_page, pool_slots=1024)
-    inp = build_inputs(case, CPU, seed=5)
+    inp = build_inputs(case, dev, seed=5)
     inp.scale = 0.375
     raw, deq = page_copy(inp), page_copy(inp, torch.bfloat16)
     pages = -(-context // 64)
@@ -42,7 +42,7 @@ def test_page_copy_holds_the_same_tokens(source_page, context):
     assert sorted(raw.block_table.flatten().tolist()) == list(range(3 * pages))
     assert raw.seqlens.dtype == torch.int32 and raw.seqlens.tolist() == [context] * 3
     # every request's token p, read through the page table, against the pool's slot
-    pos = torch.arange(context)
+    pos = torch.arange(context, device=dev)
     for b in range(3):
         blocks = raw.block_table[b, pos // 64].long()
         slots = inp.token_slots[b * context : (b + 1) * context]
@@ -52,7 +52,7 @@ def test_page_copy_holds_the_same_tokens(source_page, context):
         want = (source.double() * inp.scale).to(torch.bfloat16)
         assert torch.equal(deq.cache[blocks, pos % 64, 0], want)
     # the tail of each last page is padding
-    filled = torch.zeros(3 * pages * 64, dtype=torch.bool)
+    filled = torch.zeros(3 * pages * 64, dtype=torch.bool, device=dev)
     for b in range(3):
         filled[(raw.block_table[b, pos // 64].long() * 64 + pos % 64)] = True
     assert not deq.cache.view(-1, 576)[~filled].any()
@@ -111,8 +111,8 @@ class FakeFlashMLA:
             rows[..., 512:],
             kcache[:, :, 0, :512],
             kcache[:, :, 0, 512:],
-            torch.arange(0, b * s_q + 1, s_q, dtype=torch.int32),
-            torch.arange(0, b * pages + 1, pages, dtype=torch.int32),
+            torch.arange(0, b * s_q + 1, s_q, dtype=torch.int32, device=q.device),
+            torch.arange(0, b * pages + 1, pages, dtype=torch.int32, device=q.device),
             block_table.flatten(),
             seqlens,
             sm_scale=softmax_scale,
@@ -164,8 +164,8 @@ class FakeFlashMLA:
     ],
     ids=lambda c: c.name,
 )
-def test_flashmla_runners_pass_the_case(case):
-    inp = build_inputs(case, CPU, seed=7)
+def test_flashmla_runners_pass_the_case(device, case):
+    inp = build_inputs(case, torch.device(device), seed=7)
     ref, rows = reference_subset(inp, case.batch)
     fake = FakeFlashMLA()
     fp8 = F.flashmla_fp8(inp, fake)
@@ -180,11 +180,11 @@ def test_flashmla_runners_pass_the_case(case):
 
 
 def test_flashmla_runners_refuse_extend_chunks_and_e5m2():
-    fake = FakeFlashMLA()
-    long = build_inputs(Case(1, 8, 48, qo_len=17, pool_slots=512), CPU)
+    fake, cpu = FakeFlashMLA(), torch.device("cpu")
+    long = build_inputs(Case(1, 8, 48, qo_len=17, pool_slots=512), cpu)
     with pytest.raises(Unavailable, match="16 query tokens"):
         F.flashmla_fp8(long, fake)
-    e5m2 = build_inputs(Case(1, 8, 48, kv_dtype=torch.float8_e5m2, pool_slots=512), CPU)
+    e5m2 = build_inputs(Case(1, 8, 48, kv_dtype=torch.float8_e5m2, pool_slots=512), cpu)
     with pytest.raises(Unavailable, match="e4m3"):
         F.flashmla_fp8(e5m2, fake)
 
@@ -194,14 +194,14 @@ def test_a_failing_op_is_unavailable():
         def fp8_metadata(self, *args):
             raise RuntimeError("Only head_size == 576 is supported\nstack...")
 
-    inp = build_inputs(Case(1, 8, 48, pool_slots=512), CPU)
+    inp = build_inputs(Case(1, 8, 48, pool_slots=512), torch.device("cpu"))
     with pytest.raises(Unavailable, match="FlashMLA refused the case .Only head_size"):
         F.flashmla_fp8(inp, Refusing())
 
 
 @pytest.fixture
 def stubbed_clocks(monkeypatch):
-    """``bench_case`` on the CPU: each timer calls its function once and reports 10 µs."""
+    """``bench_case`` anywhere: each timer calls its function once and reports 10 µs."""
 
     def once(fn, *args, **kwargs):
         fn()
@@ -218,12 +218,13 @@ def stubbed_clocks(monkeypatch):
 IMPLS = ("fp8mla", "fp8mla-bf16kv", "flashmla-fp8", "flashmla-bf16kv")
 
 
-def test_missing_flashmla_folder_skips_its_rows_only(stubbed_clocks, tmp_path):
+def test_missing_flashmla_folder_skips_its_rows_only(stubbed_clocks, device, tmp_path):
+    dev = torch.device(device)
     case = Case(2, 16, 64, pool_slots=512, goal="test")
     for path, reason in ((None, "no FlashMLA folder"), (str(tmp_path), "_flashmla_C.abi3.so")):
-        ctx = BenchContext(env=environment(), device=CPU, impls=IMPLS, flashmla_path=path)
+        ctx = BenchContext(env=environment(), device=dev, impls=IMPLS, flashmla_path=path)
         with pytest.raises(Unavailable, match=reason):
-            R.make_runner("flashmla-fp8", build_inputs(case, CPU), ctx)
+            R.make_runner("flashmla-fp8", build_inputs(case, dev), ctx)
         notes: list[str] = []
         R.bench_case(ctx, case, notes)
         assert [r["impl"] for r in ctx.records] == ["fp8mla", "fp8mla-bf16kv"]
@@ -232,9 +233,9 @@ def test_missing_flashmla_folder_skips_its_rows_only(stubbed_clocks, tmp_path):
             assert note.startswith(f"{case.name} {impl}: skipped (") and reason in note
 
 
-def test_flashmla_rows_carry_their_error(stubbed_clocks):
+def test_flashmla_rows_carry_their_error(stubbed_clocks, device):
     case = Case(2, 16, 64, pool_slots=512, goal="test")
-    ctx = BenchContext(env=environment(), device=CPU, impls=IMPLS)
+    ctx = BenchContext(env=environment(), device=torch.device(device), impls=IMPLS)
     ctx._flashmla = FakeFlashMLA()  # what load_flashmla returns: the ops by name
     notes: list[str] = []
     R.bench_case(ctx, case, notes)
