@@ -5,6 +5,11 @@
 # append to OUT_DIR/<gpu>.jsonl, labelled $RUN_ID (default: each section's start time); append
 # that file to benchmarks/results/<gpu>.jsonl to keep it. FlashInfer is found through
 # $FP8MLA_FLASHINFER (a folder holding the flashinfer package), as `fp8mla bench` does.
+# Carry (git-ignored), for the goals section's FlashMLA rows (flashmla-fp8, flashmla-bf16kv):
+#   .carry/flashmla/_flashmla_C.abi3.so, _flashmla_extension_C.abi3.so
+#       FlashMLA as vLLM 0.26.0 builds it (../shared/flashmla-vllm-0.26); without the folder,
+#       $FP8MLA_FLASHMLA, else the rows are skipped with a note. The goals section ends with
+#       its goal lines (also: python -m fp8mla.bench.report OUT_DIR/<gpu>.jsonl).
 set -uo pipefail
 out=${1:?usage: run_on_gpu.sh OUT_DIR [STEPS]}
 steps=${2:-tests,bench}
@@ -33,11 +38,15 @@ if has tune; then
 fi
 sg=()
 [ -f .carry/sglang_0_5_2_decode_attention.py ] && sg=(--sglang-module .carry/sglang_0_5_2_decode_attention.py)
+fm=()
+[ -d .carry/flashmla ] && fm=(--flashmla .carry/flashmla)
 for section in goals host seed extend sweep; do
   if has bench && [[ $section == goals || $section == host ]] || has $section; then
+    extra=() lines=45
+    [[ $section == goals ]] && extra=("${fm[@]}") lines=120  # the table and its goal lines
     timeout ${SECTION_TIMEOUT:-300} $py -m fp8mla bench --sections $section --out "$out" "${sg[@]}" \
-      ${RUN_ID:+--run-id "$RUN_ID"} --no-plot ${BENCH_ARGS:-} 2>"$out/bench_$section.err" \
-      | tee "$out/bench_$section.log" | grep -v "^note:" | tail -45
+      "${extra[@]}" ${RUN_ID:+--run-id "$RUN_ID"} --no-plot ${BENCH_ARGS:-} \
+      2>"$out/bench_$section.err" | tee "$out/bench_$section.log" | grep -v "^note:" | tail -$lines
   fi
 done
 if has demo; then

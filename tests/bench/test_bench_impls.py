@@ -60,6 +60,9 @@ def test_case_names_and_counts():
         "B8_H32_L16384_float8_e4m3fn",
         "B1_H32_L4096_float8_e4m3fn",
         "B64_H128_L4096_float8_e4m3fn",
+        "B64_H64_L4096_float8_e4m3fn",
+        "B128_H128_L8192_float8_e4m3fn",
+        "B64_H128_L4096_Q2_float8_e4m3fn",
     ]
     assert Case(1, 32, 4096, page_size=64).name == "B1_H32_L4096_P64_float8_e4m3fn"
     assert flops(Case(1, 1, 10)) == 2 * 10 * 1088

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fp8mla.bench import sparse_impls as S
+from fp8mla.bench.flashmla import FLASHMLA_ENV, load_flashmla
 from fp8mla.bench.impls import Unavailable
 from fp8mla.bench.report import format_table
 from fp8mla.bench.runner import Environment
@@ -131,12 +132,12 @@ def test_records_and_goal_report(tmp_path):
 
 
 def test_baselines_without_their_files_are_unavailable(tmp_path, monkeypatch):
-    monkeypatch.delenv(S.FLASHMLA_ENV, raising=False)
+    monkeypatch.delenv(FLASHMLA_ENV, raising=False)
     monkeypatch.delenv(S.VLLM_SPARSE_ENV, raising=False)
     with pytest.raises(Unavailable, match="no FlashMLA folder"):
-        S.load_flashmla(None)
+        load_flashmla(None)
     with pytest.raises(Unavailable, match="_flashmla_C.abi3.so"):
-        S.load_flashmla(str(tmp_path))
+        load_flashmla(str(tmp_path))
     with pytest.raises(Unavailable, match="no vLLM sparse module"):
         S.load_vllm_sparse(None)
     with pytest.raises(Unavailable, match="no file"):
@@ -176,7 +177,7 @@ def test_run_sparse_records_every_implementation_or_a_note(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
     monkeypatch.setattr(R, "LAYERS_CASE", SparseCase(1, 16, 32, pool_slots=512))
-    monkeypatch.delenv(S.FLASHMLA_ENV, raising=False)
+    monkeypatch.delenv(FLASHMLA_ENV, raising=False)
     monkeypatch.delenv(S.VLLM_SPARSE_ENV, raising=False)
     ctx = SparseContext(env=environment(), device=torch.device("cpu"))
     notes: list[str] = []

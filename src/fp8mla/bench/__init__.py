@@ -67,6 +67,7 @@ def run(opts: BenchOptions) -> int:
         impls=opts.impls or ALL_IMPLS,
         sglang_path=opts.sglang_module,
         flashinfer_path=opts.flashinfer,
+        flashmla_path=opts.flashmla,
     )
     cases = []
     if "goals" in opts.sections:
@@ -149,6 +150,10 @@ def run(opts: BenchOptions) -> int:
     print(format_table(ctx.records))
     for note in dict.fromkeys(notes):
         print("note:", note)
+    if "goals" in opts.sections:
+        from fp8mla.bench.report import goal_lines as dense_goal_lines
+
+        print("\n".join(["goals:", *dense_goal_lines(ctx.records)]))
     if sparse_cases:
         from fp8mla.bench.sparse_report import goal_lines
 

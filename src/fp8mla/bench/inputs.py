@@ -84,3 +84,49 @@ def build_inputs(
         kv_len=torch.full((case.batch,), case.context, **i32),
         token_slots=token_slots,
     )
+
+
+@dataclass
+class PageCopy:
+    """A case's tokens re-laid into pages: what a kernel taking one page size reads."""
+
+    cache: torch.Tensor  # [blocks, page_size, 1, 576]
+    block_table: torch.Tensor  # [batch, pages a request] int32 block ids
+    seqlens: torch.Tensor  # [batch] int32
+
+
+COPY_TOKENS = 1 << 18  # tokens copied at once (bounds the float32 temporary of a dequantization)
+
+
+def page_copy(
+    inp: BenchInputs, dtype: torch.dtype | None = None, page_size: int = 64, seed: int = 0
+) -> PageCopy:
+    """Every request's tokens, in order, in pages of ``page_size`` at random block ids of a
+    cache of exactly the blocks needed (the last page of a request padded with zeros): the
+    pool's bytes as stored (``dtype`` None), or its values dequantized (× ``inp.scale``) to
+    ``dtype``."""
+    case, pool = inp.case, inp.pool
+    dev = pool.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    pages_per = -(-case.context // page_size)
+    blocks = torch.randperm(case.batch * pages_per, device=dev, generator=g)
+    block_table = blocks.view(case.batch, pages_per)
+    pos = torch.arange(case.context, device=dev)
+    dest = (block_table[:, pos // page_size] * page_size + pos % page_size).reshape(-1)
+    width = pool.shape[-1]
+    cache = torch.zeros(blocks.numel(), page_size, 1, width, dtype=dtype or pool.dtype, device=dev)
+    rows = pool.view(-1, width)
+    flat = cache.view(-1, width)
+    for start in range(0, dest.numel(), COPY_TOKENS):
+        src = inp.token_slots[start : start + COPY_TOKENS]
+        at = dest[start : start + COPY_TOKENS]
+        if dtype is None:  # bytes as stored (index_copy_ takes no float8)
+            flat.view(torch.uint8).index_copy_(0, at, rows.view(torch.uint8).index_select(0, src))
+        else:
+            vals = rows.view(torch.uint8).index_select(0, src).view(pool.dtype).float()
+            flat.index_copy_(0, at, (vals * inp.scale).to(dtype))
+    return PageCopy(
+        cache=cache,
+        block_table=block_table.to(torch.int32),
+        seqlens=torch.full((case.batch,), case.context, dtype=torch.int32, device=dev),
+    )

@@ -1,11 +1,18 @@
-"""Bench output: JSON lines, a text table and a bandwidth plot."""
+"""Bench output: JSON lines, a text table, the goal lines and a bandwidth plot.
+
+python -m fp8mla.bench.report RESULTS.jsonl   # the goal lines of the file's last run
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from fp8mla.bench.cases import Case
 
 
 def gpu_slug(gpu: str) -> str:
@@ -81,3 +88,118 @@ def plot_bandwidth(records: Sequence[dict], path: Path, impl: str = "fp8mla") ->
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+@dataclass(frozen=True)
+class GoalCheck:
+    """One goal of a goal case, as its ``goal`` string states it: ``ours``'s time at most
+    ``target`` µs (``kind`` "us"), its TFLOP/s at least ``target`` ("tflops"), its time at
+    most ``target`` × ``other``'s ("x_time"), or ``other``'s time over its own at least
+    ``target`` ("speedup"; above it when ``strict``)."""
+
+    case: str
+    kind: str
+    target: float
+    other: str = ""
+    ours: str = "fp8mla"
+    strict: bool = False
+    note: str = ""
+
+
+def _memory_bound(case: Case, us: float) -> list[GoalCheck]:
+    name = case.name
+    return [
+        GoalCheck(name, "us", us),
+        GoalCheck(name, "x_time", 0.5, "flashinfer-bf16kv"),
+        GoalCheck(name, "speedup", 1.7, "fp8mla-bf16kv"),
+    ]
+
+
+B64_H128 = Case(64, 128, 4096).name
+B64_H64 = Case(64, 64, 4096).name
+GOAL_CHECKS: list[GoalCheck] = [
+    *_memory_bound(Case(32, 32, 4096), 30),
+    *_memory_bound(Case(64, 16, 4096), 45),
+    *_memory_bound(Case(8, 32, 16384), 30),
+    GoalCheck(Case(1, 32, 4096).name, "us", 10),
+    GoalCheck(B64_H128, "tflops", 500),
+    GoalCheck(
+        B64_H128, "speedup", 1.25, "flashmla-fp8", note="bf16 queries; the goal is for FP8 queries"
+    ),
+    GoalCheck(B64_H128, "x_time", 0.93, "flashinfer-bf16kv"),
+    GoalCheck(B64_H64, "speedup", 1.0, "flashmla-fp8", strict=True),
+    GoalCheck(B64_H64, "speedup", 1.0, "flashinfer-bf16kv", strict=True),
+]
+
+
+def _pick(records: Sequence[dict], case: str, impl: str) -> dict | None:
+    found = [r for r in records if r.get("case") == case and r.get("impl") == impl]
+    return found[-1] if found else None
+
+
+def _err(row: dict) -> str:
+    return "-" if row.get("rel_err") is None else f"{row['rel_err']:.1e}"
+
+
+def goal_line(records: Sequence[dict], check: GoalCheck) -> str:
+    """``case: what value (goal) -> met / MISSED / not measured``; comparisons name both
+    implementations' errors against float64 beside their ratio."""
+    short = check.case.removesuffix("_float8_e4m3fn")
+    ours = f"{check.ours} ({check.note})" if check.note else check.ours
+    t = f"{check.target:g}"
+    what, goal = {
+        "us": (f"{short} {ours} time", f"goal <= {t} us"),
+        "tflops": (f"{short} {ours} TFLOP/s", f"goal >= {t}"),
+        "x_time": (f"{short} {ours} time / {check.other}'s", f"goal <= {t}x"),
+        "speedup": (
+            f"{short} {ours} speedup over {check.other}",
+            f"goal {'>' if check.strict else '>='} {t}x",
+        ),
+    }[check.kind]
+    mine = _pick(records, check.case, check.ours)
+    theirs = _pick(records, check.case, check.other) if check.other else None
+    if mine is None or (check.other and theirs is None):
+        return f"{what}: not measured ({goal})"
+    if check.kind == "us":
+        value, shown = mine["us_median"], f"{mine['us_median']:.1f} us"
+    elif check.kind == "tflops":
+        value, shown = mine["tflops"], f"{mine['tflops']:.0f} TFLOP/s"
+    elif check.kind == "x_time":
+        value = mine["us_median"] / theirs["us_median"]
+        shown = f"{value:.2f}x ({mine['us_median']:.1f} / {theirs['us_median']:.1f} us)"
+    else:
+        value = theirs["us_median"] / mine["us_median"]
+        shown = f"{value:.2f}x ({theirs['us_median']:.1f} / {mine['us_median']:.1f} us)"
+    if check.kind in ("tflops", "speedup"):
+        ok = value > check.target if check.strict else value >= check.target
+    else:
+        ok = value <= check.target
+    errs = f"; rel_err {check.ours} {_err(mine)}"
+    if theirs is not None:
+        errs += f", {check.other} {_err(theirs)}"
+    return f"{what}: {shown} ({goal}{errs}) -> {'met' if ok else 'MISSED'}"
+
+
+def goal_lines(records: Sequence[dict]) -> list[str]:
+    """One line per goal of the goal cases (:data:`GOAL_CHECKS`), met or missed, from the
+    goal section's records (a sweep case of the same shape carries no goal)."""
+    goal_rows = [r for r in records if r.get("goal")]
+    return [goal_line(goal_rows, check) for check in GOAL_CHECKS]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m fp8mla.bench.report RESULTS.jsonl", file=sys.stderr)
+        return 2
+    rows = [json.loads(x) for x in Path(args[0]).read_text().splitlines() if x.strip()]
+    names = {check.case for check in GOAL_CHECKS}
+    rows = [r for r in rows if r.get("case") in names and r.get("section") is None]
+    if rows:  # the last run in the file that timed a goal case
+        rows = [r for r in rows if r.get("run") == rows[-1].get("run")]
+    print("\n".join(goal_lines(rows)))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

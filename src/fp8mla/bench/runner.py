@@ -11,6 +11,7 @@ import torch
 
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
+from fp8mla.bench.flashmla import flashmla_bf16kv, flashmla_fp8, load_flashmla
 from fp8mla.bench.inputs import BenchInputs, build_inputs, random_pool
 from fp8mla.bench.measure import (
     Timing,
@@ -37,6 +38,8 @@ ALL_IMPLS = (
     "sglang-triton",
     "flashinfer-fp8",
     "flashinfer-bf16kv",
+    "flashmla-fp8",  # FP8 queries and P: its error is an order above the others'
+    "flashmla-bf16kv",
 )
 CHECK_REQUESTS = 4  # requests compared with the float64 reference in each case
 
@@ -78,11 +81,13 @@ class BenchContext:
     impls: Sequence[str] = ALL_IMPLS
     sglang_path: str | None = None
     flashinfer_path: str | None = None
+    flashmla_path: str | None = None
     records: list[dict] = field(default_factory=list)
     _pools: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict)
     _bf16: dict[int, torch.Tensor] = field(default_factory=dict)
     _sglang: object = None
     _flashinfer: object = None
+    _flashmla: object = None
 
     def pool(self, case: Case) -> torch.Tensor:
         key = (case.kv_dtype, case.slots_needed())
@@ -111,6 +116,11 @@ class BenchContext:
         if self._flashinfer is None:
             self._flashinfer = I.load_flashinfer(self.flashinfer_path)
         return self._flashinfer
+
+    def flashmla(self):
+        if self._flashmla is None:
+            self._flashmla = load_flashmla(self.flashmla_path)
+        return self._flashmla
 
 
 TAIL_TOKENS = 16  # query tokens of a long extend chunk compared with the reference
@@ -182,6 +192,10 @@ def make_runner(name: str, inp: BenchInputs, ctx: BenchContext) -> I.Runner:
         return I.flashinfer_wrapper(inp, inp.pool, ctx.flashinfer())
     if name == "flashinfer-bf16kv":
         return I.flashinfer_wrapper(inp, ctx.bf16_pool(inp.pool), ctx.flashinfer())
+    if name == "flashmla-fp8":
+        return flashmla_fp8(inp, ctx.flashmla())
+    if name == "flashmla-bf16kv":
+        return flashmla_bf16kv(inp, ctx.flashmla())
     raise ValueError(f"expected an implementation in {ALL_IMPLS}, got {name!r}")
 
 

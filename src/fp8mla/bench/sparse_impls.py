@@ -33,9 +33,7 @@ from fp8mla.dsa.sparse import SparseMLAWrapper
 
 SM_SCALE = 192**-0.5 * 1.874  # DeepSeek-V3.2's softmax scale with its YaRN factor
 WORKSPACE_BYTES = 256 << 20
-FLASHMLA_ENV = "FP8MLA_FLASHMLA"  # a folder holding FlashMLA's two libraries
 VLLM_SPARSE_ENV = "FP8MLA_VLLM_SPARSE"  # vLLM's Triton sparse MLA module file
-FLASHMLA_LIBRARIES = ("_flashmla_C.abi3.so", "_flashmla_extension_C.abi3.so")
 FLASHMLA_HEADS = (64, 128)
 GATHER_ROWS = 1 << 20  # index-list entries the PyTorch baseline gathers at once
 
@@ -91,27 +89,7 @@ def gather_dequant(inp: SparseInputs) -> Runner:
     return run
 
 
-# -- FlashMLA (vLLM 0.26.0's build) --------------------------------------------------------
-def load_flashmla(path: str | None = None) -> types.SimpleNamespace:
-    """FlashMLA's sparse ops from the two libraries of a vLLM wheel in ``path`` (or
-    ``$FP8MLA_FLASHMLA``): ``decode`` (``sparse_decode_fwd``) and ``prefill``
-    (``sparse_prefill_fwd``), registered under ``torch.ops._flashmla_C``."""
-    path = path or os.environ.get(FLASHMLA_ENV)
-    if not path:
-        raise Unavailable(f"no FlashMLA folder (--flashmla DIR or ${FLASHMLA_ENV})")
-    folder = Path(path)
-    missing = [name for name in FLASHMLA_LIBRARIES if not (folder / name).is_file()]
-    if missing:
-        raise Unavailable(f"no {', '.join(missing)} in {folder}")
-    try:
-        for name in FLASHMLA_LIBRARIES:
-            torch.ops.load_library(str(folder / name))
-        ops = torch.ops._flashmla_C
-        return types.SimpleNamespace(decode=ops.sparse_decode_fwd, prefill=ops.sparse_prefill_fwd)
-    except Exception as exc:  # noqa: BLE001 - a library that does not load means "unavailable"
-        raise Unavailable(f"FlashMLA did not load ({str(exc).splitlines()[0][:100]})") from exc
-
-
+# -- FlashMLA (vLLM 0.26.0's build; loaded by fp8mla.bench.flashmla) ---------------------
 def flashmla_sparse(inp: SparseInputs, flashmla: types.SimpleNamespace) -> Runner:
     """FlashMLA's sparse FP8 decode (``[B, s_q, H, 576]`` queries, the ``[pages, 64, 1, 656]``
     cache, ``[B, s_q, topk]`` global slot ids), or for a prefill case its sparse prefill on a
@@ -127,7 +105,7 @@ def flashmla_sparse(inp: SparseInputs, flashmla: types.SimpleNamespace) -> Runne
         def prefill() -> torch.Tensor:
             for r0 in range(0, rows.shape[0], GATHER_ROWS):
                 kv[r0 : r0 + GATHER_ROWS, 0] = dequantize_rows(rows[r0 : r0 + GATHER_ROWS])
-            return flashmla.prefill(inp.q, kv, idx, SM_SCALE, NOPE_DIM, None, None, None)[0]
+            return flashmla.sparse_prefill(inp.q, kv, idx, SM_SCALE, NOPE_DIM, None, None, None)[0]
 
         return prefill
     q = inp.q.view(case.batch, case.qo_len, case.heads, -1)
@@ -135,12 +113,12 @@ def flashmla_sparse(inp: SparseInputs, flashmla: types.SimpleNamespace) -> Runne
     idx = inp.indices.view(case.batch, case.qo_len, case.topk)
     out = torch.empty(case.batch, case.qo_len, case.heads, NOPE_DIM, dtype=torch.bfloat16,
                       device=q.device)  # fmt: skip
-    _, _, meta, splits = flashmla.decode(q, kv, idx, None, None, None, None, None, None, None,
-                                         NOPE_DIM, SM_SCALE, out)  # fmt: skip
+    _, _, meta, splits = flashmla.sparse_decode(q, kv, idx, None, None, None, None, None, None,
+                                                None, NOPE_DIM, SM_SCALE, out)  # fmt: skip
 
     def decode() -> torch.Tensor:
-        flashmla.decode(q, kv, idx, None, None, meta, splits, None, None, None, NOPE_DIM,
-                        SM_SCALE, out)  # fmt: skip
+        flashmla.sparse_decode(q, kv, idx, None, None, meta, splits, None, None, None, NOPE_DIM,
+                               SM_SCALE, out)  # fmt: skip
         return out.view(case.tokens, case.heads, NOPE_DIM)
 
     return decode
@@ -154,7 +132,7 @@ def flashmla_kernel_only(inp: SparseInputs, flashmla: types.SimpleNamespace) -> 
     for r0 in range(0, rows.shape[0], GATHER_ROWS):
         kv[r0 : r0 + GATHER_ROWS, 0] = dequantize_rows(rows[r0 : r0 + GATHER_ROWS])
     idx = inp.indices.view(inp.case.tokens, 1, inp.case.topk)
-    return lambda: flashmla.prefill(inp.q, kv, idx, SM_SCALE, NOPE_DIM, None, None, None)[0]
+    return lambda: flashmla.sparse_prefill(inp.q, kv, idx, SM_SCALE, NOPE_DIM, None, None, None)[0]
 
 
 # -- vLLM's Triton sparse MLA kernel --------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fp8mla.bench import sparse_impls as S
+from fp8mla.bench.flashmla import load_flashmla
 from fp8mla.bench.impls import Unavailable
 from fp8mla.bench.measure import Timing, time_cuda, time_graph
 from fp8mla.bench.runner import Environment
@@ -72,7 +73,7 @@ class SparseContext:
 
     def flashmla(self):
         if self._flashmla is None:
-            self._flashmla = S.load_flashmla(self.flashmla_path)
+            self._flashmla = load_flashmla(self.flashmla_path)
         return self._flashmla
 
     def vllm(self):

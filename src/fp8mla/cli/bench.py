@@ -16,8 +16,8 @@ def register(subparsers: Any) -> None:
         "bench",
         help="measure fp8mla's decode kernel beside full-pool cast, gather-then-cast, ...",
         description="Benchmark MLA decode on this GPU: fp8mla on the FP8 pool, on a bf16 pool,\n"
-        "full-pool cast, gather-then-cast, the PyTorch reference and (when importable) SGLang\n"
-        "and FlashInfer, on the same inputs. Appends JSON lines to OUT/<gpu>.jsonl\n"
+        "full-pool cast, gather-then-cast, the PyTorch reference and (when importable) SGLang,\n"
+        "FlashInfer and FlashMLA, on the same inputs. Appends JSON lines to OUT/<gpu>.jsonl\n"
         "(e.g. nvidia-h200.jsonl), each with its date and the run's label (--run-id).",
     )
     p.add_argument(
@@ -61,7 +61,8 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="DIR",
         help="folder holding FlashMLA's _flashmla_C.abi3.so and _flashmla_extension_C.abi3.so "
-        "(from a vLLM wheel) for the sparse section; also $FP8MLA_FLASHMLA",
+        "(from a vLLM wheel): flashmla-fp8 and flashmla-bf16kv in the goals, sweep and extend "
+        "sections, flashmla-sparse-fp8 in the sparse one; also $FP8MLA_FLASHMLA",
     )
     p.add_argument(
         "--vllm-sparse-module",
