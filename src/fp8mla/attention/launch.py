@@ -276,7 +276,7 @@ class AttentionLaunch:
             options["launch_pdl"] = True
             self.fixed["WAIT_PRIOR"] = True
         cap = cfg.max_registers(target.warp_size) if target.backend == "cuda" else None
-        if cap is not None and not interpreted:
+        if cap is not None and not interpreted and not q_fp8:  # FP8-query builds: uncapped
             options["maxnreg"] = cap
         if kernel_options:  # compile-time options the kernel declares with defaults (tuning)
             declared = kernel_launcher.declared_options(kernel_fn)
