@@ -214,6 +214,8 @@ def test_errors(device):
         w.run(qn, qp, b.ckv, b.kpe, q_scale=-1.0, **kv)
     with pytest.raises(ValueError, match="q_nope"):
         w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, q_scale=s, **kv)
+    with pytest.raises(ValueError, match="Q_FP8"):
+        w.plan(*args, torch.bfloat16, b.ckv.dtype, kernel_options={"Q_FP8": 1})
     w.plan(*args, torch.bfloat16, b.ckv.dtype)
     with pytest.raises(ValueError, match="q_scale"):
         w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, q_scale=s, **kv)
@@ -238,3 +240,65 @@ def test_routing_rule(target, config, direct, mode):
                             max_splits_by_workspace=64, target=t, config=config)  # fmt: skip
     q = route_queries(QueryPlan(E4M3, False, True, 0), plan.config, t, E4M3, torch.bfloat16)
     assert (q.direct, q.mode) == (direct, mode)
+
+
+def test_flashinfer_lengths(device):
+    """FlashInfer's test lengths (0 … 1,024), page size 64, the default build."""
+    b = make_batch([0, 1, 17, 33, 96, 97, 114, 514, 1024], 16, page_size=64, device=device,
+                   generator=gen(12))  # fmt: skip
+    qn, qp, s, values = fp8_queries(b, "tensor", device)
+    _, out, lse = run_fp8(b, qn, qp, s)
+    check(out, lse, *ref_of(b, values), TOL["hi+lo"])
+
+
+# -- on a GPU (the next device session): both routes, CUDA graphs -------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, "rows"])  # SM90: converted (Gluon) / portable FP8
+@pytest.mark.parametrize("form", ["float", "tensor", "rows"])
+def test_gpu_routes_at_128_heads(config, form):
+    b = make_batch([17, 300, 1024, 4096], 128, page_size=1, device="cuda", generator=gen(10))
+    qn, qp, s, values = fp8_queries(b, form, "cuda")
+    w, out, lse = run_fp8(b, qn, qp, s, config=config)
+    check(out, lse, *ref_of(b, values), 1e-2, lse_tol=1.5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [None, CONVERTED, {"Q_FP8": QF8_CVT}])
+@pytest.mark.parametrize("quantize", [False, True], ids=["fp8", "quantize_q"])
+def test_cuda_graph_replay(options, quantize):
+    """A captured run() replayed after new queries and a new device q_scale are written in
+    place: the scale is read on the device at every replay."""
+    dev, cap = "cuda", 8
+    bufs = [torch.empty(n, dtype=torch.int32, device=dev) for n in (cap + 1, cap + 1, 4096, cap)]
+    w = BatchMLAPagedAttentionWrapper(workspace(dev), True, *bufs, backend="triton")
+    b = make_batch([300] * cap, 16, page_size=16, pool_pages=4096, device=dev, generator=gen(11))
+    q_dtype = torch.bfloat16 if quantize else E4M3
+    w.plan(*b.plan_args(), 16, 512, 64, 16, False, SM_SCALE, q_dtype, b.ckv.dtype,
+           kernel_options=options, quantize_q=quantize)  # fmt: skip
+    qn, qp, s, _ = fp8_queries(b, "tensor", dev)
+    if quantize:
+        qn, qp = b.q_nope.clone(), b.q_pe.clone()
+    kw = dict(b.scale_kwargs(), **({} if quantize else {"q_scale": s}))
+    out = torch.empty(qn.shape, dtype=torch.bfloat16, device=dev)
+    w.run(qn, qp, b.ckv, b.kpe, out=out, **kw)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(qn, qp, b.ckv, b.kpe, out=out, **kw)
+    # new queries (and scale) for b's pool and page table
+    fresh = make_batch([300] * cap, 16, page_size=16, pool_pages=4096, device=dev,
+                       generator=gen(13))  # fmt: skip
+    if quantize:
+        qn.copy_(fresh.q_nope)
+        qp.copy_(fresh.q_pe)
+        values = tuple(v.double() for v in quantize_rows(fresh.q_nope, fresh.q_pe)[:2])
+    else:
+        n2, p2, s2, values = fp8_queries(fresh, "tensor", dev)
+        qn.copy_(n2)
+        qp.copy_(p2)
+        s.copy_(s2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, ref_of(b, values)[0]) < 1e-2

@@ -49,6 +49,7 @@ class PlanState:
     qo_lens: tuple[int, ...] = ()
     kv_tokens: tuple[int, ...] = ()
     out_dtype: torch.dtype | None = None  # None: the query dtype
+    quantize_q: bool = False  # run() quantizes 16-bit queries to e4m3 (plan(quantize_q=True))
 
     @property
     def o_dtype(self) -> torch.dtype:

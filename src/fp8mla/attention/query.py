@@ -255,6 +255,15 @@ def quantize_rows(
     return cn.float() * s, cp.float() * s, cn, cp, scale
 
 
+def named_build(options: dict | None, plan: QueryPlan | None) -> int | None:
+    """The FP8-query build ``plan(kernel_options={"Q_FP8": ...})`` names (``QF8_*``), or
+    None; ValueError without FP8 queries (the kernel would read 16-bit queries as codes)."""
+    build = (options or {}).get("Q_FP8")
+    if build is not None and (plan is None or build not in (QF8_NONE, QF8_CVT, QF8_DOT)):
+        raise ValueError(f"expected Q_FP8 0, 1 or 2 with FP8 queries (or quantize_q), got {build}")
+    return build
+
+
 def route_queries(
     queries: QueryPlan,
     config: KernelConfig,

@@ -212,7 +212,7 @@ class BatchMLAPagedAttentionWrapper:
             device=self.device,
             graph_buffers=self._graph_buffers,
         )
-        state.out_dtype = o_dtype
+        state.out_dtype, state.quantize_q = o_dtype, quantize_q
         # the PyTorch backend computes on the queries' values (reference_queries)
         queries = query.QueryPlan(q_data_type, quantize_q, True, 0) if fp8_q else None
         launch = stage = qprep = None
@@ -273,8 +273,8 @@ class BatchMLAPagedAttentionWrapper:
             )
             if self._use_cuda_graph:
                 self._graph = _GraphLaunch(plan, _signature(state), state.total_tokens)
+        forced = query.named_build(kernel_options, queries)  # for tuning and tests
         if queries is not None:  # the registry's rule: the kernel reads e4m3, or bf16 is made
-            forced = (kernel_options or {}).get("Q_FP8")  # a build named for tuning and tests
             queries = query.route_queries(
                 queries, plan.config, target, kv_dtype, state.o_dtype, forced
             )
@@ -488,27 +488,13 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-_SIGNATURE_NAMES = (
-    "num_heads",
-    "head_dim_kpe",
-    "page_size",
-    "causal",
-    "sm_scale",
-    "q_data_type",
-    "kv_data_type",
-)
+_SIGNATURE_NAMES = ("num_heads", "head_dim_kpe", "page_size", "causal", "sm_scale", "q_data_type",
+                    "kv_data_type", "o_data_type", "quantize_q")  # fmt: skip
 
 
 def _signature(state: PlanState) -> tuple:
-    return (
-        state.num_heads,
-        state.head_dim_kpe,
-        state.page_size,
-        state.causal,
-        state.sm_scale,
-        state.q_dtype,
-        state.kv_dtype,
-    )
+    return (state.num_heads, state.head_dim_kpe, state.page_size, state.causal, state.sm_scale,
+            state.q_dtype, state.kv_dtype, state.o_dtype, state.quantize_q)  # fmt: skip
 
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
