@@ -141,7 +141,8 @@ class QueryPrep:
     Args:
         plan: the plan's :class:`QueryPlan` (``prepares`` is true).
         tokens, heads, head_dim_kpe: the batch's query shape.
-        device, interpreted: where it runs.
+        device: where it runs.
+        reuse: the previous plan's pass, whose buffers are kept when they hold this batch.
     """
 
     def __init__(
