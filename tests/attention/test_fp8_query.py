@@ -185,6 +185,18 @@ def test_quantize_q(device, options):
     check(out, lse, *ref_of(b, values), TOL["hi+lo"], lse_tol=2e-3 if options is None else 1.5e-2)
 
 
+@pytest.mark.parametrize("options", [None, {"Q_FP8": QF8_CVT}, CONVERTED])
+def test_no_rope_part(device, options):
+    """head_dim_kpe 0 (keys are the 512 latent values alone), each route."""
+    b = make_batch([40, 9], 16, head_dim_kpe=0, device=device, generator=gen(14))
+    s = float(b.q_nope.float().abs().max()) / 448
+    cn = (b.q_nope.float() / s).to(E4M3)
+    cp = b.q_pe.to(E4M3)
+    _, out, lse = run_fp8(b, cn, cp, s, options=options)
+    values = (cn.double() * s, cp.double())
+    check(out, lse, *ref_of(b, values), TOL["decoded"], lse_tol=1.5e-2)
+
+
 def test_torch_backend_and_fp16_output(device):
     """The PyTorch backend computes on the dequantized queries; o_data_type=fp16."""
     b = make_batch([20], 16, page_size=1, device=device, generator=gen(7))
