@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8mla import BatchMLAPagedAttentionWrapper
+from fp8mla import BatchMLAPagedAttentionWrapper, mla_decode
 from fp8mla.attention.planner import make_launch_plan
 from fp8mla.attention.query import (
     QF8_CVT,
@@ -205,6 +205,14 @@ def test_torch_backend_and_fp16_output(device):
     for backend in ("torch", "triton"):
         _, out, _ = run_fp8(b, qn, qp, s, backend=backend, o_dtype=torch.float16)
         assert out.dtype == torch.float16 and rel_err(out, ref) < 2e-3
+
+
+def test_mla_decode_takes_fp8_queries(device):
+    b = make_batch([20, 3], 16, device=device, generator=gen(15))
+    qn, qp, s, values = fp8_queries(b, "rows", device)
+    out = mla_decode(qn, qp, b.ckv, b.kpe, b.kv_indptr, b.kv_indices, b.kv_len,
+                     sm_scale=SM_SCALE, q_scale=s, **b.scale_kwargs())  # fmt: skip
+    assert out.dtype == torch.bfloat16 and rel_err(out, ref_of(b, values)[0]) < TOL["hi+lo"]
 
 
 def test_errors(device):
