@@ -12,6 +12,7 @@ import torch
 from fp8mla import BatchMLAPagedAttentionWrapper
 from fp8mla.attention import kernel_launcher
 from fp8mla.attention import wrapper as wrapper_module
+from fp8mla.attention.reference import run_reference
 from fp8mla.testing import make_batch
 
 from attention_utils import SM_SCALE, assert_matches_reference, workspace
@@ -24,8 +25,8 @@ class _ReferenceLaunch:
         self.state = state
         self.native_launches = 0
 
-    def __call__(self, q_nope, q_pe, ckv, kpe, out, lse, scales):
-        wrapper_module._run_reference(self.state, q_nope, q_pe, ckv, kpe, out, lse, scales)
+    def __call__(self, q_nope, q_pe, ckv, kpe, out, lse, scales, q_scale=None):
+        run_reference(self.state, q_nope, q_pe, ckv, kpe, out, lse, scales)
 
 
 @pytest.fixture

@@ -118,3 +118,13 @@ def test_table_formats_records():
     assert "B1_H16_L512_float8_e4m3fn" in text and "1.5e-03" in text
     host = dict(row, case="HOST_B1_H32_L4096_float8_e4m3fn", gbps=None, tflops=None, x_floor=None)
     assert "HOST_B1_H32_L4096" in format_table([host])
+
+
+def test_fp8_query_impls(device):
+    """FP8 queries (quantized outside the call per tensor, or per (token, head) inside it):
+    the error against the bf16 queries' reference is the queries' own e4m3 rounding."""
+    case = Case(2, 16, 40, pool_slots=512)
+    inp = build_inputs(case, torch.device(device), seed=5)
+    ref, rows = reference_subset(inp, 2)
+    errs = {f: rel_err(I.fp8mla_fp8q(inp, fused=f)()[rows].float(), ref) for f in (False, True)}
+    assert all(err < 6e-2 for err in errs.values()), errs  # measured 3-4e-2

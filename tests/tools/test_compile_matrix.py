@@ -171,7 +171,8 @@ def test_spill_exceptions_carry_reasons():
 
 def test_every_target_and_kernel_is_in_the_matrix():
     seen = {(j.target, j.kernel) for j in JOBS}
-    kernels = ("attention", "merge", "kv_write", "kv_stage", "ds_mla_pack", "sparse", "indexer")
+    kernels = ("attention", "merge", "kv_write", "kv_stage", "ds_mla_pack", "sparse", "indexer",
+               "q_quant")  # fmt: skip
     assert seen == {(t, k) for t in TARGETS for k in kernels}
     assert len({j.id for j in JOBS}) == len(JOBS)
 

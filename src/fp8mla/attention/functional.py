@@ -36,6 +36,7 @@ def mla_decode(
     ckv_scale: float | torch.Tensor | None = None,
     kpe_scale: float | torch.Tensor | None = None,
     ckv_scale_arr: torch.Tensor | None = None,
+    q_scale: float | torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     backend: str = "auto",
@@ -44,7 +45,7 @@ def mla_decode(
     step and run per layer).
 
     Args:
-        q_nope: ``[tokens, H, 512]`` bf16/fp16.
+        q_nope: ``[tokens, H, 512]`` bf16/fp16, or ``float8_e4m3fn`` with ``q_scale``.
         q_pe: ``[tokens, H, 64]``.
         ckv_cache: ``[num_pages, page_size, 512]`` bf16/fp16/``float8_e4m3fn``/``float8_e5m2``.
         kpe_cache: ``[num_pages, page_size, 64]``, same dtype.
@@ -55,12 +56,14 @@ def mla_decode(
         qo_indptr: ``[B + 1]`` int32 query tokens per request; default one token each.
         causal: bottom-right aligned causal mask (multi-token queries).
         ckv_scale, kpe_scale, ckv_scale_arr: dequantization scales (see the wrapper's ``run``).
+        q_scale: FP8 queries' scale (a float, a 1-element fp32 tensor or ``[tokens, H]``).
         out: optional ``[tokens, H, 512]`` output.
         return_lse: also return the base-2 ``lse [tokens, H]``.
         backend: ``"auto"``, ``"triton"`` or ``"torch"``.
 
     Returns:
-        ``out [tokens, H, 512]`` in the query dtype (and ``lse`` if ``return_lse``).
+        ``out [tokens, H, 512]`` in the query dtype, bf16 for FP8 queries (and ``lse`` if
+        ``return_lse``).
 
     Example:
         >>> out = mla_decode(q_nope, q_pe, pool[..., :512], pool[..., 512:],
@@ -98,4 +101,5 @@ def mla_decode(
         ckv_scale=ckv_scale,
         kpe_scale=kpe_scale,
         ckv_scale_arr=ckv_scale_arr,
+        **({} if q_scale is None else {"q_scale": q_scale}),
     )

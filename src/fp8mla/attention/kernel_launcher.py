@@ -11,6 +11,7 @@ further: the parameters themselves bound in C.)
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Hashable, Sequence
 from functools import reduce
@@ -124,6 +125,17 @@ class ArgumentBinder:
     def __call__(self, vals: list[Any]) -> tuple[Any, ...]:
         """Every parameter's value in order, ``vals`` the call's (``len(call)`` of them)."""
         return self._gather(vals + self.plan_values)
+
+
+def declared_options(fn: Any) -> set[str]:
+    """The compile-time options ``fn`` declares with defaults (constexprs a plan may set
+    through ``kernel_options``); under the interpreter, its upper-case parameters with
+    defaults (an interpreted kernel keeps no parameter records)."""
+    params = getattr(fn, "params", None)
+    if params is not None:
+        return {p.name for p in params if getattr(p, "is_constexpr", 0) and p.has_default}
+    sig = inspect.signature(getattr(fn, "fn", fn)).parameters.values()
+    return {p.name for p in sig if p.name.isupper() and p.default is not p.empty}
 
 
 def tensor_address(value: Any) -> Any:

@@ -124,6 +124,7 @@ NAN_ARGS = ("nan_row_ckv", "nan_row_kpe")  # the Gluon kernels' NaN-row offsets
 CACHE_POINTERS = ("ckv_ptr", "kpe_ptr", "scale_arr_ptr", "ckv_scale_ptr", "kpe_scale_ptr")
 MERGE_CALL_ARGS = ("o_ptr", "lse_ptr", "num_tokens", "stride_o_t", "stride_o_h", "stride_lse_t",
                    "WRITE_LSE")  # fmt: skip
+Q_SCALE_ARGS = ("q_scale_ptr", "stride_qs_t", "q_scale_val", "Q_SCALE")  # FP8-query builds
 
 
 def _partial_outputs(plan: LaunchPlan, partials: Partials, heads: int) -> dict[str, Any]:
@@ -193,6 +194,7 @@ class AttentionLaunch:
         target: where it runs (``targets.INTERPRETER`` on the CPU).
         interpreted: Triton's interpreter runs the kernels.
         kernel_options: compile-time options the kernel declares with defaults (tuning).
+        q_fp8: the kernel's FP8-query build (``query.QF8_*``; 0: 16-bit queries).
     """
 
     def __init__(
@@ -212,6 +214,7 @@ class AttentionLaunch:
         target: Target,
         interpreted: bool,
         kernel_options: dict[str, Any] | None = None,
+        q_fp8: int = 0,
     ) -> None:
         cfg = plan.config
         self.plan = plan
@@ -259,6 +262,13 @@ class AttentionLaunch:
         kernel_fn = self.variant.load()
         if "ROW_TILES" in getattr(kernel_fn, "arg_names", ()):  # compiled apart for > 1 tile
             self.fixed["ROW_TILES"] = plan.m_tiles > 1
+        self.q_call = bool(q_fp8)  # the call passes the query scale (Q_SCALE_ARGS)
+        if "Q_FP8" in getattr(kernel_fn, "arg_names", ()):  # P rounded by integer ops there
+            self.fixed.update(Q_FP8=q_fp8, ROUND_INT=interpreted, P_PARTS=2)  # P as hi + lo
+            if not q_fp8:
+                self.fixed.update(q_scale_ptr=qo, stride_qs_t=0, q_scale_val=1.0, Q_SCALE=0)
+        elif q_fp8:
+            raise ValueError(f"expected a kernel with an FP8-query build, got {cfg.variant}")
         options = {"num_warps": cfg.num_warps}
         if not self.variant.gluon:
             options["num_stages"] = cfg.num_stages
@@ -266,20 +276,18 @@ class AttentionLaunch:
             options["launch_pdl"] = True
             self.fixed["WAIT_PRIOR"] = True
         cap = cfg.max_registers(target.warp_size) if target.backend == "cuda" else None
-        if cap is not None and not interpreted:
+        if cap is not None and not interpreted and not q_fp8:  # FP8-query builds: uncapped
             options["maxnreg"] = cap
         if kernel_options:  # compile-time options the kernel declares with defaults (tuning)
-            declared = {
-                p.name for p in getattr(kernel_fn, "params", ()) if getattr(p, "is_constexpr", 0)
-                and getattr(p, "has_default", False)
-            }  # fmt: skip
+            declared = kernel_launcher.declared_options(kernel_fn)
             unknown = sorted(set(kernel_options) - declared)
             if unknown:
                 raise ValueError(
                     f"expected kernel_options among the {cfg.variant} kernel's "
                     f"{sorted(declared)}, got {unknown}"
                 )
-            options.update(kernel_options)
+            self.fixed.update({k: v for k, v in kernel_options.items() if k in self.fixed})
+            options.update({k: v for k, v in kernel_options.items() if k not in self.fixed})
         grid = (plan.m_tiles * self.variant.programs_per_tile, batch, plan.num_splits)
         index = device.index if device.index is not None else 0
         if device.type == "cuda" and device.index is None:
@@ -301,6 +309,7 @@ class AttentionLaunch:
             CALL_ARGS
             + (() if self.split else OUT_ARGS)
             + (NAN_ARGS if self.nan_row is not None else ())
+            + (Q_SCALE_ARGS if self.q_call else ())
         )
         self._bind = ArgumentBinder(self.kernel, self.fixed, call)
         self._call = call
@@ -322,16 +331,19 @@ class AttentionLaunch:
         out: torch.Tensor,
         lse: torch.Tensor | None,
         scales: Scales,
+        q_scale: Any = None,
     ) -> None:
         """Attention of ``q [T, H, 512|64]`` over the paged cache into ``out [T, H, 512]``
-        and ``lse [T, H]`` (checked by the caller)."""
+        and ``lse [T, H]`` (checked by the caller); FP8 queries with ``query.QueryScale``."""
         if self.interpreted and out.dtype == torch.bfloat16:
             # Triton's interpreter rounds fp32 → bf16 toward zero (twice the error of rounding
             # to nearest): under it the kernels write fp32 and PyTorch rounds, as a GPU would
             wide = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-            self(q_nope, q_pe, ckv, kpe, wide, lse, scales)
+            self(q_nope, q_pe, ckv, kpe, wide, lse, scales, q_scale)
             out.copy_(wide)
             return
+        if self.q_call:  # e4m3 codes as bytes (SM80/86 Triton has no e4m3 pointers)
+            q_nope, q_pe = q_nope.view(torch.uint8), q_pe.view(torch.uint8)
         if self.q_fp16 and q_nope.dtype == torch.bfloat16:
             q_nope = q_nope.to(torch.float16)  # contiguous [T, H, D]
         if not self.d_kpe:
@@ -377,9 +389,14 @@ class AttentionLaunch:
             nc, nk, wide = offsets
             vals += [nc, nk]
             strides += [nc, nk]
+        qs_tensor, qkey = None, ()
+        if self.q_call:  # the query scale: a float, one device value or one per row
+            qs_tensor = q_scale.tensor if q_scale.tensor is not None else self.qo_indptr
+            vals += [qs_tensor.data_ptr(), q_scale.stride, q_scale.value, q_scale.mode]
+            ptrs, qkey = ptrs | vals[-4], (q_scale.mode,)
         key = mkey = mvals = None
         if self.fast and ptrs & 15 == 0 and all16(strides):
-            key = (cs_ptr, ks_ptr, group, write_lse, wide)
+            key = (cs_ptr, ks_ptr, group, write_lse, wide) + qkey
         if self.merge is not None:
             mvals = [a_out, a_lse if write_lse else self._partial_lse_address, out.shape[0],
                      os[0], os[1], lse_t, write_lse]  # fmt: skip
@@ -387,7 +404,7 @@ class AttentionLaunch:
                 mkey = (write_lse,)
         # both launches bound at an earlier call of the same specialization: one native call
         both = (key, mkey) if key is not None and (mvals is None or mkey is not None) else None
-        bound = self._native.get(both) if both is not None else None
+        bound = self._native.get(both) if both is not None and not self.q_call else None
         if bound is not None and KernelLauncher._direct_ok():
             stream = kernel_launcher.current_stream(self.kernel._device)
             if bound[2](stream, bound[0], vals, bound[1], mvals):
@@ -397,12 +414,12 @@ class AttentionLaunch:
             # Triton's path: the tensors themselves, in the addresses' places
             tensors = [q_nope, q_pe, ckv, kpe, sa if group else ckv, cs if cs_ptr else ckv,
                        ks if ks_ptr else ckv, out, lse if write_lse else out]  # fmt: skip
-            self.kernel.launch(self._args(vals, tensors), key)
+            self.kernel.launch(self._args(vals, tensors, qs_tensor), key)
         if self.merge is not None:
             if mkey is None or not self.merge.launch_direct(self._merge_bind(mvals), mkey):
                 mvals[:2] = [out, lse if write_lse else self.partials.lse]
                 self.merge.launch(dict(zip(MERGE_CALL_ARGS, mvals), **self.merge_fixed), mkey)
-        if both is not None and both not in self._native:
+        if both is not None and both not in self._native and not self.q_call:
             self._bind_native(both)
 
     def _bind_native(self, both: tuple[Hashable, Hashable]) -> None:
@@ -461,17 +478,19 @@ class AttentionLaunch:
         self._nan_offsets[a_ckv, a_kpe] = offsets = (nc, nk, wide)
         return offsets
 
-    def _args(self, vals: list[Any], tensors: list[torch.Tensor]) -> dict[str, Any]:
+    def _args(self, vals: list[Any], tensors: list[torch.Tensor], q_scale: Any = None) -> dict:
         """The call's arguments by name, for Triton's path (which specializes on them): the
         direct launch's ``vals`` with ``tensors`` in place of the addresses (CALL_POINTERS'
-        seven, then the output and LSE, which a split plan's call does not pass)."""
-        names = CALL_ARGS + (() if self.split else OUT_ARGS)
+        seven, then the output and LSE, which a split plan's call does not pass, and the
+        query scale's)."""
         vals = vals.copy()
         vals[: len(CALL_POINTERS)] = tensors[: len(CALL_POINTERS)]
         if not self.split:  # o_ptr, lse_ptr: OUT_ARGS' first two
             at = len(CALL_ARGS)
             vals[at : at + 2] = tensors[len(CALL_POINTERS) :]
-        args = dict(zip(names + NAN_ARGS, vals), **self.fixed)
+        args = dict(zip(self._call, vals), **self.fixed)
+        if q_scale is not None:
+            args["q_scale_ptr"] = q_scale
         if self.fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointers
             views = {id(t): t.view(torch.uint8) for t in (args["ckv_ptr"], args["kpe_ptr"])}
             for name in CACHE_POINTERS:

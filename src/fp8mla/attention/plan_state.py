@@ -48,6 +48,12 @@ class PlanState:
     # device); for the planner's staging decision
     qo_lens: tuple[int, ...] = ()
     kv_tokens: tuple[int, ...] = ()
+    out_dtype: torch.dtype | None = None  # None: the query dtype
+    quantize_q: bool = False  # run() quantizes 16-bit queries to e4m3 (plan(quantize_q=True))
+
+    @property
+    def o_dtype(self) -> torch.dtype:
+        return self.out_dtype or self.q_dtype
 
     # -- run-time checks (host-side metadata only: no device sync) --
     def check_run(
@@ -100,8 +106,8 @@ class PlanState:
     def check_or_alloc_out(self, out: torch.Tensor | None) -> torch.Tensor:
         shape = (self.total_tokens, self.num_heads, self.head_dim_ckv)
         if out is None:
-            return torch.empty(shape, dtype=self.q_dtype, device=self.device)
-        _fast_check("out", out, shape, self.q_dtype, self.device)
+            return torch.empty(shape, dtype=self.o_dtype, device=self.device)
+        _fast_check("out", out, shape, self.o_dtype, self.device)
         return out
 
     def check_lse(self, lse: torch.Tensor) -> torch.Tensor:

@@ -20,11 +20,14 @@ Semantics are FlashInfer's ``BatchMLAPagedAttentionWrapper``:
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from fp8mla.formats import SCALE_GROUP
+from fp8mla.formats import SCALE_GROUP, Scales
+
+if TYPE_CHECKING:
+    from fp8mla.attention.plan_state import PlanState
 
 LOG2E = 1.4426950408889634  # 1 / ln 2
 
@@ -147,3 +150,36 @@ def mla_reference(
         out[q0:q1] = torch.einsum("nhl,ld->nhd", p, k_nope)
         lse[q0:q1] = row_lse * LOG2E if lse_base == "2" else row_lse
     return out, lse
+
+
+def run_reference(
+    st: PlanState,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv: torch.Tensor,
+    kpe: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    scales: Scales,
+) -> None:
+    """The PyTorch backend of the wrapper (CPU fallback): the float32 reference of the
+    planned batch ``st``, written into ``out``/``lse``."""
+    o, s = mla_reference(
+        q_nope,
+        q_pe,
+        ckv,
+        kpe,
+        st.qo_indptr[: st.num_requests + 1],
+        st.kv_indptr[: st.num_requests + 1],
+        st.kv_indices,
+        st.kv_len[: st.num_requests],
+        sm_scale=st.sm_scale,
+        causal=st.causal,
+        ckv_scale=scales.ckv,
+        kpe_scale=scales.kpe,
+        ckv_scale_arr=scales.ckv_arr,
+        dtype=torch.float32,
+    )
+    out.copy_(o)
+    if lse is not None:
+        lse.copy_(s)

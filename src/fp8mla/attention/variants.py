@@ -82,6 +82,12 @@ class Variant:
     # batch may go to another tile (alternatives lists those, for the compile matrix)
     refine: RefineRule | None = None
     alternatives: AlternativesRule | None = None
+    # the kernel has an FP8-query build (``Q_FP8``): it reads e4m3 queries and their scale
+    # itself. Queries of FP8 plans for any other kernel are converted to bf16 first, in one
+    # fused pass (attention/query.py): on SM90 the Gluon kernels, fed that way, are the fast
+    # path (the portable kernel is ~2.5x slower than they are at 128 heads on the H200)
+    # until a Gluon FP8-query build is measured (docs/design/fp8-queries.md)
+    fp8_queries: bool = False
 
     def load(self):
         """The ``@triton.jit`` / ``@gluon.jit`` function (imported on first use)."""
@@ -218,9 +224,11 @@ ROWS = register(
     Variant(
         name="rows",
         kernel="fp8mla.kernels.portable.rows:_mla_rows_kernel",
-        summary="Triton; S = Q·Kᵀ then O += P·V with the query rows as M (any target)",
+        summary="Triton; S = Q·Kᵀ then O += P·V with the query rows as M (any target); "
+        "FP8 queries read as they are (e4m3 × e4m3 dots on SM89+)",
         supports=_anywhere,
         check_tile=_any_tile,
+        fp8_queries=True,
     )
 )
 VSPLIT = register(
@@ -228,10 +236,11 @@ VSPLIT = register(
         name="vsplit",
         kernel="fp8mla.kernels.portable.vsplit:_mla_vsplit_kernel",
         summary="Triton; two programs per row tile, each with half of the 512 output columns "
-        "(many rows: the accumulator fits in registers)",
+        "(many rows: the accumulator fits in registers); FP8 queries as in rows",
         supports=_anywhere,
         check_tile=_any_tile,
         programs_per_tile=2,
+        fp8_queries=True,
     )
 )
 WGMMA = register(

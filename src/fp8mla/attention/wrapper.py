@@ -19,16 +19,17 @@ from typing import Any, Literal, overload
 import torch
 
 from fp8mla._checks import check_index, check_tensor
-from fp8mla.attention import native
+from fp8mla.attention import native, query
 from fp8mla.attention.config import KernelConfig, LaunchInfo, LaunchPlan
 from fp8mla.attention.kernel_launcher import KernelLauncher, current_stream
 from fp8mla.attention.launch import AttentionLaunch
 from fp8mla.attention.plan_state import PlanState, build_plan_state
 from fp8mla.attention.planner import device_sm_count, make_launch_plan
+from fp8mla.attention.reference import run_reference
 from fp8mla.attention.stage import STAGE_DTYPE, KVStage, make_stage
 from fp8mla.attention.targets import launch_target
 from fp8mla.attention.workspace import split_capacity, split_partials
-from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, MAX_PAGE_SIZE, Q_DTYPES, Scales
+from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, KV_DTYPES, MAX_PAGE_SIZE, Scales
 from fp8mla.runtime import interpreted, resolve_backend
 
 MAX_HEADS = 128
@@ -107,6 +108,8 @@ class BatchMLAPagedAttentionWrapper:
         self._plan: PlanState | None = None
         self._launch: AttentionLaunch | None = None
         self._stage: KVStage | None = None  # the plan's FP8 pages staged in fp16, if any
+        self._queries: query.QueryPlan | None = None  # FP8 queries (or quantize_q): the route
+        self._qprep: query.QueryPrep | None = None  # their fused pass before the attention
         # run()'s common case as one C call (attention/native.py), by kind: an LSE or not,
         # plus 2 for scales read from device tensors; made after a run() of the plan has bound
         # its kernels, dropped by the next plan()
@@ -136,6 +139,8 @@ class BatchMLAPagedAttentionWrapper:
         kernel_config: KernelConfig | str | None = None,
         stage_kv: bool | None = None,
         kernel_options: dict[str, object] | None = None,
+        o_data_type: torch.dtype | None = None,
+        quantize_q: bool = False,
     ) -> None:
         """Describe the batch: B requests, request b owning query tokens
         ``qo_indptr[b]:qo_indptr[b+1]`` and KV pages ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``
@@ -164,7 +169,13 @@ class BatchMLAPagedAttentionWrapper:
         target has measured the gain, without CUDA graphs, when the staged pages (entries ×
         page size × 1,152 bytes) fit the workspace. True forces it (``ValueError`` when the
         cache is not FP8, under CUDA graphs, or when the workspace is too small), False
-        forbids it."""
+        forbids it.
+
+        FP8 queries (``fp8mla.attention.query``): ``q_data_type=torch.float8_e4m3fn``, and
+        ``run()`` takes e4m3 queries and their ``q_scale``; ``quantize_q=True`` (16-bit
+        ``q_data_type``): ``run()`` quantizes per (token, head), ``amax / 448``, in one fused
+        kernel. ``o_data_type``: bf16 (the default for FP8 queries) or fp16; 16-bit queries
+        take only their own dtype."""
         del use_profiler  # accepted for compatibility; fp8mla has no in-kernel profiler
         if not 1 <= num_heads <= MAX_HEADS:
             raise ValueError(f"expected num_heads in [1, {MAX_HEADS}], got {num_heads}")
@@ -174,8 +185,7 @@ class BatchMLAPagedAttentionWrapper:
             raise ValueError(f"expected head_dim_kpe {HEAD_DIM_KPE} or 0, got {head_dim_kpe}")
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise ValueError(f"expected page_size in [1, {MAX_PAGE_SIZE}], got {page_size}")
-        if q_data_type not in Q_DTYPES:
-            raise ValueError(f"expected q_data_type bf16 or fp16, got {q_data_type}")
+        fp8_q, o_dtype = query.check_query_types(q_data_type, quantize_q, o_data_type)
         if kv_data_type not in KV_DTYPES:
             raise ValueError(f"expected kv_data_type in {KV_DTYPES}, got {kv_data_type}")
         try:
@@ -202,14 +212,25 @@ class BatchMLAPagedAttentionWrapper:
             device=self.device,
             graph_buffers=self._graph_buffers,
         )
-        launch = stage = None
+        state.out_dtype, state.quantize_q = o_dtype, quantize_q
+        # the PyTorch backend computes on the queries' values (reference_queries)
+        queries = query.QueryPlan(q_data_type, quantize_q, True, 0) if fp8_q else None
+        launch = stage = qprep = None
         if self._backend == "triton":
             stage = make_stage(
                 state, stage_kv, self._workspace, graph=self._use_cuda_graph,
                 device=self.device,
             )  # fmt: skip
-            launch = self._make_launch(state, num_splits, kernel_config, stage, kernel_options)
+            launch, queries = self._make_launch(
+                state, num_splits, kernel_config, stage, kernel_options, queries
+            )
+            if queries is not None and queries.prepares:
+                qprep = query.QueryPrep(
+                    queries, tokens=state.total_tokens, heads=num_heads,
+                    head_dim_kpe=head_dim_kpe, device=self.device, reuse=self._qprep,
+                )  # fmt: skip
         self._plan, self._launch, self._stage = state, launch, stage
+        self._queries, self._qprep = queries, qprep
         self._fast = [None] * 4  # the new plan's C path is bound by its first run()
 
     def _make_launch(
@@ -219,7 +240,8 @@ class BatchMLAPagedAttentionWrapper:
         config: KernelConfig | str | None,
         stage: KVStage | None = None,
         kernel_options: dict[str, object] | None = None,
-    ) -> AttentionLaunch:
+        queries: query.QueryPlan | None = None,
+    ) -> tuple[AttentionLaunch, query.QueryPlan | None]:
         interp = interpreted()
         target = launch_target(self.device, interp)
         workspace, kv_dtype, kv_indices = self._workspace, state.kv_dtype, state.kv_indices
@@ -246,10 +268,16 @@ class BatchMLAPagedAttentionWrapper:
                 num_splits=num_splits,
                 config=config,
                 head_dim_kpe=state.head_dim_kpe,
-                q_dtype=state.q_dtype,
+                # FP8 queries plan as the bf16 ones the converted route feeds
+                q_dtype=state.q_dtype if queries is None else torch.bfloat16,
             )
             if self._use_cuda_graph:
                 self._graph = _GraphLaunch(plan, _signature(state), state.total_tokens)
+        forced = query.named_build(kernel_options, queries)  # for tuning and tests
+        if queries is not None:  # the registry's rule: the kernel reads e4m3, or bf16 is made
+            queries = query.route_queries(
+                queries, plan.config, target, kv_dtype, state.o_dtype, forced
+            )
         partials = None
         if plan.num_splits > 1:
             rows = state.total_tokens * state.num_heads
@@ -271,7 +299,8 @@ class BatchMLAPagedAttentionWrapper:
             target=target,
             interpreted=interp,
             kernel_options=kernel_options,
-        )
+            q_fp8=queries.mode if queries is not None else 0,
+        ), queries
 
     @property
     def launch_info(self) -> LaunchInfo | None:
@@ -331,6 +360,7 @@ class BatchMLAPagedAttentionWrapper:
         ckv_scale: float | torch.Tensor | None = ...,
         kpe_scale: float | torch.Tensor | None = ...,
         ckv_scale_arr: torch.Tensor | None = ...,
+        q_scale: float | torch.Tensor | None = ...,
     ) -> torch.Tensor: ...
 
     @overload
@@ -347,6 +377,7 @@ class BatchMLAPagedAttentionWrapper:
         ckv_scale: float | torch.Tensor | None = ...,
         kpe_scale: float | torch.Tensor | None = ...,
         ckv_scale_arr: torch.Tensor | None = ...,
+        q_scale: float | torch.Tensor | None = ...,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def run(
@@ -362,11 +393,12 @@ class BatchMLAPagedAttentionWrapper:
         ckv_scale: float | torch.Tensor | None = None,
         kpe_scale: float | torch.Tensor | None = None,
         ckv_scale_arr: torch.Tensor | None = None,
+        q_scale: float | torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention for the planned batch.
 
         Args:
-            q_nope: ``[tokens, H, 512]`` bf16/fp16 (latent part of the queries).
+            q_nope: ``[tokens, H, 512]`` in ``q_data_type`` (latent part of the queries).
             q_pe: ``[tokens, H, 64]`` (RoPE part; ``[tokens, H, 0]`` without one).
             ckv_cache: ``[num_pages, page_size, 512]`` in ``kv_data_type``; any page/token
                 strides (e.g. ``pool[..., :512]`` of an engine's ``[slots, 1, 576]`` buffer).
@@ -383,9 +415,12 @@ class BatchMLAPagedAttentionWrapper:
                 before the tensor cores, in fp16: a dequantized value (FP8 value × its
                 scale) must lie within fp16's range (|x| ≤ 65,504), or the rows that read it
                 come out inf or NaN.
+            q_scale: FP8 queries' scale (their values are ``q × q_scale``): a float, a
+                0-d/1-element fp32 tensor on the device (read by the kernels, as vLLM's
+                ``_q_scale``) or ``[tokens, H]`` fp32, one per (token, head); None is 1.0.
 
         Returns:
-            ``out`` ``[tokens, H, 512]`` in the query dtype, and ``lse`` if ``return_lse``.
+            ``out`` ``[tokens, H, 512]`` in ``o_data_type``, and ``lse`` if ``return_lse``.
             A request whose page-table entries fall outside the cache gets NaN (see ``debug``).
         """
         # the common case in one C call (checks, arguments, both launches), once bound
@@ -409,6 +444,8 @@ class BatchMLAPagedAttentionWrapper:
         scales = st.check_run(
             q_nope, q_pe, ckv_cache, kpe_cache, ckv_scale, kpe_scale, ckv_scale_arr
         )
+        qp = self._queries
+        qs = query.check_q_scale(q_scale, st.total_tokens, st.num_heads, self.device, qp)
         out = st.check_or_alloc_out(out)
         if lse is not None:
             st.check_lse(lse)
@@ -419,15 +456,19 @@ class BatchMLAPagedAttentionWrapper:
         if self._debug and not _capturing(self.device):  # a capture cannot read back
             st.check_indices(ckv_cache.shape[0])
         if self._launch is None:
-            _run_reference(st, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
+            if qp is not None:
+                q_nope, q_pe = query.reference_queries(q_nope, q_pe, qs, qp.quantize)
+            run_reference(st, q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
         elif st.total_tokens and st.batch:
             if self._stage is not None:  # the FP8 pages in fp16, per-token scales applied
                 ckv_cache, kpe_cache = self._stage(ckv_cache, kpe_cache, scales.ckv_arr)
                 scales = Scales(scales.ckv, scales.kpe)
-            self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales)
+            if self._qprep is not None:  # FP8 codes and row scales, or bf16 queries
+                q_nope, q_pe, qs = self._qprep(q_nope, q_pe, qs)
+            self._launch(q_nope, q_pe, ckv_cache, kpe_cache, out, lse, scales, qs)
             tensors = isinstance(scales.ckv, torch.Tensor) and isinstance(scales.kpe, torch.Tensor)
             kind = (lse is not None) + 2 * tensors
-            plain = scales.ckv_arr is None and self._stage is None
+            plain = scales.ckv_arr is None and self._stage is None and qp is None
             if self._fast[kind] is None and not self._debug and plain:
                 self._bind_fast(lse is not None, tensors)
         return (out, lse) if return_lse else out
@@ -447,61 +488,13 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-_SIGNATURE_NAMES = (
-    "num_heads",
-    "head_dim_kpe",
-    "page_size",
-    "causal",
-    "sm_scale",
-    "q_data_type",
-    "kv_data_type",
-)
+_SIGNATURE_NAMES = ("num_heads", "head_dim_kpe", "page_size", "causal", "sm_scale", "q_data_type",
+                    "kv_data_type", "o_data_type", "quantize_q")  # fmt: skip
 
 
 def _signature(state: PlanState) -> tuple:
-    return (
-        state.num_heads,
-        state.head_dim_kpe,
-        state.page_size,
-        state.causal,
-        state.sm_scale,
-        state.q_dtype,
-        state.kv_dtype,
-    )
-
-
-def _run_reference(
-    st: PlanState,
-    q_nope: torch.Tensor,
-    q_pe: torch.Tensor,
-    ckv: torch.Tensor,
-    kpe: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-    scales: Scales,
-) -> None:
-    """The PyTorch path (CPU fallback): the float32 reference, written into ``out``/``lse``."""
-    from fp8mla.attention.reference import mla_reference
-
-    o, s = mla_reference(
-        q_nope,
-        q_pe,
-        ckv,
-        kpe,
-        st.qo_indptr[: st.num_requests + 1],
-        st.kv_indptr[: st.num_requests + 1],
-        st.kv_indices,
-        st.kv_len[: st.num_requests],
-        sm_scale=st.sm_scale,
-        causal=st.causal,
-        ckv_scale=scales.ckv,
-        kpe_scale=scales.kpe,
-        ckv_scale_arr=scales.ckv_arr,
-        dtype=torch.float32,
-    )
-    out.copy_(o)
-    if lse is not None:
-        lse.copy_(s)
+    return (state.num_heads, state.head_dim_kpe, state.page_size, state.causal, state.sm_scale,
+            state.q_dtype, state.kv_dtype, state.o_dtype, state.quantize_q)  # fmt: skip
 
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]

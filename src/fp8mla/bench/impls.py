@@ -55,7 +55,7 @@ def planned_wrapper(
         page_size or inp.page_size,
         inp.case.qo_len > 1,
         SM_SCALE,
-        torch.bfloat16,
+        plan_kw.pop("q_data_type", torch.bfloat16),
         kv_dtype,
         **plan_kw,
     )
@@ -69,6 +69,27 @@ def fp8mla_direct(inp: BenchInputs, **plan_kw: object) -> Runner:
     out = torch.empty_like(inp.q_nope)
     s = inp.scale
     return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=s, kpe_scale=s)
+
+
+def fp8mla_fp8q(inp: BenchInputs, fused: bool = False) -> Runner:
+    """Our kernels with FP8 (e4m3) queries over the pool. ``fused=False``: the queries are
+    quantized outside the timed region, one scale per tensor (``amax / 448``, as vLLM's
+    ``_q_scale``, here a device tensor); ``fused``: ``plan(quantize_q=True)``, the bf16
+    queries quantized per (token, head) inside each timed call."""
+    if fused:
+        w = planned_wrapper(inp, inp.pool.dtype, quantize_q=True)
+        qn, qp, kw = inp.q_nope, inp.q_pe, {}
+    else:
+        w = planned_wrapper(inp, inp.pool.dtype, q_data_type=torch.float8_e4m3fn)
+        amax = torch.maximum(inp.q_nope.abs().amax(), inp.q_pe.abs().amax()).float()
+        q_scale = (amax / 448).reshape(1)
+        qn = (inp.q_nope.float() / q_scale).to(torch.float8_e4m3fn)
+        qp = (inp.q_pe.float() / q_scale).to(torch.float8_e4m3fn)
+        kw = {"q_scale": q_scale}
+    ckv, kpe = inp.paged()
+    out = torch.empty_like(inp.q_nope)
+    s = inp.scale
+    return lambda: w.run(qn, qp, ckv, kpe, out=out, ckv_scale=s, kpe_scale=s, **kw)
 
 
 def fp8mla_bf16kv(inp: BenchInputs, bf16_pool: torch.Tensor) -> Runner:

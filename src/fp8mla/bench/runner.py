@@ -31,6 +31,8 @@ from fp8mla.testing import rel_err
 ALL_IMPLS = (
     "fp8mla",
     "fp8mla-bf16kv",
+    "fp8mla-fp8q",
+    "fp8mla-fp8q-fused",
     "full-pool-cast",
     "gather-then-cast",
     "torch-reference",
@@ -176,6 +178,8 @@ def make_runner(name: str, inp: BenchInputs, ctx: BenchContext) -> I.Runner:
         raise I.Unavailable("FP8-pool comparison only")
     if name == "fp8mla-bf16kv":
         return I.fp8mla_bf16kv(inp, ctx.bf16_pool(inp.pool))
+    if name in ("fp8mla-fp8q", "fp8mla-fp8q-fused"):  # FP8 queries: quantized outside, or fused
+        return I.fp8mla_fp8q(inp, fused=name.endswith("fused"))
     if name == "full-pool-cast":
         return I.full_pool_cast(inp)
     if name == "gather-then-cast":

@@ -337,6 +337,20 @@ def indexer_jobs(target: Target) -> list[Job]:
     return jobs
 
 
+def fp8_query_jobs(target: Target) -> list[Job]:
+    """FP8 queries: the portable kernels' FP8-query builds and the fused query pass
+    (``fp8mla.tools.fp8_query_builds``)."""
+    from fp8mla.tools.fp8_query_builds import attention_builds, q_quant_builds
+
+    jobs = []
+    for label, build, tile in attention_builds(target):
+        limit, why = max(_spill_limit(target.name, k, tile) for k in ("attention", "fp8q"))
+        jobs.append(Job(target.name, "attention", label, build, limit, why))
+    for label, build in q_quant_builds(target):
+        jobs.append(Job(target.name, "q_quant", label, build, SPILL_LIMIT))
+    return jobs
+
+
 def all_jobs(targets: list[str] | None = None) -> list[Job]:
     """Every build of the matrix, in table order; pure host arithmetic (nothing compiles)."""
     names = targets or list(TARGETS)
@@ -345,7 +359,7 @@ def all_jobs(targets: list[str] | None = None) -> list[Job]:
         t = TARGETS[name]
         jobs += attention_jobs(t) + merge_jobs(t) + kv_write_jobs(t) + kv_stage_jobs(t)
         jobs += ds_mla_pack_jobs(t) + sparse_jobs(t)
-        jobs += indexer_jobs(t)
+        jobs += indexer_jobs(t) + fp8_query_jobs(t)
     return jobs
 
 

@@ -31,7 +31,8 @@ TORCH_TO_TRITON = {
     "uint8": "u8",
     "uint16": "u16",
 }
-FLOAT_ARGS = ("sm_scale_log2", "ckv_scale_val", "kpe_scale_val", "ckv_scale", "kpe_scale")
+FLOAT_ARGS = ("sm_scale_log2", "ckv_scale_val", "kpe_scale_val", "ckv_scale", "kpe_scale",
+              "q_scale_val", "scale_val")  # fmt: skip
 
 
 @dataclass(frozen=True)

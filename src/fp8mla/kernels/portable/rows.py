@@ -9,13 +9,24 @@ for all rows of the program: MLA keys and values are the same latent vectors for
 FP8 tiles (e4m3/e5m2) are converted to the dot dtype (fp16, exact for both FP8 formats) in
 registers; the per-tensor key scale is folded into the softmax scale and the value scale
 applied once in the epilogue. Softmax probabilities stay in the 16-bit dot dtype for P·V
-(never FP8). Bounds and NaN rows: ``tiles.py``. The variant is registered in
-``fp8mla.attention.variants``.
+with 16-bit queries. ``Q_FP8`` builds read e4m3 queries with a query scale
+(``fp8_query.py``: e4m3 × e4m3 dots and P in e4m3 where the target has FP8 tensor cores).
+Bounds and NaN rows: ``tiles.py``. The variant is registered in ``fp8mla.attention.variants``.
 """
 
 import triton
 import triton.language as tl
 
+from fp8mla.kernels.portable.fp8_decode import CVT_NATIVE
+from fp8mla.kernels.portable.fp8_query import (
+    QF8_DOT,
+    QF8_NONE,
+    fp8_pv,
+    fp8_scores,
+    load_fp8_kv_tile,
+    load_fp8_query,
+    query_scale,
+)
 from fp8mla.kernels.portable.tiles import (
     DYNAMIC_ARGS,
     NEG_INF,
@@ -24,15 +35,16 @@ from fp8mla.kernels.portable.tiles import (
     nan_if,
     online_softmax,
     out_factor,
+    program_kv,
     program_setup,
     query_rows,
     scan_pages,
 )
 
 
-@triton.jit(do_not_specialize=DYNAMIC_ARGS)
+@triton.jit(do_not_specialize=DYNAMIC_ARGS + ["stride_qs_t"])
 def _mla_rows_kernel(
-    q_nope_ptr,  # [T, H, D_CKV]
+    q_nope_ptr,  # [T, H, D_CKV] (e4m3 codes as bytes with Q_FP8)
     q_pe_ptr,  # [T, H, D_KPE]
     ckv_ptr,  # [num_pages, PAGE_SIZE, D_CKV] (strided)
     kpe_ptr,  # [num_pages, PAGE_SIZE, D_KPE] (strided)
@@ -79,6 +91,13 @@ def _mla_rows_kernel(
     DOT_DTYPE: tl.constexpr,  # fp16 (FP8/fp16 KV), bf16 (bf16 KV), fp32 (interpreter)
     WRITE_LSE: tl.constexpr,
     FP8_CVT: tl.constexpr,  # fp8_decode.CVT_*: how FP8 bytes become fp16
+    q_scale_ptr=None,  # fp32: one value (Q_SCALE == QS_TENSOR) or [T, H] (QS_ROWS)
+    stride_qs_t=0,
+    q_scale_val=1.0,
+    Q_FP8: tl.constexpr = 0,  # fp8_query.QF8_*: 16-bit queries, e4m3 decoded, e4m3 dots
+    Q_SCALE: tl.constexpr = 0,  # fp8_query.QS_*: where the query scale comes from
+    ROUND_INT: tl.constexpr = False,  # P to e4m3 by integer rounding (no FP8 cast)
+    P_PARTS: tl.constexpr = 2,  # QF8_DOT: P as 1 or 2 (hi + lo) e4m3 parts (fp8_query.fp8_pv)
 ):
     m_tile = tl.program_id(0)
     b = tl.program_id(1)
@@ -88,16 +107,42 @@ def _mla_rows_kernel(
     )
     if m_tile * BLOCK_M >= rows_total:
         return
-    qk_scale, v_scale, n_begin, n_end, page_base, n_entries, q_nope, q_pe, causal_limit = (
-        program_setup(
-            q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
-            kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
-            stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-            num_heads, num_indices, sm_scale_log2, ckv_scale_val, kpe_scale_val,
-            BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
-            DOT_DTYPE, FP8_CVT,
-        )
-    )  # fmt: skip
+    # e4m3 × e4m3 dots: an e4m3 pool read as it is (per-token-group scales apply to a
+    # converted tile: those take the decoding build)
+    FP8_DOT: tl.constexpr = Q_FP8 == QF8_DOT and not TOKEN_GROUP
+    if Q_FP8 == QF8_NONE:
+        qk_scale, v_scale, n_begin, n_end, page_base, n_entries, q_nope, q_pe, causal_limit = (
+            program_setup(
+                q_nope_ptr, q_pe_ptr, ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr,
+                kv_len_ptr, b, m_tile, split, tok, head, row_ok, t_local, qo_len,
+                stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+                num_heads, num_indices, sm_scale_log2, ckv_scale_val, kpe_scale_val,
+                BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR, KPE_SCALE_PTR,
+                DOT_DTYPE, FP8_CVT,
+            )
+        )  # fmt: skip
+        qk_row = qk_scale
+    else:
+        KV_CVT: tl.constexpr = CVT_NATIVE if FP8_DOT else FP8_CVT  # the dot reads raw e4m3
+        qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, n_entries, causal_limit = (
+            program_kv(
+                ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
+                b, m_tile, split, t_local, qo_len, num_heads, num_indices, sm_scale_log2,
+                ckv_scale_val, kpe_scale_val, BLOCK_M, BLOCK_N, CAUSAL, TOKEN_GROUP,
+                CKV_SCALE_PTR, KPE_SCALE_PTR, KV_CVT,
+            )
+        )  # fmt: skip
+        q_nope = load_fp8_query(q_nope_ptr, tok, head, row_ok, stride_qn_t, stride_qn_h,
+                                D_CKV, DOT_DTYPE, FP8_DOT)  # fmt: skip
+        q_pe = q_nope
+        if D_KPE > 0:
+            q_pe = load_fp8_query(q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h,
+                                  D_KPE, DOT_DTYPE, FP8_DOT)  # fmt: skip
+        q_row = query_scale(q_scale_ptr, q_scale_val, tok, head, row_ok, stride_qs_t,
+                            BLOCK_M, Q_SCALE)  # fmt: skip
+        if not FP8_DOT:
+            q_row = q_row * 256.0  # the decoded codes are 2^-8 × the query
+        qk_row = (q_row * qk_scale)[:, None]  # each row's scale of the fp32 scores
 
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -105,38 +150,33 @@ def _mla_rows_kernel(
     for n0 in range(n_begin, n_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_ok = pos < n_end
-        k, kpe = load_kv_tile(
-            ckv_ptr,
-            kpe_ptr,
-            scale_arr_ptr,
-            page_base,
-            n_entries,
-            num_pages,
-            pos,
-            n_ok,
-            stride_ckv_p,
-            stride_ckv_s,
-            stride_kpe_p,
-            stride_kpe_s,
-            stride_sa_p,
-            stride_sa_s,
-            PAGE_SIZE,
-            D_CKV,
-            D_KPE,
-            TOKEN_GROUP,
-            DOT_DTYPE,
-            FP8_CVT,
-        )
+        if FP8_DOT:
+            k, kpe = load_fp8_kv_tile(
+                ckv_ptr, kpe_ptr, page_base, n_entries, num_pages, pos, n_ok, stride_ckv_p,
+                stride_ckv_s, stride_kpe_p, stride_kpe_s, PAGE_SIZE, D_CKV, D_KPE,
+            )  # fmt: skip
+        else:
+            k, kpe = load_kv_tile(
+                ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries, num_pages, pos, n_ok,
+                stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
+                stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+            )  # fmt: skip
         # -- q·k --
-        s = tl.dot(q_nope, tl.trans(k))
-        if D_KPE > 0:
-            s = tl.dot(q_pe, tl.trans(kpe), s)
+        if Q_FP8 == QF8_NONE:  # q_pe carries the ratio of the two parts' key scales
+            s = tl.dot(q_nope, tl.trans(k))
+            if D_KPE > 0:
+                s = tl.dot(q_pe, tl.trans(kpe), s)
+        else:
+            s = fp8_scores(q_nope, q_pe, k, kpe, pe_factor, D_KPE)
         visible = n_ok[None, :]
         if CAUSAL:
             visible = visible & (pos[None, :] <= causal_limit[:, None])
-        p, alpha, m_i, l_i = online_softmax(s * qk_scale, m_i, l_i, visible, 1)
+        p, alpha, m_i, l_i = online_softmax(s * qk_row, m_i, l_i, visible, 1)
         # -- p·v (v is the latent part of the same tile) --
-        acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
+        if FP8_DOT:
+            acc = acc * alpha[:, None] + fp8_pv(p, k, P_PARTS, ROUND_INT)
+        else:
+            acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
 
     # -- epilogue: normalize, value scale, write out and LSE (NaN after a bad page entry) --
     bad = scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE)

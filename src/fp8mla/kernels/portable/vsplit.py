@@ -4,12 +4,22 @@ over two programs, for many rows (extend chunks, 128 heads), on every target.
 Two programs per row tile, each computing the whole ``S`` but only its half of the output
 columns. A 128-row tile then holds a 128 × 256 fp32 accumulator (128 registers per thread at
 8 warps) where the full width would need twice the register file; the price is ``Q·Kᵀ``
-computed twice, paid back by twice the rows per KV tile. Arguments and bounds as ``rows.py``.
+computed twice, paid back by twice the rows per KV tile. Arguments and bounds as ``rows.py``,
+FP8 queries (``Q_FP8``) as there (``fp8_query.py``).
 """
 
 import triton
 import triton.language as tl
 
+from fp8mla.kernels.portable.fp8_decode import CVT_NATIVE
+from fp8mla.kernels.portable.fp8_query import (
+    QF8_DOT,
+    QF8_NONE,
+    fp8_pv,
+    load_fp8_cols,
+    load_fp8_query,
+    query_scale,
+)
 from fp8mla.kernels.portable.tiles import (
     DYNAMIC_ARGS,
     NEG_INF,
@@ -27,7 +37,7 @@ from fp8mla.kernels.portable.tiles import (
 )
 
 
-@triton.jit(do_not_specialize=DYNAMIC_ARGS)
+@triton.jit(do_not_specialize=DYNAMIC_ARGS + ["stride_qs_t"])
 def _mla_vsplit_kernel(
     q_nope_ptr,
     q_pe_ptr,
@@ -76,6 +86,13 @@ def _mla_vsplit_kernel(
     DOT_DTYPE: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     FP8_CVT: tl.constexpr,
+    q_scale_ptr=None,
+    stride_qs_t=0,
+    q_scale_val=1.0,
+    Q_FP8: tl.constexpr = 0,
+    Q_SCALE: tl.constexpr = 0,
+    ROUND_INT: tl.constexpr = False,
+    P_PARTS: tl.constexpr = 2,
 ):
     """Same arguments and result as ``_mla_rows_kernel``; the grid's first axis has two
     programs per row tile (``2 * m_tile + half``), each writing its 256 output columns (the
@@ -90,27 +107,46 @@ def _mla_vsplit_kernel(
     )
     if m_tile * BLOCK_M >= rows_total:
         return
+    # e4m3 × e4m3 dots over an e4m3 pool as it is (per-token-group scales: decoded)
+    FP8_DOT: tl.constexpr = Q_FP8 == QF8_DOT and not TOKEN_GROUP
+    KV_CVT: tl.constexpr = CVT_NATIVE if FP8_DOT else FP8_CVT
     qk_scale, pe_factor, v_scale, n_begin, n_end, page_base, n_entries, causal_limit = (
         program_kv(
             ckv_scale_ptr, kpe_scale_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr,
             b, m_tile, split, t_local, qo_len, num_heads, num_indices, sm_scale_log2,
             ckv_scale_val, kpe_scale_val, BLOCK_M, BLOCK_N, CAUSAL, TOKEN_GROUP, CKV_SCALE_PTR,
-            KPE_SCALE_PTR, FP8_CVT,
+            KPE_SCALE_PTR, KV_CVT,
         )
     )  # fmt: skip
     # this program's output columns ("own") and the other half, both needed for S
     c_own = half * HALF
     c_oth = HALF - c_own
     dh = tl.arange(0, HALF)
-    q_rows = q_nope_ptr + tok[:, None] * stride_qn_t + head[:, None] * stride_qn_h
-    q_own = tl.load(q_rows + c_own + dh[None, :], mask=row_ok[:, None], other=0.0)
-    q_oth = tl.load(q_rows + c_oth + dh[None, :], mask=row_ok[:, None], other=0.0)
-    q_own = q_own.to(DOT_DTYPE)
-    q_oth = q_oth.to(DOT_DTYPE)
-    if D_KPE > 0:
-        q_pe = load_q_pe(
-            q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h, pe_factor, D_KPE, DOT_DTYPE
-        )
+    if Q_FP8 == QF8_NONE:
+        q_rows = q_nope_ptr + tok[:, None] * stride_qn_t + head[:, None] * stride_qn_h
+        q_own = tl.load(q_rows + c_own + dh[None, :], mask=row_ok[:, None], other=0.0)
+        q_oth = tl.load(q_rows + c_oth + dh[None, :], mask=row_ok[:, None], other=0.0)
+        q_own = q_own.to(DOT_DTYPE)
+        q_oth = q_oth.to(DOT_DTYPE)
+        if D_KPE > 0:
+            q_pe = load_q_pe(
+                q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h, pe_factor, D_KPE,
+                DOT_DTYPE,
+            )  # fmt: skip
+        qk_row = qk_scale
+    else:  # the parts' dots apart, pe_factor on the fp32 scores
+        q_own = load_fp8_query(q_nope_ptr + c_own, tok, head, row_ok, stride_qn_t,
+                               stride_qn_h, HALF, DOT_DTYPE, FP8_DOT)  # fmt: skip
+        q_oth = load_fp8_query(q_nope_ptr + c_oth, tok, head, row_ok, stride_qn_t,
+                               stride_qn_h, HALF, DOT_DTYPE, FP8_DOT)  # fmt: skip
+        if D_KPE > 0:
+            q_pe = load_fp8_query(q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h,
+                                  D_KPE, DOT_DTYPE, FP8_DOT)  # fmt: skip
+        q_row = query_scale(q_scale_ptr, q_scale_val, tok, head, row_ok, stride_qs_t,
+                            BLOCK_M, Q_SCALE)  # fmt: skip
+        if not FP8_DOT:
+            q_row = q_row * 256.0  # the decoded codes are 2^-8 × the query
+        qk_row = (q_row * qk_scale)[:, None]
 
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -121,26 +157,43 @@ def _mla_vsplit_kernel(
         page = safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
         off = pos % PAGE_SIZE
         # -- q·k over both halves and the RoPE part; the own half is kept for p·v --
-        k_oth = load_kv_cols(
-            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_oth, stride_ckv_p, stride_ckv_s,
-            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
-        )  # fmt: skip
+        if FP8_DOT:
+            k_oth = load_fp8_cols(ckv_ptr, page, off, n_ok, c_oth, stride_ckv_p, stride_ckv_s,
+                                  HALF)  # fmt: skip
+        else:
+            k_oth = load_kv_cols(
+                ckv_ptr, scale_arr_ptr, page, off, n_ok, c_oth, stride_ckv_p, stride_ckv_s,
+                stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+            )  # fmt: skip
         s = tl.dot(q_oth, tl.trans(k_oth))
         if D_KPE > 0:
-            kpe = load_kpe(
-                kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE, DOT_DTYPE, FP8_CVT
-            )
-            s = tl.dot(q_pe, tl.trans(kpe), s)
-        k_own = load_kv_cols(
-            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_own, stride_ckv_p, stride_ckv_s,
-            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
-        )  # fmt: skip
+            if FP8_DOT:
+                kpe = load_fp8_cols(kpe_ptr, page, off, n_ok, 0, stride_kpe_p, stride_kpe_s,
+                                    D_KPE)  # fmt: skip
+            else:
+                kpe = load_kpe(kpe_ptr, page, off, n_ok, stride_kpe_p, stride_kpe_s, D_KPE,
+                               DOT_DTYPE, FP8_CVT)  # fmt: skip
+            if Q_FP8 == QF8_NONE:  # q_pe carries the ratio of the parts' key scales
+                s = tl.dot(q_pe, tl.trans(kpe), s)
+            else:
+                s += pe_factor * tl.dot(q_pe, tl.trans(kpe))
+        if FP8_DOT:
+            k_own = load_fp8_cols(ckv_ptr, page, off, n_ok, c_own, stride_ckv_p, stride_ckv_s,
+                                  HALF)  # fmt: skip
+        else:
+            k_own = load_kv_cols(
+                ckv_ptr, scale_arr_ptr, page, off, n_ok, c_own, stride_ckv_p, stride_ckv_s,
+                stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+            )  # fmt: skip
         s = tl.dot(q_own, tl.trans(k_own), s)
         visible = n_ok[None, :]
         if CAUSAL:
             visible = visible & (pos[None, :] <= causal_limit[:, None])
-        p, alpha, m_i, l_i = online_softmax(s * qk_scale, m_i, l_i, visible, 1)
-        acc = tl.dot(p.to(DOT_DTYPE), k_own, acc * alpha[:, None])
+        p, alpha, m_i, l_i = online_softmax(s * qk_row, m_i, l_i, visible, 1)
+        if FP8_DOT:
+            acc = acc * alpha[:, None] + fp8_pv(p, k_own, P_PARTS, ROUND_INT)
+        else:
+            acc = tl.dot(p.to(DOT_DTYPE), k_own, acc * alpha[:, None])
 
     bad = scan_pages(page_base, n_entries, num_pages, n_begin, n_end, PAGE_SIZE)
     inv_l = nan_if(out_factor(l_i, v_scale), bad)
