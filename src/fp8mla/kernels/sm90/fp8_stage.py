@@ -4,7 +4,9 @@
   the page table by ``cp.async``;
 - :func:`stage_query_half` (the FP8 × FP8 decode kernel's value warpgroups) and
   :func:`stage_query_blocks` (the FP8 ping-pong kernel's consumers) stage the query before the
-  first tile, as exact e4m3 hi/lo operands under a power of two per row.
+  first tile, as exact e4m3 hi/lo operands under a power of two per row;
+- :func:`stage_query_fp8` (the FP8 ping-pong kernel's consumers, for e4m3 queries) stages the
+  caller's e4m3 query bytes as they are, one operand, with its scale per row.
 """
 
 from triton.experimental import gluon
@@ -232,6 +234,55 @@ def stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_sta
         x2 = n2
         x3 = n3
         p = pn
+
+
+@gluon.jit
+def stage_query_fp8(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_scale_ptr, q_start,
+                    row0, rows_end, num_heads, num_tokens, stride_qn_t, stride_qn_h,
+                    stride_qp_t, stride_qp_h, stride_qs_t, q_scale_val, D_CKV: gl.constexpr,
+                    D_KPE: gl.constexpr, Q_SCALE: gl.constexpr, ROLE: gl.constexpr):  # fmt: skip
+    """Consumer ``ROLE``'s half of the staging of an e4m3 query (its codes as bytes:
+    ``q_nope_ptr``/``q_pe_ptr`` point to uint8): slabs ``4·ROLE … 4·ROLE + 3`` of eight rows,
+    their bytes as they are into the one operand's column blocks (``q_blocks[0 : D_CKV /
+    128]``) and ``qpe_smem[0]`` (rows from ``rows_end`` on as 0), and each row's query scale
+    for both parts into ``inv_smem [2, 64]``, the factor the row's scores are multiplied by.
+    ``Q_SCALE``: 0 the value ``q_scale_val``, 1 the one value at ``q_scale_ptr``, 2 a scale per
+    row at ``q_scale_ptr + token · stride_qs_t + head``. The slabs in a run-time loop, as
+    :func:`stage_query_blocks` stages them."""
+    gl.static_assert(D_CKV == 512, "four column blocks of 128")
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # 8 rows x 128 B
+    pe_ld: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # 8 rows x 64 B
+    rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+    if REINTERPRET_PUBLIC:
+        atoms = q_blocks.reinterpret(gl.float8e4nv, [4 * 8, 8, 128], q_blocks.type.layout)
+        pe_atoms = qpe_smem.reinterpret(gl.float8e4nv, [8, 8, D_KPE], qpe_smem.type.layout)
+        inv8 = inv_smem.reinterpret(gl.float32, [2 * 8, 8], inv_smem.type.layout)
+    else:
+        atoms = q_blocks._reinterpret(gl.float8e4nv, [4 * 8, 8, 128], q_blocks.type.layout)
+        pe_atoms = qpe_smem._reinterpret(gl.float8e4nv, [8, 8, D_KPE], qpe_smem.type.layout)
+        inv8 = inv_smem._reinterpret(gl.float32, [2 * 8, 8], inv_smem.type.layout)
+    qn8 = q_nope_ptr.to(gl.pointer_type(gl.float8e4nv), bitcast=True)
+    qp8 = q_pe_ptr.to(gl.pointer_type(gl.float8e4nv), bitcast=True)
+    a = (qn8, q_start, row0, rows_end, num_heads, num_tokens, stride_qn_t, stride_qn_h)
+    pa = (qp8, q_start, row0, rows_end, num_heads, num_tokens, stride_qp_t, stride_qp_h)
+    for w in range(4 * ROLE, 4 * ROLE + 4):
+        atoms.index(w).store(_rows8(a, w, 0, 128, ld))
+        atoms.index(8 + w).store(_rows8(a, w, 128, 128, ld))
+        atoms.index(16 + w).store(_rows8(a, w, 256, 128, ld))
+        atoms.index(24 + w).store(_rows8(a, w, 384, 128, ld))
+        pe_atoms.index(w).store(_rows8(pa, w, 0, D_KPE, pe_ld))
+        if Q_SCALE == 2:
+            r = row0 + w * 8 + gl.arange(0, 8, layout=rows_l)
+            tok = q_start + r // num_heads
+            r_ok = (r < rows_end) & (tok < num_tokens)
+            qs = gl.load(q_scale_ptr + tok.to(gl.int64) * stride_qs_t + r % num_heads, mask=r_ok,
+                         other=1.0)  # fmt: skip
+        elif Q_SCALE == 1:
+            qs = gl.full([8], 1.0, gl.float32, layout=rows_l) * gl.load(q_scale_ptr)
+        else:
+            qs = gl.full([8], q_scale_val, gl.float32, layout=rows_l)
+        inv8.index(w).store(qs)
+        inv8.index(8 + w).store(qs)
 
 
 @gluon.jit

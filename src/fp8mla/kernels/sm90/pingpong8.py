@@ -80,7 +80,7 @@ from fp8mla.kernels.sm90.common import (
     unmasked_end,
     wait_prior,
 )
-from fp8mla.kernels.sm90.fp8_stage import fp8_copier, stage_query_blocks
+from fp8mla.kernels.sm90.fp8_stage import fp8_copier, stage_query_blocks, stage_query_fp8
 from fp8mla.kernels.sm90.fp8_values import HALF, store_output, value_operand
 from fp8mla.kernels.sm90.request import request_span
 
@@ -97,16 +97,20 @@ CONSUMER_REGS = gl.constexpr(232)  # each consumer; the copier (the default part
 
 
 @gluon.jit
-def _chain(q_blocks, z, kt, c0: gl.constexpr, W: gl.constexpr, s_layout: gl.constexpr):
+def _chain(q_blocks, z, kt, c0: gl.constexpr, W: gl.constexpr, Q_FP8: gl.constexpr,
+           s_layout: gl.constexpr):  # fmt: skip
     """One part of the scores in flight: columns ``[c0, c0 + W)`` of the lo operand, then of
     the hi operand (column blocks of 128 in ``q_blocks``: hi ``[0, NB)``, lo ``[NB, 2 NB)``;
     ``z`` is 0), against the same key columns, one accumulator (two wgmma groups). The small
     lo products first: the tensor cores' reduced-precision accumulation then rounds at the hi
-    products' magnitude only once per hi step."""
-    NB: gl.constexpr = q_blocks.shape[0] // 2
+    products' magnitude only once per hi step. ``Q_FP8``: the query is the caller's e4m3, one
+    operand (``q_blocks`` holds ``NB`` blocks), one wgmma group."""
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    lo = q_blocks.index(z + NB + c0 // 128).slice(c0 % 128, W, dim=1)
     hi = q_blocks.index(z + c0 // 128).slice(c0 % 128, W, dim=1)
+    if Q_FP8:
+        return warpgroup_mma(hi, kt.slice(c0, W, dim=0), s_zero, use_acc=False, is_async=True)
+    NB: gl.constexpr = q_blocks.shape[0] // 2
+    lo = q_blocks.index(z + NB + c0 // 128).slice(c0 % 128, W, dim=1)
     a = warpgroup_mma(lo, kt.slice(c0, W, dim=0), s_zero, use_acc=False, is_async=True)
     return warpgroup_mma(hi, kt.slice(c0, W, dim=0), a, is_async=True)
 
@@ -123,7 +127,7 @@ def _group_scale(sc_stages, st, g: gl.constexpr, tok_l: gl.constexpr):
 @gluon.jit
 def _scores8(q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
              PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-             s_layout: gl.constexpr):  # fmt: skip
+             Q_FP8: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
     """``S [64 rows, 64 tokens]`` of stage ``st`` in units of the latent part's scale (the
     caller multiplies by it): the RoPE part times ``pe_ratio`` (its scale over the latent
     part's, per row) plus the latent part in ``PARTS`` chains, each awaited and added in fp32
@@ -134,11 +138,14 @@ def _scores8(q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio
     kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
     pt = pe_stages.index(st).permute((1, 0))
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    acc = warpgroup_mma(qpe_smem.index(z + 1), pt, s_zero, use_acc=False, is_async=True)
-    acc = warpgroup_mma(qpe_smem.index(z), pt, acc, is_async=True)
+    if Q_FP8:
+        acc = warpgroup_mma(qpe_smem.index(z), pt, s_zero, use_acc=False, is_async=True)
+    else:  # lo, then hi
+        acc = warpgroup_mma(qpe_smem.index(z + 1), pt, s_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(qpe_smem.index(z), pt, acc, is_async=True)
     s = warpgroup_mma_wait(0, deps=[acc]) * pe_ratio[:, None]
     for g in gl.static_range(PARTS):
-        a = warpgroup_mma_wait(0, deps=[_chain(q_blocks, z, kt, g * W, W, s_layout)])
+        a = warpgroup_mma_wait(0, deps=[_chain(q_blocks, z, kt, g * W, W, Q_FP8, s_layout)])
         if TOKEN_GROUP:
             s = s + a * _group_scale(sc_stages, st, (g * W) // 128, tok_l)[None, :]
         else:
@@ -200,7 +207,7 @@ def _own_tile(o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages
               mine, theirs, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
               causal_limit, STAGES: gl.constexpr, SLOTS: gl.constexpr, PARTS: gl.constexpr,
               D_CKV: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-              FP8_CVT: gl.constexpr, ROLE: gl.constexpr,
+              FP8_CVT: gl.constexpr, ROLE: gl.constexpr, Q_FP8: gl.constexpr,
               s_layout: gl.constexpr, s_rows: gl.constexpr, o_cols: gl.constexpr,
               a_l: gl.constexpr):  # fmt: skip
     """Tile ``j``, owned by this warpgroup: its scores (which need nothing of the other's, so
@@ -213,7 +220,7 @@ def _own_tile(o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages
     fence_async_shared()  # the copier's cp.async bytes, to wgmma's async proxy
     # the query's descriptors formed here, not hoisted out of the loop (j >> 30 is 0)
     s = _scores8(q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, st, j >> 30, pe_ratio,
-                 PARTS, D_CKV, TOKEN_GROUP, s_layout)  # fmt: skip
+                 PARTS, D_CKV, TOKEN_GROUP, Q_FP8, s_layout)  # fmt: skip
     if j >= 1:  # the other's tile j - 1: its maximum, and its factor for the row sums
         m_i, alpha_r = _published(j - 1, theirs, stat_bar, SLOTS, s_rows)
         l_i = l_i * alpha_r
@@ -242,7 +249,8 @@ def _own_tile(o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages
 @gluon.jit
 def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
                   WRITE_LSE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
-                  STAGES: gl.constexpr, PARTS: gl.constexpr, ROLE: gl.constexpr):  # fmt: skip
+                  STAGES: gl.constexpr, PARTS: gl.constexpr, ROLE: gl.constexpr,
+                  Q_FP8: gl.constexpr, Q_SCALE: gl.constexpr):  # fmt: skip
     """Consumer warpgroup ``ROLE``: stages its half of the query rows, owns tiles ``ROLE,
     ROLE + 2, …``, applies every tile to output columns ``256·ROLE + π(m)``
     (``fp8_values.store_output``), and stores them as ``O / l`` times the value scale
@@ -251,7 +259,8 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
      slots1, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
      qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
      pe_factor, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
-     stride_o_t, stride_o_h, stride_lse_split, stride_lse_t) = args  # fmt: skip
+     stride_o_t, stride_o_h, stride_lse_split, stride_lse_t, q_scale_ptr, stride_qs_t,
+     q_scale_val) = args  # fmt: skip
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
     )
@@ -270,9 +279,15 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
         theirs = slots0
     row0 = m_tile * ROWS
     rows_end = gl.minimum(rows_total, row0 + ROWS)
-    stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
-                  num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-                  D_CKV, D_KPE, ROLE)  # fmt: skip
+    if Q_FP8:  # the caller's e4m3 bytes, each row's scale beside them
+        stage_query_fp8(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_scale_ptr, q_start,
+                        row0, rows_end, num_heads, num_tokens, stride_qn_t, stride_qn_h,
+                        stride_qp_t, stride_qp_h, stride_qs_t, q_scale_val, D_CKV, D_KPE,
+                        Q_SCALE, ROLE)  # fmt: skip
+    else:
+        stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0,
+                           rows_end, num_heads, num_tokens, stride_qn_t, stride_qn_h,
+                           stride_qp_t, stride_qp_h, D_CKV, D_KPE, ROLE)  # fmt: skip
     fence_async_shared()
     thread_barrier()
     mbarrier.arrive(q_ready)
@@ -294,7 +309,7 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
             o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
             mine, theirs, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
             causal_limit, STAGES, SLOTS, PARTS, D_CKV, CAUSAL, TOKEN_GROUP, FP8_CVT, ROLE,
-            s_layout, s_rows, o_cols, a_l,
+            Q_FP8, s_layout, s_rows, o_cols, a_l,
         )  # fmt: skip
     last = n_tiles - 1
     if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
@@ -378,6 +393,14 @@ def _mla_pingpong8_kernel(
     # the latent part of Q·Kᵀ in QK_PARTS column ranges, each summed by the tensor cores (at
     # their reduced FP8 accumulation precision) and added to the others in fp32
     QK_PARTS: gl.constexpr = 4,
+    # nonzero: e4m3 queries, their codes as bytes, times a scale per row
+    # (``fp8_stage.stage_query_fp8``: Q_SCALE 0 ``q_scale_val``, 1 ``q_scale_ptr[0]``, 2
+    # ``q_scale_ptr[token · stride_qs_t + head]``)
+    Q_FP8: gl.constexpr = 0,
+    Q_SCALE: gl.constexpr = 0,
+    q_scale_ptr=None,
+    stride_qs_t=None,
+    q_scale_val=None,
 ):
     gl.static_assert(BLOCK_M == 64, "64 query rows per program")
     gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile")
@@ -403,9 +426,11 @@ def _mla_pingpong8_kernel(
     k_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_CKV], k_sh)
     pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_KPE], pe_sh)
     sc_stages = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], vec2_sh)
-    # the query's hi and lo operands in column blocks of 128: hi [0, 4), lo [4, 8)
-    q_blocks = gl.allocate_shared_memory(gl.float8e4nv, [2 * D_CKV // 128, ROWS, 128], k_sh)
-    qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, D_KPE], pe_sh)
+    # the query's hi and lo operands in column blocks of 128: hi [0, 4), lo [4, 8); an e4m3
+    # query is one operand, [0, 4)
+    Q_OPS: gl.constexpr = 1 if Q_FP8 else 2
+    q_blocks = gl.allocate_shared_memory(gl.float8e4nv, [Q_OPS * D_CKV // 128, ROWS, 128], k_sh)
+    qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [Q_OPS, ROWS, D_KPE], pe_sh)
     inv_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_sh)
     # each warpgroup's P (two halves) and statistics (maximum, factor) of its last SLOTS
     # tiles, each in an allocation of its own: stores to one, loads of another, no barrier
@@ -458,7 +483,8 @@ def _mla_pingpong8_kernel(
         slots1, stat_bar, l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start,
         qo_len, rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
         pe_factor, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
-        stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
+        stride_o_t, stride_o_h, stride_lse_split, stride_lse_t, q_scale_ptr, stride_qs_t,
+        q_scale_val,
     )  # fmt: skip
     gl.warp_specialize(
         [(fp8_copier, (k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr,
@@ -466,9 +492,9 @@ def _mla_pingpong8_kernel(
                     stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
                     stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS)),
          (_pingpong8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
-                          QK_PARTS, 0)),
+                          QK_PARTS, 0, Q_FP8, Q_SCALE)),
          (_pingpong8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
-                          QK_PARTS, 1))],
+                          QK_PARTS, 1, Q_FP8, Q_SCALE))],
         [4, 4],
         [CONSUMER_REGS, CONSUMER_REGS],
     )  # fmt: skip
