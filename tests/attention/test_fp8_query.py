@@ -242,23 +242,28 @@ def test_errors(device):
 
 
 @pytest.mark.parametrize(
-    "target,config,direct,mode",
+    "target,config,forced,direct,mode",
     [
-        ("sm90", None, False, 0),  # the Gluon kernels, fed bf16 by the conversion
-        ("sm90", "rows", True, QF8_DOT),  # forced: the portable FP8 build
-        ("sm89", None, True, QF8_DOT),
-        ("sm100", None, True, QF8_DOT),  # the value-split kernel at 128 rows
-        ("sm80", None, True, QF8_CVT),  # no FP8 tensor cores: codes decoded to fp16
-        ("gfx942", None, True, QF8_CVT),
-        ("interpreter", None, True, QF8_DOT),
+        ("sm90", None, None, False, 0),  # the Gluon kernels, fed bf16 by the conversion
+        ("sm90", "rows", None, True, QF8_DOT),  # forced: the portable FP8 build
+        ("sm90", "pingpong8", None, False, 0),  # its FP8-query build runs on request only
+        ("sm90", "pingpong8", QF8_DOT, True, QF8_DOT),
+        ("sm90", "fp8qk", QF8_DOT, False, 0),  # no FP8-query build: converted
+        ("sm89", None, None, True, QF8_DOT),
+        ("sm100", None, None, True, QF8_DOT),  # the value-split kernel at 128 rows
+        ("sm80", None, None, True, QF8_CVT),  # no FP8 tensor cores: codes decoded to fp16
+        ("gfx942", None, None, True, QF8_CVT),
+        ("interpreter", None, None, True, QF8_DOT),
     ],
 )
-def test_routing_rule(target, config, direct, mode):
-    """The registry's rule per target, for 1 × 128 heads decode over an e4m3 pool."""
+def test_routing_rule(target, config, forced, direct, mode):
+    """The registry's rule per target, for 1 × 128 heads decode over an e4m3 pool
+    (``forced``: the build ``kernel_options={"Q_FP8": ...}`` names)."""
     t = INTERPRETER if target == "interpreter" else TARGETS[target]
     plan = make_launch_plan(batch=64, num_heads=128, max_qo_len=1, max_kv_len=4096, sms=132,
                             max_splits_by_workspace=64, target=t, config=config)  # fmt: skip
-    q = route_queries(QueryPlan(E4M3, False, True, 0), plan.config, t, E4M3, torch.bfloat16)
+    q = route_queries(QueryPlan(E4M3, False, True, 0), plan.config, t, E4M3, torch.bfloat16,
+                      forced)  # fmt: skip
     assert (q.direct, q.mode) == (direct, mode)
 
 
@@ -282,6 +287,33 @@ def test_gpu_routes_at_128_heads(config, form):
     qn, qp, s, values = fp8_queries(b, form, "cuda")
     w, out, lse = run_fp8(b, qn, qp, s, config=config)
     check(out, lse, *ref_of(b, values), 1e-2, lse_tol=1.5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["float", "tensor", "rows"])
+@pytest.mark.parametrize(
+    "scale_mode,page_size,qo_lens,splits,kv_dtype",
+    [
+        ("tensor", 1, 1, 1, E4M3),  # unsplit, the bf16 output
+        ("tensor", 64, 1, 3, E4M3),  # split partials and their merge
+        ("token_group", 64, 1, 2, E4M3),
+        ("tensor", 64, 2, 2, E4M3),  # speculative rows, causal: two 64-row programs a token
+        ("tensor", 1, 1, 2, torch.float8_e5m2),
+    ],
+)
+def test_gpu_pingpong8_fp8_build(form, scale_mode, page_size, qo_lens, splits, kv_dtype):
+    """pingpong8's FP8-query build, named (``Q_FP8`` 2): the e4m3 codes as the score operand
+    of its FP8 wgmma and each row's scale, at 128 heads, against float64 (empty and one-token
+    requests, NaN in unused slots)."""
+    b = make_batch([0, 1, 300, 1024, 4096], 128, qo_lens=qo_lens, page_size=page_size,
+                   kv_dtype=kv_dtype, scale_mode=scale_mode, device="cuda",
+                   generator=gen(14))  # fmt: skip
+    qn, qp, s, values = fp8_queries(b, form, "cuda")
+    causal = qo_lens > 1
+    w, out, lse = run_fp8(b, qn, qp, s, causal=causal, config="pingpong8", splits=splits,
+                          options={"Q_FP8": QF8_DOT})  # fmt: skip
+    assert w.launch_info.variant == "pingpong8" and w._queries.direct
+    check(out, lse, *ref_of(b, values, causal=causal), 4e-3)
 
 
 @pytest.mark.gpu

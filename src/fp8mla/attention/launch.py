@@ -263,9 +263,12 @@ class AttentionLaunch:
         if "ROW_TILES" in getattr(kernel_fn, "arg_names", ()):  # compiled apart for > 1 tile
             self.fixed["ROW_TILES"] = plan.m_tiles > 1
         self.q_call = bool(q_fp8)  # the call passes the query scale (Q_SCALE_ARGS)
-        if "Q_FP8" in getattr(kernel_fn, "arg_names", ()):  # P rounded by integer ops there
-            self.fixed.update(Q_FP8=q_fp8, ROUND_INT=interpreted, P_PARTS=2)  # P as hi + lo
-            if not q_fp8:
+        names = getattr(kernel_fn, "arg_names", ())
+        if "Q_FP8" in names:
+            self.fixed["Q_FP8"] = q_fp8
+            if "P_PARTS" in names:  # the portable builds: P as hi + lo, rounded by integer
+                self.fixed.update(ROUND_INT=interpreted, P_PARTS=2)  # ops in the interpreter
+            if not q_fp8 and self.variant.fp8_queries:  # its scale arguments in every build
                 self.fixed.update(q_scale_ptr=qo, stride_qs_t=0, q_scale_val=1.0, Q_SCALE=0)
         elif q_fp8:
             raise ValueError(f"expected a kernel with an FP8-query build, got {cfg.variant}")

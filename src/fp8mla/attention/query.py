@@ -276,12 +276,14 @@ def route_queries(
     """The route of FP8 queries to the kernel the planner chose (``config``): direct where
     its variant has an FP8-query build (``Variant.fp8_queries``), in :func:`fp8_query_mode`'s
     build; else converted to bf16 (the Gluon kernels, which write bf16 outputs). ``forced``:
-    ``plan(kernel_options={"Q_FP8": ...})`` names the build (``QF8_NONE``: converted)."""
+    ``plan(kernel_options={"Q_FP8": ...})`` names the build (``QF8_NONE``: converted), also
+    of a kernel whose FP8-query build runs on request only (``Variant.fp8_queries_on_request``;
+    a Gluon kernel reads the codes in FP8 wgmma whichever nonzero build is named)."""
     from fp8mla.attention.variants import get_variant
 
     variant = get_variant(config.variant)
     mode = fp8_query_mode(target, kv_dtype, config) if variant.fp8_queries else QF8_NONE
-    if forced is not None and variant.fp8_queries:
+    if forced is not None and (variant.fp8_queries or variant.fp8_queries_on_request):
         mode = int(forced)
     if variant.gluon and out_dtype != torch.bfloat16:
         raise ValueError(

@@ -88,6 +88,10 @@ class Variant:
     # path (the portable kernel is ~2.5x slower than they are at 128 heads on the H200)
     # until a Gluon FP8-query build is measured (docs/design/fp8-queries.md)
     fp8_queries: bool = False
+    # the kernel has an FP8-query build that runs only where the plan names it
+    # (``plan(kernel_options={"Q_FP8": 2})``): built and compiled, not yet the planner's
+    # choice (docs/design/fp8-queries.md says what its GPU run must show first)
+    fp8_queries_on_request: bool = False
 
     def load(self):
         """The ``@triton.jit`` / ``@gluon.jit`` function (imported on first use)."""
@@ -287,12 +291,13 @@ PINGPONG8 = register(
         kernel="fp8mla.kernels.sm90.pingpong8:_mla_pingpong8_kernel",
         summary="Gluon, SM90, FP8 pools; the ping-pong order on 64-token FP8 tiles staged by "
         "cp.async as they are: Q·Kᵀ in FP8 × FP8 wgmma with the query's hi and lo parts in "
-        "one accumulator chain, each consumer converting its 256 value columns into wgmma's "
-        "register operand (many rows)",
+        "one accumulator chain (e4m3 queries: their codes, one operand), each consumer "
+        "converting its 256 value columns into wgmma's register operand (many rows)",
         supports=_sm90_fp8,
         check_tile=_fixed_tile(64, 64, 4),
         gluon=True,
         launches_dependents=True,
+        fp8_queries_on_request=True,
     )
 )
 FEWROWS = register(

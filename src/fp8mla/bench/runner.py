@@ -33,6 +33,7 @@ ALL_IMPLS = (
     "fp8mla-bf16kv",
     "fp8mla-fp8q",
     "fp8mla-fp8q-fused",
+    "fp8mla-fp8q-wgmma",  # the planned Gluon kernel's FP8-query build, where it has one
     "full-pool-cast",
     "gather-then-cast",
     "torch-reference",
@@ -178,8 +179,8 @@ def make_runner(name: str, inp: BenchInputs, ctx: BenchContext) -> I.Runner:
         raise I.Unavailable("FP8-pool comparison only")
     if name == "fp8mla-bf16kv":
         return I.fp8mla_bf16kv(inp, ctx.bf16_pool(inp.pool))
-    if name in ("fp8mla-fp8q", "fp8mla-fp8q-fused"):  # FP8 queries: quantized outside, or fused
-        return I.fp8mla_fp8q(inp, fused=name.endswith("fused"))
+    if name.startswith("fp8mla-fp8q"):  # FP8 queries: quantized outside, or fused
+        return I.fp8mla_fp8q(inp, fused=name.endswith("fused"), on_request=name.endswith("wgmma"))
     if name == "full-pool-cast":
         return I.full_pool_cast(inp)
     if name == "gather-then-cast":

@@ -6,6 +6,9 @@
   in every tile the target's tables give them (on SM90 the Triton fallback's tiles, which
   ``kernel_config="rows"`` selects there), for e4m3 (also with per-token-group scales), e5m2
   and bf16 pools.
+- The Gluon kernels' FP8-query builds that run on request (``Variant.fp8_queries_on_request``:
+  ``pingpong8``), e4m3 and e5m2 pools (also with per-token-group scales), per-row query scales,
+  writing split partials or the bf16 output.
 - The fused query pass (``kernels/portable/q_quant.py``): e4m3 queries with a per-row scale
   to bf16 (the converted route), bf16 queries to e4m3 codes and row scales (``quantize_q``),
   and bf16 queries rounded through e4m3 to bf16 (``quantize_q`` on the converted route).
@@ -69,6 +72,47 @@ def attention_builds(target: Target) -> list[tuple[str, Build, str]]:
                 label = f"{SHORT[kv]} {tile} w{cfg.num_warps}s{cfg.num_stages} "
                 label += f"{'split+group' if group else 'split'} fp8q-{how}"
                 out.append((label, build, tile))
+    return out + on_request_builds(target)
+
+
+def on_request_builds(target: Target) -> list[tuple[str, Build, str]]:
+    """``(label, build, tile)`` of the FP8-query builds of the kernels that run them on
+    request (``Variant.fp8_queries_on_request``), in their tile for 128 query rows."""
+    from fp8mla.attention.launch import fp8_conversion
+    from fp8mla.attention.planner import tile_for_variant
+    from fp8mla.attention.query import QF8_DOT, QS_ROWS
+    from fp8mla.attention.variants import REGISTRY, tile_name
+
+    out = []
+    for v in REGISTRY.values():
+        for kv in KV_DTYPES[:2] if v.fp8_queries_on_request else ():
+            if v.supports(target, kv, 128, 64) is not None:
+                continue
+            cfg = tile_for_variant(v.name, 128, kv, target)
+            cvt = fp8_conversion(kv, torch.device("cuda"), False, cfg.fp8_cvt, target)
+            tile = tile_name(cfg)
+            for o_ptr, write_lse, group, how in (("fp32", True, False, "split"),
+                                                 ("bf16", False, False, "direct"),
+                                                 ("fp32", True, True, "split+group")):  # fmt: skip
+                ptrs = dict(
+                    q_nope_ptr="u8", q_pe_ptr="u8", ckv_ptr="u8", kpe_ptr="u8",
+                    scale_arr_ptr="fp32" if group else "u8", ckv_scale_ptr="u8",
+                    kpe_scale_ptr="u8", qo_indptr_ptr="i32", kv_indptr_ptr="i32",
+                    kv_indices_ptr="i32", kv_len_ptr="i32", o_ptr=o_ptr,
+                    lse_ptr="fp32" if write_lse else o_ptr, q_scale_ptr="fp32",
+                )  # fmt: skip
+                consts = dict(
+                    PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_CKV=512, D_KPE=64,
+                    CAUSAL=False, TOKEN_GROUP=group, CKV_SCALE_PTR=False, KPE_SCALE_PTR=False,
+                    DOT_DTYPE="tl.float16", WRITE_LSE=write_lse, FP8_CVT=cvt, Q_FP8=QF8_DOT,
+                    Q_SCALE=QS_ROWS,
+                )  # fmt: skip
+                if v.launches_dependents and target.dependent_launch:
+                    consts["WAIT_PRIOR"] = True
+                build = Build(v.kernel, tuple(ptrs.items()), tuple(consts.items()),
+                              cfg.num_warps, None, None,
+                              passed=("stride_qs_t", "q_scale_val"))  # fmt: skip
+                out.append((f"{SHORT[kv]} {tile} w{cfg.num_warps} {how} fp8q", build, tile))
     return out
 
 

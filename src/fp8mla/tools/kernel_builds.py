@@ -46,6 +46,9 @@ class Build:
     num_warps: int
     num_stages: int | None = None  # None: Triton's default, as a launch that passes none
     maxnreg: int | None = None  # register cap per thread (CUDA), as KernelConfig.max_registers
+    # arguments declared with a default of None that this build's launch passes (as i32, or
+    # fp32 for FLOAT_ARGS): e.g. a Gluon kernel's FP8-query scale arguments
+    passed: tuple[str, ...] = ()
 
     def function(self):
         import importlib
@@ -89,6 +92,7 @@ def compile_build(build: Build, target: Target):
     for p in fn.params:  # constexprs left to their defaults, as a launch leaves them (and
         # optional pointers left None: Triton makes a None argument a constexpr)
         unset = p.name not in consts and p.name not in ptrs and p.has_default
+        unset = unset and p.name not in build.passed
         if unset and (p.is_constexpr or p.default is None):
             consts[p.name] = p.default
     sig, attrs = {}, {}
