@@ -41,27 +41,7 @@ from fp8mla.tools.build_runs import (
 from fp8mla.tools.kernel_builds import TORCH_TO_TRITON, Build
 from fp8mla.tools.matrix_report import markdown
 from fp8mla.tools.spill_limits import SPILL_EXCEPTIONS, SPILL_LIMIT
-
-KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16)
-SHORT = {
-    torch.float8_e4m3fn: "e4m3",
-    torch.float8_e5m2: "e5m2",
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-}
-CVT_NAMES = {
-    0: "native",
-    1: "ptx",
-    2: "ptx",
-    3: "int-ptx",
-    4: "int-ptx",
-    5: "int-triton",
-    6: "int-triton",
-}
-MERGE = "fp8mla.kernels.portable.merge:_mla_merge_kernel"
-KV_WRITE = "fp8mla.kernels.portable.kv_write:_kv_write_kernel"
-KV_STAGE = "fp8mla.kernels.portable.kv_stage:_kv_stage_kernel"
-DS_MLA_PACK = "fp8mla.kernels.portable.ds_mla_pack:_ds_mla_pack_kernel"
+from fp8mla.tools.support_builds import CVT_NAMES, KV_DTYPES, SHORT
 
 
 @dataclass(frozen=True)
@@ -188,129 +168,15 @@ def attention_jobs(target: Target) -> list[Job]:
     return jobs
 
 
-def merge_jobs(target: Target) -> list[Job]:
-    """The split merge as the launcher runs it: fp32 partials (and, where a kernel of the
-    target writes them, fp16 partials with their factors, in the planner's warps) into a
-    bf16 output, in each column block the planner picks (``planner.merge_block_d``) reading
-    the most splits per pass it allows (``planner.merge_block_s``); where a kernel of the
-    target launches it as a programmatic dependent, also the build that waits for that kernel
-    (and lets the next attention grid launch from its start)."""
-    from fp8mla.attention.planner import MAX_SPLITS, merge_block_s, merge_warps
-    from fp8mla.attention.variants import REGISTRY
-
-    fp8_few = [
-        v for v in REGISTRY.values() if v.supports(target, torch.float8_e4m3fn, 32, 64) is None
-    ]
-    waits = target.dependent_launch and any(v.launches_dependents for v in fp8_few)
-    halves = [False] + ([True] if any(v.half_partials for v in fp8_few) else [])
-    jobs = []
-    for half in halves:
-        ptrs = dict(mid_o_ptr="fp16" if half else "fp32", mid_lse_ptr="fp32", o_ptr="bf16",
-                    lse_ptr="fp32", qo_indptr_ptr="i32")  # fmt: skip
-        if half:
-            ptrs["mid_mult_ptr"] = "fp32"
-        for block_d in (128, 256, 512):
-            for write_lse, wait in ((True, False), (False, False), (True, True)):
-                if wait and not waits:
-                    continue
-                warps = merge_warps(block_d, half)
-                block_s = merge_block_s(MAX_SPLITS, block_d, warps, half)  # most a pass reads
-                consts = (("D", 512), ("BLOCK_D", block_d), ("BLOCK_S", block_s),
-                          ("WRITE_LSE", write_lse))  # fmt: skip
-                consts += (("WAIT_PRIOR", wait), ("LAUNCH_NEXT", wait))
-                build = Build(MERGE, tuple(ptrs.items()), consts, warps)
-                variant = f"{block_d} cols, bf16 out" + (" + LSE" if write_lse else "")
-                variant += ", fp16 partials" if half else ""
-                variant += ", waits for the attention" if wait else ""
-                jobs.append(Job(target.name, "merge", variant, build, SPILL_LIMIT))
-    return jobs
-
-
-def kv_write_jobs(target: Target) -> list[Job]:
-    """The fused KV write for every storage dtype and scale mode of ``MLAKVCache``."""
-    from fp8mla.cache.kv_write import FP8_FIELDS, STORE_KIND
-    from fp8mla.formats import FP8_MAX, SCALE_GROUP
+def support_jobs(target: Target) -> list[Job]:
+    """The kernels around the attention (``fp8mla.tools.support_builds``): the split merge,
+    the KV writer, the FP8 staging and the packed-cache writer, in that order."""
+    from fp8mla.tools import support_builds as S
 
     jobs = []
-    for kv in KV_DTYPES:
-        kind, view = STORE_KIND[kv]
-        mbits, emin, bias = FP8_FIELDS.get(kv, (0, 0, 0))
-        for token_group in (False, True) if kv.itemsize == 1 else (False,):
-            ptrs = dict(
-                ckv_ptr="bf16",
-                kpe_ptr="bf16",
-                slot_ptr="i64",
-                cache_ptr=TORCH_TO_TRITON[str(view).split(".")[-1]],
-                scale_arr_ptr="fp32" if token_group else "bf16",
-            )
-            consts = dict(
-                D_CKV=512,
-                D_KPE=64,
-                GROUP=SCALE_GROUP,
-                FP8_MAX=float(FP8_MAX.get(kv, 0.0)),
-                MBITS=mbits,
-                EMIN=emin,
-                BIAS=bias,
-                STORE_KIND=kind,
-                TOKEN_GROUP=token_group,
-            )
-            build = Build(KV_WRITE, tuple(ptrs.items()), tuple(consts.items()), 4, None)
-            variant = f"{SHORT[kv]} {'token-group' if token_group else 'tensor'} scale"
-            jobs.append(Job(target.name, "kv_write", variant, build, SPILL_LIMIT))
-    return jobs
-
-
-def kv_stage_jobs(target: Target) -> list[Job]:
-    """The FP8 → fp16 staging of a plan's pages (``attention/stage.py``) for both FP8
-    dtypes and scale modes, with the target's FP8 decoding."""
-    from fp8mla.attention.launch import fp8_conversion
-    from fp8mla.kernels.portable.kv_stage import STAGE_TOKENS
-
-    jobs = []
-    for kv in KV_DTYPES:
-        if kv.itemsize != 1:
-            continue
-        cvt = fp8_conversion(kv, torch.device("cuda"), False, "ptx", target)
-        kv_ptr = "u8" if cvt else TORCH_TO_TRITON[str(kv).split(".")[-1]]
-        for token_group in (False, True):
-            ptrs = dict(
-                ckv_ptr=kv_ptr,
-                kpe_ptr=kv_ptr,
-                scale_arr_ptr="fp32" if token_group else kv_ptr,
-                out_ptr="fp16",
-                kv_indices_ptr="i32",
-            )
-            consts = dict(
-                PAGE_SIZE=1,
-                D_CKV=512,
-                D_KPE=64,
-                TOKENS=STAGE_TOKENS,
-                TOKEN_GROUP=token_group,
-                FP8_CVT=cvt,
-            )
-            build = Build(KV_STAGE, tuple(ptrs.items()), tuple(consts.items()), 4, None)
-            scale = "token-group" if token_group else "tensor"
-            variant = f"{SHORT[kv]} {scale} scale {CVT_NAMES[cvt]}"
-            jobs.append(Job(target.name, "kv_stage", variant, build, SPILL_LIMIT))
-    return jobs
-
-
-def ds_mla_pack_jobs(target: Target) -> list[Job]:
-    """The packed ``fp8_ds_mla`` writer (``fp8mla.pack_ds_mla``) for each row dtype and scale
-    format, with the target's e4m3 rounding (the GPU's conversion on CUDA SM89+, the integer
-    encoder elsewhere)."""
-    from fp8mla.dsa.format import PACK_TOKENS, PACK_WARPS
-
-    native = target.backend == "cuda" and int(target.arch) >= 89
-    jobs = []
-    for rows, ptr, kind in (("bf16", "u16", 0), ("fp16", "fp16", 1), ("fp32", "fp32", 2)):
-        for pow2 in (False, True):
-            ptrs = (("ckv_ptr", ptr), ("kpe_ptr", ptr), ("slot_ptr", "i64"), ("cache_ptr", "u8"))
-            consts = (("IN_KIND", kind), ("POW2", pow2), ("NATIVE_CVT", native),
-                      ("BLOCK_T", PACK_TOKENS))  # fmt: skip
-            build = Build(DS_MLA_PACK, ptrs, consts, PACK_WARPS, None)
-            variant = f"{rows} {'pow2' if pow2 else 'arbitrary'} {'native' if native else 'int'}"
-            jobs.append(Job(target.name, "ds_mla_pack", variant, build, SPILL_LIMIT))
+    for kind, builds in (("merge", S.merge_builds), ("kv_write", S.kv_write_builds),
+                         ("kv_stage", S.kv_stage_builds), ("ds_mla_pack", S.ds_mla_pack_builds)):  # fmt: skip
+        jobs += [Job(target.name, kind, label, b, SPILL_LIMIT) for label, b in builds(target)]
     return jobs
 
 
@@ -357,8 +223,7 @@ def all_jobs(targets: list[str] | None = None) -> list[Job]:
     jobs = []
     for name in names:
         t = TARGETS[name]
-        jobs += attention_jobs(t) + merge_jobs(t) + kv_write_jobs(t) + kv_stage_jobs(t)
-        jobs += ds_mla_pack_jobs(t) + sparse_jobs(t)
+        jobs += attention_jobs(t) + support_jobs(t) + sparse_jobs(t)
         jobs += indexer_jobs(t) + fp8_query_jobs(t)
     return jobs
 
