@@ -248,7 +248,9 @@ def test_errors(device):
         ("sm90", "rows", None, True, QF8_DOT),  # forced: the portable FP8 build
         ("sm90", "pingpong8", None, False, 0),  # its FP8-query build runs on request only
         ("sm90", "pingpong8", QF8_DOT, True, QF8_DOT),
-        ("sm90", "fp8qk", QF8_DOT, False, 0),  # no FP8-query build: converted
+        ("sm90", "fp8qk", None, False, 0),
+        ("sm90", "fp8qk", QF8_DOT, True, QF8_DOT),
+        ("sm90", "wgmma", QF8_DOT, False, 0),  # no FP8-query build: converted
         ("sm89", None, None, True, QF8_DOT),
         ("sm100", None, None, True, QF8_DOT),  # the value-split kernel at 128 rows
         ("sm80", None, None, True, QF8_CVT),  # no FP8 tensor cores: codes decoded to fp16
@@ -313,6 +315,33 @@ def test_gpu_pingpong8_fp8_build(form, scale_mode, page_size, qo_lens, splits, k
     w, out, lse = run_fp8(b, qn, qp, s, causal=causal, config="pingpong8", splits=splits,
                           options={"Q_FP8": QF8_DOT})  # fmt: skip
     assert w.launch_info.variant == "pingpong8" and w._queries.direct
+    check(out, lse, *ref_of(b, values, causal=causal), 4e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["float", "tensor", "rows"])
+@pytest.mark.parametrize(
+    "heads,scale_mode,page_size,qo_lens,splits,kv_dtype",
+    [
+        (16, "tensor", 1, 1, 1, E4M3),  # 16-row tiles, unsplit: the bf16 output
+        (32, "tensor", 64, 1, 3, E4M3),  # fp16 split partials and their merge
+        (32, "token_group", 64, 1, 2, E4M3),
+        (16, "tensor", 64, 4, 2, E4M3),  # 64 rows a request in 32-row tiles, causal
+        (64, "tensor", 1, 1, 2, torch.float8_e5m2),  # 64 heads: row tiles
+    ],
+)
+def test_gpu_fp8qk_fp8_build(form, heads, scale_mode, page_size, qo_lens, splits, kv_dtype):
+    """fp8qk's FP8-query build, named (``Q_FP8`` 2): the codes in the hi rows of its score
+    operand, zero lo rows, each row's scale, against float64 (empty and one-token requests,
+    NaN in unused slots)."""
+    b = make_batch([0, 1, 300, 1024, 4096], heads, qo_lens=qo_lens, page_size=page_size,
+                   kv_dtype=kv_dtype, scale_mode=scale_mode, device="cuda",
+                   generator=gen(15))  # fmt: skip
+    qn, qp, s, values = fp8_queries(b, form, "cuda")
+    causal = qo_lens > 1
+    w, out, lse = run_fp8(b, qn, qp, s, causal=causal, config="fp8qk", splits=splits,
+                          options={"Q_FP8": QF8_DOT})  # fmt: skip
+    assert w.launch_info.variant == "fp8qk" and w._queries.direct
     check(out, lse, *ref_of(b, values, causal=causal), 4e-3)
 
 

@@ -367,14 +367,16 @@ FP8QK = register(
         name="fp8qk",
         kernel="fp8mla.kernels.sm90.fp8qk:_mla_fp8qk_kernel",
         summary="Gluon, SM90, FP8 pools; a cp.async copier stages FP8 tiles as they are, Q·Kᵀ "
-        "in FP8 × FP8 wgmma with the query split hi/lo, two value warpgroups convert V into "
-        "wgmma's register operand (decode; more than 32 rows a request in 32-row tiles)",
+        "in FP8 × FP8 wgmma with the query split hi/lo (e4m3 queries: their codes, zero lo), "
+        "two value warpgroups convert V into wgmma's register operand (decode; more than 32 "
+        "rows a request in 32-row tiles)",
         supports=_sm90_fp8,
         check_tile=_tile_few,
         gluon=True,
         min_split_tokens=64,
         launches_dependents=True,
         half_partials=True,
+        fp8_queries_on_request=True,
         refine=_fp8qk_refine,
         alternatives=_fp8qk_alternatives,
     )

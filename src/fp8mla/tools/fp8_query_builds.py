@@ -77,42 +77,62 @@ def attention_builds(target: Target) -> list[tuple[str, Build, str]]:
 
 def on_request_builds(target: Target) -> list[tuple[str, Build, str]]:
     """``(label, build, tile)`` of the FP8-query builds of the kernels that run them on
-    request (``Variant.fp8_queries_on_request``), in their tile for 128 query rows."""
-    from fp8mla.attention.launch import fp8_conversion
+    request (``Variant.fp8_queries_on_request``), in their tiles for 16, 32 and 128 query rows
+    (and a kernel compiled apart for row tiles also in that build)."""
     from fp8mla.attention.planner import tile_for_variant
-    from fp8mla.attention.query import QF8_DOT, QS_ROWS
-    from fp8mla.attention.variants import REGISTRY, tile_name
+    from fp8mla.attention.variants import REGISTRY
 
     out = []
     for v in REGISTRY.values():
         for kv in KV_DTYPES[:2] if v.fp8_queries_on_request else ():
             if v.supports(target, kv, 128, 64) is not None:
                 continue
-            cfg = tile_for_variant(v.name, 128, kv, target)
-            cvt = fp8_conversion(kv, torch.device("cuda"), False, cfg.fp8_cvt, target)
-            tile = tile_name(cfg)
-            for o_ptr, write_lse, group, how in (("fp32", True, False, "split"),
-                                                 ("bf16", False, False, "direct"),
-                                                 ("fp32", True, True, "split+group")):  # fmt: skip
-                ptrs = dict(
-                    q_nope_ptr="u8", q_pe_ptr="u8", ckv_ptr="u8", kpe_ptr="u8",
-                    scale_arr_ptr="fp32" if group else "u8", ckv_scale_ptr="u8",
-                    kpe_scale_ptr="u8", qo_indptr_ptr="i32", kv_indptr_ptr="i32",
-                    kv_indices_ptr="i32", kv_len_ptr="i32", o_ptr=o_ptr,
-                    lse_ptr="fp32" if write_lse else o_ptr, q_scale_ptr="fp32",
-                )  # fmt: skip
-                consts = dict(
-                    PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_CKV=512, D_KPE=64,
-                    CAUSAL=False, TOKEN_GROUP=group, CKV_SCALE_PTR=False, KPE_SCALE_PTR=False,
-                    DOT_DTYPE="tl.float16", WRITE_LSE=write_lse, FP8_CVT=cvt, Q_FP8=QF8_DOT,
-                    Q_SCALE=QS_ROWS,
-                )  # fmt: skip
-                if v.launches_dependents and target.dependent_launch:
-                    consts["WAIT_PRIOR"] = True
-                build = Build(v.kernel, tuple(ptrs.items()), tuple(consts.items()),
-                              cfg.num_warps, None, None,
-                              passed=("stride_qs_t", "q_scale_val"))  # fmt: skip
-                out.append((f"{SHORT[kv]} {tile} w{cfg.num_warps} {how} fp8q", build, tile))
+            configs = dict.fromkeys(tile_for_variant(v.name, n, kv, target) for n in (16, 32, 128))
+            for cfg in configs:
+                out += _on_request(v, cfg, kv, target)
+    return out
+
+
+def _on_request(v, cfg, kv: torch.dtype, target: Target) -> list[tuple[str, Build, str]]:
+    """The builds of one tile of an on-request FP8-query kernel (``on_request_builds``)."""
+    from fp8mla.attention.launch import fp8_conversion
+    from fp8mla.attention.query import QF8_DOT, QS_ROWS
+    from fp8mla.attention.variants import tile_name
+
+    out = []
+    cvt = fp8_conversion(kv, torch.device("cuda"), False, cfg.fp8_cvt, target)
+    tile = tile_name(cfg)
+    part = "fp16" if v.half_partials else "fp32"  # the split partials' dtype
+    row_tiles = "ROW_TILES" in getattr(v.load(), "arg_names", ())
+    outputs = [(part, True, False, "split"), ("bf16", False, False, "direct"),
+               (part, True, True, "split+group")]  # fmt: skip
+    if row_tiles:
+        outputs.append((part, True, False, "split+rowtiles"))
+    for o_ptr, write_lse, group, how in outputs:
+        ptrs = dict(
+            q_nope_ptr="u8", q_pe_ptr="u8", ckv_ptr="u8", kpe_ptr="u8",
+            scale_arr_ptr="fp32" if group else "u8", ckv_scale_ptr="u8",
+            kpe_scale_ptr="u8", qo_indptr_ptr="i32", kv_indptr_ptr="i32",
+            kv_indices_ptr="i32", kv_len_ptr="i32", o_ptr=o_ptr,
+            lse_ptr="fp32" if write_lse else o_ptr, q_scale_ptr="fp32",
+        )  # fmt: skip
+        consts = dict(
+            PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_CKV=512, D_KPE=64,
+            CAUSAL=False, TOKEN_GROUP=group, CKV_SCALE_PTR=False, KPE_SCALE_PTR=False,
+            DOT_DTYPE="tl.float16", WRITE_LSE=write_lse, FP8_CVT=cvt, Q_FP8=QF8_DOT,
+            Q_SCALE=QS_ROWS,
+        )  # fmt: skip
+        if v.launches_dependents and target.dependent_launch:
+            consts["WAIT_PRIOR"] = True
+        if v.half_partials and write_lse:  # fp16 partials and their factor
+            ptrs["mult_ptr"] = "fp32"
+            consts["HALF_PARTIALS"] = True
+        if row_tiles:
+            consts["ROW_TILES"] = how.endswith("rowtiles")
+        build = Build(v.kernel, tuple(ptrs.items()), tuple(consts.items()),
+                      cfg.num_warps, None, None,
+                      passed=("stride_qs_t", "q_scale_val"))  # fmt: skip
+        out.append((f"{SHORT[kv]} {tile} w{cfg.num_warps} {how} fp8q", build, tile))
     return out
 
 

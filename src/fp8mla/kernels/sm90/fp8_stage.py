@@ -120,6 +120,17 @@ def _stage_slab(q_smem, inv_smem, x, w: gl.constexpr):
 
 
 @gluon.jit
+def _stage_slab8(q_smem, inv_smem, x, qs, w: gl.constexpr):
+    """One 8-row slab ``x`` of one part of an e4m3 query, its codes as they are, into the hi
+    rows ``16w … 16w + 7`` and zeros into the lo rows ``16w + 8 … 16w + 15`` (the scores'
+    hi + lo sum then reads the product once); the rows' query scales ``qs`` into
+    ``inv_smem[8w : 8w + 8]``, where a bf16 query's slab puts its ``1 / s``."""
+    q_smem.slice(16 * w, 8, dim=0).store(x)
+    q_smem.slice(16 * w + 8, 8, dim=0).store(gl.zeros_like(x))
+    inv_smem.slice(8 * w, 8).store(qs)
+
+
+@gluon.jit
 def _stage_slab16(q_smem, inv_smem, x, w: gl.constexpr):
     """One 8-row slab ``x`` of the RoPE part of the query as it is (16-bit) into operand rows
     ``16w … 16w + 7``, zeros into the lo rows ``16w + 8 … 16w + 15`` (so that the hi + lo
@@ -134,7 +145,8 @@ def stage_query_half(
     q_smem, qpe_smem, inv_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total, num_heads,
     num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H: gl.constexpr,
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr,
-    ROPE_16BIT: gl.constexpr = False,
+    ROPE_16BIT: gl.constexpr = False, Q_FP8: gl.constexpr = 0, Q_SCALE: gl.constexpr = 0,
+    q_scale_ptr=None, stride_qs_t=None, q_scale_val=None,
 ):  # fmt: skip
     """Value warpgroup ``H``'s share of the query staging (slabs ``2H`` and ``2H + 1``, the row
     tile's query rows ``16H … 16H + 15``: :func:`tile_rows`), then an arrival on ``q_ready``.
@@ -144,11 +156,17 @@ def stage_query_half(
     (exact for bf16 queries but for elements 2^12 below the row's largest); ``1 / s`` of both
     parts in ``inv_smem [2, 32]``. All rows are requested before any is converted.
     ``ROPE_16BIT``: the RoPE operand is 16-bit, the query's RoPE part as it is in the hi rows
-    (:func:`_stage_slab16`)."""
+    (:func:`_stage_slab16`). ``Q_FP8`` nonzero: the query is e4m3 (its codes as bytes), staged
+    as it is in the hi rows with zero lo rows and its scale per row (``Q_SCALE``:
+    :func:`_row_scales`) for both parts (:func:`_stage_slab8`)."""
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     w0: gl.constexpr = 2 * H
     w1: gl.constexpr = 2 * H + 1
     row0, rows_end = tile_rows(rows_total, BLOCK_M, ROW_TILES)
+    if Q_FP8:
+        gl.static_assert(not ROPE_16BIT, "e4m3 queries with an FP8 RoPE operand")
+        q_nope_ptr = q_nope_ptr.to(gl.pointer_type(gl.float8e4nv), bitcast=True)
+        q_pe_ptr = q_pe_ptr.to(gl.pointer_type(gl.float8e4nv), bitcast=True)
     x0 = _slab_rows(q_nope_ptr, w0, q_start, row0, rows_end, num_heads, num_tokens,
                     stride_qn_t, stride_qn_h, D_CKV, ld)  # fmt: skip
     x1 = _slab_rows(q_nope_ptr, w1, q_start, row0, rows_end, num_heads, num_tokens,
@@ -157,12 +175,24 @@ def stage_query_half(
                     stride_qp_t, stride_qp_h, D_KPE, ld)  # fmt: skip
     p1 = _slab_rows(q_pe_ptr, w1, q_start, row0, rows_end, num_heads, num_tokens,
                     stride_qp_t, stride_qp_h, D_KPE, ld)  # fmt: skip
-    _stage_slab(q_smem, inv_smem.index(0), x0, w0)
-    _stage_slab(q_smem, inv_smem.index(0), x1, w1)
-    if ROPE_16BIT:
+    if Q_FP8:
+        rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+        s0 = _row_scales(q_scale_ptr, stride_qs_t, q_scale_val, q_start, row0 + 8 * w0, rows_end,
+                         num_heads, num_tokens, Q_SCALE, rows_l)  # fmt: skip
+        s1 = _row_scales(q_scale_ptr, stride_qs_t, q_scale_val, q_start, row0 + 8 * w1, rows_end,
+                         num_heads, num_tokens, Q_SCALE, rows_l)  # fmt: skip
+        _stage_slab8(q_smem, inv_smem.index(0), x0, s0, w0)
+        _stage_slab8(q_smem, inv_smem.index(0), x1, s1, w1)
+        _stage_slab8(qpe_smem, inv_smem.index(1), p0, s0, w0)
+        _stage_slab8(qpe_smem, inv_smem.index(1), p1, s1, w1)
+    elif ROPE_16BIT:
+        _stage_slab(q_smem, inv_smem.index(0), x0, w0)
+        _stage_slab(q_smem, inv_smem.index(0), x1, w1)
         _stage_slab16(qpe_smem, inv_smem.index(1), p0, w0)
         _stage_slab16(qpe_smem, inv_smem.index(1), p1, w1)
     else:
+        _stage_slab(q_smem, inv_smem.index(0), x0, w0)
+        _stage_slab(q_smem, inv_smem.index(0), x1, w1)
         _stage_slab(qpe_smem, inv_smem.index(1), p0, w0)
         _stage_slab(qpe_smem, inv_smem.index(1), p1, w1)
     fence_async_shared()
@@ -271,18 +301,28 @@ def stage_query_fp8(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_scale_
         atoms.index(16 + w).store(_rows8(a, w, 256, 128, ld))
         atoms.index(24 + w).store(_rows8(a, w, 384, 128, ld))
         pe_atoms.index(w).store(_rows8(pa, w, 0, D_KPE, pe_ld))
-        if Q_SCALE == 2:
-            r = row0 + w * 8 + gl.arange(0, 8, layout=rows_l)
-            tok = q_start + r // num_heads
-            r_ok = (r < rows_end) & (tok < num_tokens)
-            qs = gl.load(q_scale_ptr + tok.to(gl.int64) * stride_qs_t + r % num_heads, mask=r_ok,
-                         other=1.0)  # fmt: skip
-        elif Q_SCALE == 1:
-            qs = gl.full([8], 1.0, gl.float32, layout=rows_l) * gl.load(q_scale_ptr)
-        else:
-            qs = gl.full([8], q_scale_val, gl.float32, layout=rows_l)
+        qs = _row_scales(q_scale_ptr, stride_qs_t, q_scale_val, q_start, row0 + w * 8, rows_end,
+                         num_heads, num_tokens, Q_SCALE, rows_l)  # fmt: skip
         inv8.index(w).store(qs)
         inv8.index(8 + w).store(qs)
+
+
+@gluon.jit
+def _row_scales(q_scale_ptr, stride_qs_t, q_scale_val, q_start, r0, rows_end, num_heads,
+                num_tokens, Q_SCALE: gl.constexpr, rows_l: gl.constexpr):  # fmt: skip
+    """The query scales of rows ``r0 … r0 + 7`` (row = token × heads + head), ``[8]`` in
+    ``rows_l``: ``Q_SCALE`` 0 the value ``q_scale_val``, 1 the one value at ``q_scale_ptr``,
+    2 ``q_scale_ptr[token · stride_qs_t + head]`` (1 for rows from ``rows_end`` on)."""
+    if Q_SCALE == 2:
+        r = r0 + gl.arange(0, 8, layout=rows_l)
+        tok = q_start + r // num_heads
+        r_ok = (r < rows_end) & (tok < num_tokens)
+        return gl.load(q_scale_ptr + tok.to(gl.int64) * stride_qs_t + r % num_heads, mask=r_ok,
+                       other=1.0)  # fmt: skip
+    elif Q_SCALE == 1:
+        return gl.full([8], 1.0, gl.float32, layout=rows_l) * gl.load(q_scale_ptr)
+    else:
+        return gl.full([8], q_scale_val, gl.float32, layout=rows_l)
 
 
 @gluon.jit

@@ -70,10 +70,11 @@ def _value_wg(
     k_stages, sc_stages, ready, empty, q_smem, qpe_smem, q_ready, p_smem, a_smem, p_ready, p_free,
     stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start, rows_total, n_begin, n_end,
     split, num_heads, num_tokens, v_scale, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    stride_o_split, stride_o_t, stride_o_h, mult_ptr,
+    stride_o_split, stride_o_t, stride_o_h, mult_ptr, q_scale_ptr, stride_qs_t, q_scale_val,
     H: gl.constexpr, BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, FP8_CVT: gl.constexpr,
     HALF_PARTIALS: gl.constexpr, ROW_TILES: gl.constexpr, ROPE_16BIT: gl.constexpr,
+    Q_FP8: gl.constexpr, Q_SCALE: gl.constexpr,
 ):  # fmt: skip
     """Value warpgroup ``H``: its half of the query staging, then output columns
     ``256H + π(m)`` of ``Oᵀ += Vᵀ·Pᵀ`` in two 32-token steps per tile, ``Vᵀ`` read from the
@@ -87,7 +88,8 @@ def _value_wg(
     stage_query_half(
         q_smem, qpe_smem, stat_smem, q_ready, q_nope_ptr, q_pe_ptr, q_start, rows_total,
         num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H, D_CKV,
-        D_KPE, BLOCK_R, ROW_TILES, ROPE_16BIT,
+        D_KPE, BLOCK_R, ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE, q_scale_ptr, stride_qs_t,
+        q_scale_val,
     )  # fmt: skip
     o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
@@ -208,6 +210,14 @@ def _mla_fp8qk_kernel(
     # the query's RoPE part in bf16; False: the RoPE part is FP8 as the latent part
     ROPE_16BIT: gl.constexpr = False,
     mult_ptr=None,
+    # nonzero: e4m3 queries, their codes as bytes, times a scale per row
+    # (``fp8_stage.stage_query_half``: Q_SCALE 0 ``q_scale_val``, 1 ``q_scale_ptr[0]``, 2
+    # ``q_scale_ptr[token · stride_qs_t + head]``)
+    Q_FP8: gl.constexpr = 0,
+    Q_SCALE: gl.constexpr = 0,
+    q_scale_ptr=None,
+    stride_qs_t=None,
+    q_scale_val=None,
 ):
     gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows per request")
     gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile")
@@ -298,8 +308,9 @@ def _mla_fp8qk_kernel(
                     p_ready, p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start,
                     rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
-                    stride_o_t, stride_o_h, mult_ptr, 0, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP,
-                    STAGES, FP8_CVT, HALF_PARTIALS, ROW_TILES, ROPE_16BIT,
+                    stride_o_t, stride_o_h, mult_ptr, q_scale_ptr, stride_qs_t, q_scale_val, 0,
+                    BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES, FP8_CVT, HALF_PARTIALS,
+                    ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE,
                 ),
             ),
             (
@@ -309,8 +320,9 @@ def _mla_fp8qk_kernel(
                     p_ready, p_free, stat_smem, stat_ready, q_nope_ptr, q_pe_ptr, o_ptr, q_start,
                     rows_total, n_begin, n_end, split, num_heads, num_tokens, v_scale,
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
-                    stride_o_t, stride_o_h, mult_ptr, 1, BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP,
-                    STAGES, FP8_CVT, HALF_PARTIALS, ROW_TILES, ROPE_16BIT,
+                    stride_o_t, stride_o_h, mult_ptr, q_scale_ptr, stride_qs_t, q_scale_val, 1,
+                    BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES, FP8_CVT, HALF_PARTIALS,
+                    ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE,
                 ),
             ),
             (
