@@ -56,8 +56,10 @@ compile error, on spills above the limit, or on shared memory over the target's 
 FP8 attention is also built with per-token-group scales (`split+group`). FP8 queries
 (`fp8mla.tools.fp8_query_builds`): `rows` and `vsplit` in their FP8-query build (`fp8q-e4m3-dot`:
 e4m3 × e4m3 dots, SM89+ e4m3 pools; `fp8q-decoded`: the codes decoded to fp16), per-row query
-scales, no register cap; **q_quant** (`_q_quant_kernel`): the fused query pass (e4m3 to bf16,
-bf16 to e4m3 codes and row scales, bf16 rounded through e4m3).
+scales, no register cap; on SM90 `pingpong8` and `fp8qk` in their FP8-query build (`fp8q`:
+the codes as the score operand; run where a plan names it); **q_quant** (`_q_quant_kernel`):
+the fused query pass (e4m3 to bf16, bf16 to e4m3 codes and row scales, bf16 rounded through
+e4m3).
 
 FP8 decoding: `int-ptx` = integer bit moves in inline PTX (every CUDA target; SM80/86 have no
 FP8 instructions, and on the H200 it measured faster than `cvt`); `int-triton` = the same bit
