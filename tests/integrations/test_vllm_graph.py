@@ -153,3 +153,42 @@ def test_cuda_graph_replays_match_reference(step, qlen, engine_device):
         graph.replay()
         torch.cuda.synchronize()
         _check(step, outs, q, batch)
+
+
+def test_fp8_queries_capture_and_replay(monkeypatch, plans, engine_device):
+    """``FP8MLA_FP8_QUERIES=1`` with an e4m3 cache: every layer declares vLLM's
+    ``supports_quant_query_input``, the captured plan takes e4m3 queries and writes the model's
+    dtype, and replays after new queries, tables and a new ``_q_scale`` (read on the device)
+    match float64 on ``q × _q_scale``, with one plan."""
+    from fp8mla.integrations import FP8_QUERIES_ENV
+    from fp8mla.integrations.vllm import register
+
+    monkeypatch.setenv(FP8_QUERIES_ENV, "1")
+    register()
+    config = vllm_step.engine_config(
+        backend="FP8MLA", kv_cache_dtype="fp8", block_size=16, max_model_len=256, max_num_seqs=8
+    )
+    st = vllm_step.VllmStep(config, layers=2, num_blocks=96, device=engine_device)
+    assert all(layer.impl.supports_quant_query_input for layer in st.layers)
+    padded, gen, e4m3 = 4, torch.Generator().manual_seed(21), torch.float8_e4m3fn
+    capture = vllm_step.random_batch(st, [1] * padded, 1, gen)
+    st.write_batch(capture, padded)
+    meta = st.metadata(capture, padded, capture=True)
+    assert meta[st.names[0]].decode.planned[1][2] == e4m3 and len(plans) == 1
+
+    def quantized(scale):  # what vLLM's _decode_concat_quant_fp8_op hands the layer
+        for layer in st.layers:
+            layer._q_scale.fill_(scale)
+        q = vllm_step.random_queries(st, padded, gen).float()
+        return (q / scale).clamp(-448, 448).to(e4m3)
+
+    q8 = quantized(0.01)
+    st.forward(q8, meta)  # the captured forward
+    for seq_lens, scale in zip(REPLAYS, (0.01, 0.02, 0.005)):
+        batch = vllm_step.random_batch(st, list(seq_lens), 1, gen)
+        st.write_batch(batch, padded)
+        q8.copy_(quantized(scale))
+        outs = st.forward(q8, meta)
+        assert outs[0].dtype == config.model_config.dtype
+        _check(st, outs, q8.float() * scale, batch)
+    assert len(plans) == 1

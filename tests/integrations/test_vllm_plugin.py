@@ -156,6 +156,22 @@ def test_forward_mqa_matches_float64_reference(
     assert err <= tol, (err, tol)
 
 
+def test_fp8_queries_need_an_e4m3_cache(monkeypatch, plugins_loaded):
+    """``FP8MLA_FP8_QUERIES``: 1 takes vLLM's e4m3 queries against an e4m3 cache only; 0 (the
+    default) keeps the model's 16-bit queries; anything else is refused."""
+    from fp8mla.integrations import FP8_QUERIES_ENV
+
+    assert not _impl("fp8").supports_quant_query_input
+    monkeypatch.setenv(FP8_QUERIES_ENV, "1")
+    assert _impl("fp8").supports_quant_query_input
+    for kv in ("fp8_e5m2", "auto"):
+        with pytest.raises(IntegrationConfigError, match="FP8MLA_FP8_QUERIES=1.*--kv-cache-dtype"):
+            _impl(kv)
+    monkeypatch.setenv(FP8_QUERIES_ENV, "yes")
+    with pytest.raises(IntegrationConfigError, match="is not 0 or 1"):
+        _impl("fp8")
+
+
 def test_impl_refuses_bad_configuration(plugins_loaded):
     with pytest.raises(IntegrationConfigError, match="--kv-cache-dtype"):
         _impl("nvfp4")

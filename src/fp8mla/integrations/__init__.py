@@ -13,16 +13,20 @@ own dependencies are theirs to pin). See ``docs/engines.md``.
 
 from fp8mla.integrations.common import (
     BACKEND_ENV,
+    FP8_QUERIES_ENV,
     IntegrationConfigError,
     check_mla_config,
+    fp8_queries_enabled,
     kernel_backend,
     pages_from_tokens,
 )
 
 __all__ = [
     "BACKEND_ENV",
+    "FP8_QUERIES_ENV",
     "IntegrationConfigError",
     "check_mla_config",
+    "fp8_queries_enabled",
     "kernel_backend",
     "pages_from_tokens",
 ]

@@ -28,6 +28,11 @@ BACKEND_ENV = "FP8MLA_KERNEL_BACKEND"
 
 MAX_HEADS = 128
 
+#: Environment variable letting an engine hand fp8mla FP8 (e4m3) queries with its per-tensor
+#: query scale (vLLM: ``supports_quant_query_input``): ``0`` (default: the model's 16-bit
+#: queries, read exactly) or ``1``.
+FP8_QUERIES_ENV = "FP8MLA_FP8_QUERIES"
+
 
 class IntegrationConfigError(ValueError):
     """A configuration fp8mla cannot serve; the message is one line naming the option."""
@@ -41,6 +46,14 @@ def kernel_backend() -> str:
             f"fp8mla: {BACKEND_ENV}={value!r} is not one of {', '.join(BACKENDS)}"
         )
     return value
+
+
+def fp8_queries_enabled() -> bool:
+    """Whether the engine integrations take FP8 queries (``FP8MLA_FP8_QUERIES``)."""
+    value = os.environ.get(FP8_QUERIES_ENV, "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise IntegrationConfigError(f"fp8mla: {FP8_QUERIES_ENV}={value!r} is not 0 or 1")
+    return value == "1"
 
 
 def check_mla_config(

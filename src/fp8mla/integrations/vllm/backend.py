@@ -45,14 +45,17 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, Multipl
 from fp8mla.attention.wrapper import BatchMLAPagedAttentionWrapper
 from fp8mla.formats import HEAD_DIM_CKV, HEAD_DIM_KPE, MAX_PAGE_SIZE
 from fp8mla.integrations.common import (
+    FP8_QUERIES_ENV,
     IntegrationConfigError,
     check_mla_config,
+    fp8_queries_enabled,
     kernel_backend,
 )
 
 NAME = "FP8MLA"
 HEAD_SIZE = HEAD_DIM_CKV + HEAD_DIM_KPE
 WORKSPACE_BYTES = 128 << 20
+FP8_QUERY = torch.float8_e4m3fn  # the queries vLLM quantizes for backends that take them
 _KV_DTYPES = {
     "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn,
@@ -145,8 +148,9 @@ class FP8MLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         compare at its first captured call."""
         ctx = self.compilation_config.static_forward_context
         impls = [getattr(ctx.get(name), "impl", None) for name in self._layer_names]
+        dtype = self.model_config.dtype
         keys = {
-            impl.plan_key(self.model_config.dtype, impl.kv_dtype(self.kv_cache_spec.dtype),
+            impl.plan_key(impl.query_dtype(dtype), impl.kv_dtype(self.kv_cache_spec.dtype),
                           self.page_size)
             for impl in impls
             if isinstance(impl, FP8MLAImpl)
@@ -190,6 +194,7 @@ class FP8MLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         if hit is not None:
             return hit
         heads, sm_scale, q_dtype, kv_dtype, page_size = plan_key
+        o_dtype = self.model_config.dtype if q_dtype == FP8_QUERY else None
         if self._graph_workspace is None:
             self._graph_workspace = torch.empty(
                 WORKSPACE_BYTES, dtype=torch.uint8, device=self.device
@@ -218,10 +223,20 @@ class FP8MLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             sm_scale,
             q_dtype,
             kv_dtype,
+            o_data_type=o_dtype,
         )
         planned = (wrapper, plan_key)
         self._graph_plans[(shape, plan_key, backend)] = planned
         return planned
+
+
+def _model_dtype() -> torch.dtype:
+    """The model's dtype from vLLM's current config (bf16 where none is set): what an FP8-query
+    layer's output is written in."""
+    from vllm.config import get_current_vllm_config
+
+    dtype = getattr(get_current_vllm_config().model_config, "dtype", None)
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
 
 
 class FP8MLABackend(MLACommonBackend):
@@ -352,8 +367,17 @@ class FP8MLAImpl(MLACommonImpl[MLACommonMetadata]):
                 f"fp8, fp8_e4m3, fp8_e5m2 or auto"
             )
         self._fp8_dtype = _KV_DTYPES.get(kv_cache_dtype)
-        # fp8mla reads bf16/fp16 queries against the FP8 cache (no FP8 query path).
-        self.supports_quant_query_input = False
+        # The model's 16-bit queries by default (read exactly); with FP8MLA_FP8_QUERIES=1 and
+        # an e4m3 cache, vLLM quantizes them with the layer's per-tensor _q_scale first and
+        # hands over e4m3 (as to its FLASHMLA backend)
+        fp8_q = fp8_queries_enabled()
+        if fp8_q and self._fp8_dtype != FP8_QUERY:
+            raise IntegrationConfigError(
+                f"fp8mla (vllm): {FP8_QUERIES_ENV}=1 takes e4m3 queries against an e4m3 cache; "
+                f"use --kv-cache-dtype fp8 (or fp8_e4m3), got {kv_cache_dtype}"
+            )
+        self.supports_quant_query_input = fp8_q
+        self._o_dtype = _model_dtype()
         self._backend = kernel_backend()
         self._wrappers: dict[torch.device, BatchMLAPagedAttentionWrapper] = {}
 
@@ -368,6 +392,10 @@ class FP8MLAImpl(MLACommonImpl[MLACommonMetadata]):
     def kv_dtype(self, cache_dtype: torch.dtype) -> torch.dtype:
         """The dtype this layer reads a cache allocated as ``cache_dtype`` in."""
         return self._fp8_dtype if self._fp8_dtype is not None else cache_dtype
+
+    def query_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The dtype of the queries vLLM hands this layer (``supports_quant_query_input``)."""
+        return FP8_QUERY if self.supports_quant_query_input else model_dtype
 
     def plan_key(self, q_dtype: torch.dtype, kv_dtype: torch.dtype, page_size: int) -> tuple:
         """What a plan fixes for this layer: heads, softmax scale, dtypes, page size."""
@@ -404,6 +432,7 @@ class FP8MLAImpl(MLACommonImpl[MLACommonMetadata]):
             float(self.scale),
             q_dtype,
             kv_cache.dtype,
+            o_data_type=self._o_dtype if q_dtype == FP8_QUERY else None,
         )
         decode.planned = (wrapper, key)
         return wrapper
@@ -431,6 +460,8 @@ class FP8MLAImpl(MLACommonImpl[MLACommonMetadata]):
             cache = cache.view(torch.uint8).view(self._fp8_dtype)
             scale = layer._k_scale
         wrapper = self._plan(decode, q_nope.dtype, cache)
+        # e4m3 queries: their values are q × the layer's per-tensor _q_scale (a device value)
+        q_scale = {"q_scale": layer._q_scale} if q_nope.dtype == FP8_QUERY else {}
         out = wrapper.run(
             q_nope,
             q_pe,
@@ -438,5 +469,6 @@ class FP8MLAImpl(MLACommonImpl[MLACommonMetadata]):
             cache[..., HEAD_DIM_CKV:],
             ckv_scale=scale,
             kpe_scale=scale,
+            **q_scale,
         )
         return out, None
