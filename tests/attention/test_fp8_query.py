@@ -250,6 +250,8 @@ def test_errors(device):
         ("sm90", "pingpong8", QF8_DOT, True, QF8_DOT),
         ("sm90", "fp8qk", None, False, 0),
         ("sm90", "fp8qk", QF8_DOT, True, QF8_DOT),
+        ("sm90", "fp8qk", QF8_CVT, True, QF8_DOT),  # a Gluon kernel has one FP8-query build
+        ("sm90", "pingpong8", 0, False, 0),
         ("sm90", "wgmma", QF8_DOT, False, 0),  # no FP8-query build: converted
         ("sm89", None, None, True, QF8_DOT),
         ("sm100", None, None, True, QF8_DOT),  # the value-split kernel at 128 rows

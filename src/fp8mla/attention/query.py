@@ -283,8 +283,10 @@ def route_queries(
 
     variant = get_variant(config.variant)
     mode = fp8_query_mode(target, kv_dtype, config) if variant.fp8_queries else QF8_NONE
-    if forced is not None and (variant.fp8_queries or variant.fp8_queries_on_request):
+    if forced is not None and variant.fp8_queries:
         mode = int(forced)
+    elif forced is not None and variant.fp8_queries_on_request:  # its one build: FP8 wgmma
+        mode = QF8_DOT if forced else QF8_NONE
     if variant.gluon and out_dtype != torch.bfloat16:
         raise ValueError(
             f"expected o_data_type bf16 for the {variant.name} kernel, got {out_dtype}"
