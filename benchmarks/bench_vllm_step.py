@@ -14,6 +14,9 @@ implementation (µs per layer):
   step's metadata is built; the replay's time divided by the layers.
 - the same, ``eager``: the step's metadata build and the layers' forward calls between two
   CUDA events (host cost included), divided by the layers.
+- ``vllm-fp8mla-fp8q``: the same layers with ``FP8MLA_FP8_QUERIES=1``, fed the e4m3 queries
+  vLLM would hand them (one scale, ``amax / 448``, as every layer's ``_q_scale``); its
+  ``rel_err`` is against the bf16 queries, so it includes their e4m3 rounding.
 - ``fp8mla``: fp8mla's wrapper called directly on the same caches and pages, planned from
   host lengths as ``fp8mla bench`` times it; ``fp8mla-graph-wrapper``: its CUDA-graph mode
   (``use_cuda_graph=True``, lengths on the device), the plan vLLM's graphs get.
@@ -39,6 +42,7 @@ With ``FP8MLA_ENGINES_PATH`` set (a GPU machine's unpacked carry,
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -47,6 +51,9 @@ from pathlib import Path
 import torch
 
 IMPLS = (("vllm-fp8mla", "FP8MLA"), ("vllm-triton-mla", "TRITON_MLA"))
+# FP8MLA with FP8MLA_FP8_QUERIES=1: vLLM's e4m3 queries (per-tensor amax / 448 as _q_scale);
+# its rel_err is against the bf16 queries, so it includes their e4m3 rounding
+FP8Q_IMPL = "vllm-fp8mla-fp8q"
 # vllm-fp8mla's time over these implementations', same case and timing mode
 RATIOS = (("fp8mla", "vs_fp8mla"), ("fp8mla-graph-wrapper", "vs_fp8mla_graph_wrapper"))
 # a failed measurement's record has these as None, and an ``error``
@@ -153,10 +160,26 @@ def time_direct(step, batch, q, ref, iters, graph_mode: bool):
     return t_graph, t_eager, err
 
 
+def fp8_queries(step, q):
+    """``q`` as vLLM hands it to a layer that takes FP8 queries: e4m3 under one scale,
+    ``amax / 448``, set as every layer's ``_q_scale``."""
+    scale = q.float().abs().amax().clamp_min(1e-12) / 448
+    for layer in step.layers:
+        layer._q_scale.copy_(scale)
+    return (q.float() / scale).to(torch.float8_e4m3fn)
+
+
 def measure_case(steps, batch, q, ref, iters):
     """(implementation, (graph timing, eager timing, rel_err) or the exception it raised)."""
     fp8_step = steps["vllm-fp8mla"]
-    runs = [(impl, time_vllm, (step, batch, q, ref, iters)) for impl, step in steps.items()]
+    runs = [
+        (
+            impl,
+            time_vllm,
+            (step, batch, fp8_queries(step, q) if impl == FP8Q_IMPL else q, ref, iters),
+        )  # fmt: skip
+        for impl, step in steps.items()
+    ]
     runs += [
         ("fp8mla", time_direct, (fp8_step, batch, q, ref, iters, False)),
         ("fp8mla-graph-wrapper", time_direct, (fp8_step, batch, q, ref, iters, True)),
@@ -188,6 +211,7 @@ def main() -> None:
     from integrations.engines_path import use_engines
 
     use_engines()
+    from fp8mla.integrations import FP8_QUERIES_ENV
     from fp8mla.integrations.vllm import register
 
     register()
@@ -223,6 +247,20 @@ def main() -> None:
             )
         for layer in steps["vllm-triton-mla"].layers:
             layer.impl._sm_count = sms  # as on vLLM's CUDA platform
+        try:  # FP8MLA taking vLLM's FP8 queries (the plugin reads the variable at start-up)
+            os.environ[FP8_QUERIES_ENV] = "1"
+            config = vs.engine_config(
+                backend="FP8MLA", block_size=block, heads=heads, layers=layers,
+                max_model_len=max_model_len, max_num_seqs=max(args.batch),
+            )  # fmt: skip
+            steps[FP8Q_IMPL] = vs.VllmStep(
+                config, layers=layers, num_blocks=num_blocks, device=device,
+                caches=steps["vllm-fp8mla"].caches,
+            )  # fmt: skip
+        except Exception as exc:  # recorded as a note; the other implementations still run
+            print(f"{FP8Q_IMPL}: not measured ({type(exc).__name__}: {exc})", flush=True)
+        finally:
+            os.environ.pop(FP8_QUERIES_ENV, None)
         fp8_step = steps["vllm-fp8mla"]
         for b in args.batch:
             for c in args.ctx:
