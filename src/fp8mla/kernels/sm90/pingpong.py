@@ -80,7 +80,7 @@ from fp8mla.kernels.sm90.common import (
     thread_barrier,
     unmasked_end,
 )
-from fp8mla.kernels.sm90.producers import kv_copier, kv_copier_halves, kv_producer
+from fp8mla.kernels.sm90.producers import pingpong_producer
 from fp8mla.kernels.sm90.request import request_span
 
 BUFFERED = gl.constexpr(128)  # KV tokens in shared memory: NBUF = BUFFERED // BLOCK_N buffers
@@ -281,41 +281,6 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
 
 
 @gluon.jit
-def _pingpong_producer(
-    args, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
-    D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
-    WHOLE_TILE: gl.constexpr,
-):  # fmt: skip
-    """The producer warpgroup: 16-bit tiles copied by ``cp.async`` (``producers.kv_copier``;
-    by column halves for 64-token tiles, ``producers.kv_copier_halves``), FP8 tiles converted
-    to fp16 (``producers.kv_producer``), into the ``NBUF`` buffers. ``args``: its run-time values,
-    one tuple."""
-    (k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
-     num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
-     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s) = args  # fmt: skip
-    NBUF: gl.constexpr = BUFFERED // BLOCK_N
-    if BLOCK_N == 64:
-        kv_copier_halves(
-            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
-            nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
-            stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
-        )  # fmt: skip
-    elif ckv_ptr.dtype.element_ty.primitive_bitwidth == 16:
-        kv_copier(
-            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
-            nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
-            stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
-        )  # fmt: skip
-    else:
-        kv_producer(
-            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
-            n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
-            stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
-            BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE,
-        )  # fmt: skip
-
-
-@gluon.jit
 def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
                  D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
                  ROLE: gl.constexpr):  # fmt: skip
@@ -513,15 +478,15 @@ def _mla_pingpong_kernel(
         gl.warp_specialize(
             [(_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
              (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1)),
-             (_pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
-                             WHOLE_TILE))],
+             (pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
+                             WHOLE_TILE, NBUF))],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGS, PRODUCER_REGS],
         )  # fmt: skip
     else:  # the copier the default partition, both consumers workers
         gl.warp_specialize(
-            [(_pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
-                             WHOLE_TILE)),
+            [(pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
+                             WHOLE_TILE, NBUF)),
              (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
              (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1))],
             [4, 4],

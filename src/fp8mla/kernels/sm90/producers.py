@@ -9,7 +9,9 @@ memory through the page table, for the consumers that multiply them.
 * :func:`kv_copier_halves` (16-bit pools, the ping-pong kernel's 64-token tiles): the same
   copies by column halves, each half of a buffer with its own ``ready`` / ``empty`` pair, so
   that a half is refilled as soon as the one warpgroup that reads it is done; the copies
-  themselves arrive on ``ready`` as they land, so the copier never waits for one.
+  themselves arrive on ``ready`` as they land, so the copier never waits for one;
+* :func:`pingpong_producer`: the ping-pong kernel's producer warpgroup, one of the three by
+  its pool's dtype and tile.
 
 All hand buffers over on ``ready`` / ``empty`` mbarriers, take tokens past the split's end as
 0 and a bad page entry's token as the launcher's NaN row (never outside the cache, never
@@ -398,3 +400,37 @@ def _prefetch_tile(
             pe = kpe_ptr + p1 * stride_kpe_p + q1 * stride_kpe_s
             prefetch_l2(pe)
             prefetch_l2(pe + 32)
+
+
+@gluon.jit
+def pingpong_producer(
+    args, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
+    D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
+    WHOLE_TILE: gl.constexpr, NBUF: gl.constexpr,
+):  # fmt: skip
+    """The ping-pong kernel's producer warpgroup (``pingpong.py``): 16-bit tiles copied by
+    ``cp.async`` (:func:`kv_copier`; by column halves for 64-token tiles,
+    :func:`kv_copier_halves`), FP8 tiles converted to fp16 (:func:`kv_producer`), into its
+    ``NBUF`` buffers. ``args``: its run-time values, one tuple."""
+    (k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
+     num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s) = args  # fmt: skip
+    if BLOCK_N == 64:
+        kv_copier_halves(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
+            nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+            stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
+        )  # fmt: skip
+    elif ckv_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        kv_copier(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
+            nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+            stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
+        )  # fmt: skip
+    else:
+        kv_producer(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+            n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+            stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
+            BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE,
+        )  # fmt: skip
