@@ -30,7 +30,7 @@ def attention_builds(target: Target) -> list[tuple[str, Build, str]]:
     """``(label, build, tile)`` of each FP8-query attention build for ``target``."""
     from fp8mla.attention.launch import fp8_conversion
     from fp8mla.attention.planner import SELECTION_ROWS, tile_for_variant
-    from fp8mla.attention.query import QF8_DOT, QS_ROWS, fp8_query_mode
+    from fp8mla.attention.query import QF8_DOT, fp8_query_mode
     from fp8mla.attention.variants import REGISTRY, tile_name
 
     out = []
@@ -48,19 +48,8 @@ def attention_builds(target: Target) -> list[tuple[str, Build, str]]:
             kv_ptr = "u8" if cvt else TORCH_TO_TRITON[str(kv).split(".")[-1]]
             dot = "tl.bfloat16" if kv == torch.bfloat16 else "tl.float16"
             for group in (False, True) if kv.itemsize == 1 else (False,):
-                ptrs = dict(
-                    q_nope_ptr="u8", q_pe_ptr="u8", ckv_ptr=kv_ptr, kpe_ptr=kv_ptr,
-                    scale_arr_ptr="fp32" if group else kv_ptr, ckv_scale_ptr=kv_ptr,
-                    kpe_scale_ptr=kv_ptr, qo_indptr_ptr="i32", kv_indptr_ptr="i32",
-                    kv_indices_ptr="i32", kv_len_ptr="i32", o_ptr="fp32", lse_ptr="fp32",
-                    q_scale_ptr="fp32",
-                )  # fmt: skip
-                consts = dict(
-                    PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_CKV=512, D_KPE=64,
-                    CAUSAL=False, TOKEN_GROUP=group, CKV_SCALE_PTR=False, KPE_SCALE_PTR=False,
-                    DOT_DTYPE=dot, WRITE_LSE=True, FP8_CVT=cvt, Q_FP8=mode, Q_SCALE=QS_ROWS,
-                    ROUND_INT=False, P_PARTS=2,
-                )  # fmt: skip
+                ptrs, consts = _arguments(cfg, kv_ptr, "fp32", True, group, dot, cvt, mode)
+                consts.update(ROUND_INT=False, P_PARTS=2)
                 # uncapped, as the launcher runs them (at the two-program cap of 128
                 # registers the 16-row e4m3 build spilled ~900 B on SM90/SM100)
                 build = Build(
@@ -73,6 +62,26 @@ def attention_builds(target: Target) -> list[tuple[str, Build, str]]:
                 label += f"{'split+group' if group else 'split'} fp8q-{how}"
                 out.append((label, build, tile))
     return out + on_request_builds(target)
+
+
+def _arguments(cfg, kv_ptr: str, o_ptr: str, write_lse: bool, group: bool, dot: str, cvt: int,
+               mode: int) -> tuple[dict, dict]:  # fmt: skip
+    """The pointer types and constexprs of an FP8-query attention build (the codes as bytes,
+    per-row query scales; page size 1, no causal mask, per-tensor KV scales)."""
+    from fp8mla.attention.query import QS_ROWS
+
+    ptrs = dict(
+        q_nope_ptr="u8", q_pe_ptr="u8", ckv_ptr=kv_ptr, kpe_ptr=kv_ptr,
+        scale_arr_ptr="fp32" if group else kv_ptr, ckv_scale_ptr=kv_ptr, kpe_scale_ptr=kv_ptr,
+        qo_indptr_ptr="i32", kv_indptr_ptr="i32", kv_indices_ptr="i32", kv_len_ptr="i32",
+        o_ptr=o_ptr, lse_ptr="fp32" if write_lse else o_ptr, q_scale_ptr="fp32",
+    )  # fmt: skip
+    consts = dict(
+        PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_CKV=512, D_KPE=64,
+        CAUSAL=False, TOKEN_GROUP=group, CKV_SCALE_PTR=False, KPE_SCALE_PTR=False,
+        DOT_DTYPE=dot, WRITE_LSE=write_lse, FP8_CVT=cvt, Q_FP8=mode, Q_SCALE=QS_ROWS,
+    )  # fmt: skip
+    return ptrs, consts
 
 
 def on_request_builds(target: Target) -> list[tuple[str, Build, str]]:
@@ -96,7 +105,7 @@ def on_request_builds(target: Target) -> list[tuple[str, Build, str]]:
 def _on_request(v, cfg, kv: torch.dtype, target: Target) -> list[tuple[str, Build, str]]:
     """The builds of one tile of an on-request FP8-query kernel (``on_request_builds``)."""
     from fp8mla.attention.launch import fp8_conversion
-    from fp8mla.attention.query import QF8_DOT, QS_ROWS
+    from fp8mla.attention.query import QF8_DOT
     from fp8mla.attention.variants import tile_name
 
     out = []
@@ -108,20 +117,8 @@ def _on_request(v, cfg, kv: torch.dtype, target: Target) -> list[tuple[str, Buil
                (part, True, True, "split+group")]  # fmt: skip
     if row_tiles:
         outputs.append((part, True, False, "split+rowtiles"))
-    for o_ptr, write_lse, group, how in outputs:
-        ptrs = dict(
-            q_nope_ptr="u8", q_pe_ptr="u8", ckv_ptr="u8", kpe_ptr="u8",
-            scale_arr_ptr="fp32" if group else "u8", ckv_scale_ptr="u8",
-            kpe_scale_ptr="u8", qo_indptr_ptr="i32", kv_indptr_ptr="i32",
-            kv_indices_ptr="i32", kv_len_ptr="i32", o_ptr=o_ptr,
-            lse_ptr="fp32" if write_lse else o_ptr, q_scale_ptr="fp32",
-        )  # fmt: skip
-        consts = dict(
-            PAGE_SIZE=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D_CKV=512, D_KPE=64,
-            CAUSAL=False, TOKEN_GROUP=group, CKV_SCALE_PTR=False, KPE_SCALE_PTR=False,
-            DOT_DTYPE="tl.float16", WRITE_LSE=write_lse, FP8_CVT=cvt, Q_FP8=QF8_DOT,
-            Q_SCALE=QS_ROWS,
-        )  # fmt: skip
+    for o_ptr, write_lse, group, how in outputs:  # the FP8 bytes as u8, as the launcher passes them
+        ptrs, consts = _arguments(cfg, "u8", o_ptr, write_lse, group, "tl.float16", cvt, QF8_DOT)
         if v.launches_dependents and target.dependent_launch:
             consts["WAIT_PRIOR"] = True
         if v.half_partials and write_lse:  # fp16 partials and their factor
