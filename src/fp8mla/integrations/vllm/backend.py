@@ -461,7 +461,7 @@ class FP8MLAImpl(MLACommonImpl[MLACommonMetadata]):
             scale = layer._k_scale
         wrapper = self._plan(decode, q_nope.dtype, cache)
         # e4m3 queries: their values are q × the layer's per-tensor _q_scale (a device value)
-        q_scale = {"q_scale": layer._q_scale} if q_nope.dtype == FP8_QUERY else {}
+        q_scale = layer._q_scale if q_nope.dtype == FP8_QUERY else None
         out = wrapper.run(
             q_nope,
             q_pe,
@@ -469,6 +469,6 @@ class FP8MLAImpl(MLACommonImpl[MLACommonMetadata]):
             cache[..., HEAD_DIM_CKV:],
             ckv_scale=scale,
             kpe_scale=scale,
-            **q_scale,
+            q_scale=q_scale,
         )
         return out, None
