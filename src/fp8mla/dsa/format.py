@@ -30,6 +30,7 @@ from fp8mla.dsa.layout import (
     ROPE_DIM,
     SCALE_FLOOR,
     TokenView,
+    check_slot_range,
     token_view,
 )
 from fp8mla.runtime import interpreted, resolve_backend
@@ -108,12 +109,8 @@ def pack_ds_mla(
     if scale_format not in SCALE_FORMATS:
         raise ValueError(f"expected scale_format in {SCALE_FORMATS}, got {scale_format!r}")
     which = resolve_backend(backend, device)
-    if validate and n:
-        lo, hi = torch.stack(torch.aminmax(slots)).tolist()
-        if lo < -1 or hi >= view.num_slots:
-            raise ValueError(
-                f"expected slots in [-1, {view.num_slots}) (-1: skipped), got range [{lo}, {hi}]"
-            )
+    if validate:
+        check_slot_range(slots, view.num_slots, skip=True)
     if n == 0 or view.num_slots == 0:
         return
     pow2 = scale_format == "pow2"
@@ -133,10 +130,7 @@ def unpack_ds_mla(cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tenso
     view = token_view(cache)
     check_tensor("slots", slots, ndim=1, dtypes=SLOT_DTYPES, device=cache.device)
     s = slots.long()
-    if s.numel():
-        lo, hi = torch.stack(torch.aminmax(s)).tolist()
-        if lo < 0 or hi >= view.num_slots:
-            raise ValueError(f"expected slots in [0, {view.num_slots}), got range [{lo}, {hi}]")
+    check_slot_range(s, view.num_slots, skip=False)
     rows = view.data[s // view.page_size, s % view.page_size]  # [N, 656] uint8, a copy
     codes = rows[:, :NOPE_DIM].view(torch.float8_e4m3fn).float()
     scales = rows[:, NOPE_DIM : NOPE_DIM + 4 * GROUPS].contiguous().view(torch.float32)

@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 
 from fp8mla._checks import check_tensor
+from fp8mla.dsa.layout import check_slot_range
 from fp8mla.runtime import interpreted, resolve_backend
 
 HEAD_DIM = 128  # values per key (one scale each)
@@ -174,12 +175,8 @@ def pack_index_keys(
     if scale_format not in SCALE_FORMATS:
         raise ValueError(f"expected scale_format in {SCALE_FORMATS}, got {scale_format!r}")
     which = resolve_backend(backend, device)
-    if validate and n:
-        lo, hi = torch.stack(torch.aminmax(slots)).tolist()
-        if lo < -1 or hi >= view.num_slots:
-            raise ValueError(
-                f"expected slots in [-1, {view.num_slots}) (-1: skipped), got range [{lo}, {hi}]"
-            )
+    if validate:
+        check_slot_range(slots, view.num_slots, skip=True)
     if n == 0 or view.num_slots == 0:
         return
     pow2 = scale_format == "pow2"
@@ -198,10 +195,7 @@ def unpack_index_keys(
     view = index_cache_view(cache, page_size=page_size)
     check_tensor("slots", slots, ndim=1, dtypes=SLOT_DTYPES, device=cache.device)
     s = slots.long()
-    if s.numel():
-        lo, hi = torch.stack(torch.aminmax(s)).tolist()
-        if lo < 0 or hi >= view.num_slots:
-            raise ValueError(f"expected slots in [0, {view.num_slots}), got range [{lo}, {hi}]")
+    check_slot_range(s, view.num_slots, skip=False)
     page, off = s // view.page_size, s % view.page_size
     codes = view.codes()[page, off].view(torch.float8_e4m3fn).float()
     scale = view.scales()[page, off]

@@ -123,3 +123,15 @@ def token_view(cache: torch.Tensor, *, page_size: int | None = None) -> TokenVie
     if size > MAX_PAGE_SIZE and pages > 1:
         raise ValueError(f"expected a page size of at most {MAX_PAGE_SIZE}, got {size}")
     return TokenView(data, size)
+
+
+def check_slot_range(slots: torch.Tensor, num_slots: int, *, skip: bool) -> None:
+    """ValueError unless every slot lies in ``[0, num_slots)`` (``skip``: or is -1, the
+    padding a writer skips). Reads ``slots`` on the host: one device sync on CUDA."""
+    if not slots.numel():
+        return
+    first = -1 if skip else 0
+    lo, hi = torch.stack(torch.aminmax(slots)).tolist()
+    if lo < first or hi >= num_slots:
+        note = " (-1: skipped)" if skip else ""
+        raise ValueError(f"expected slots in [{first}, {num_slots}){note}, got range [{lo}, {hi}]")
