@@ -37,7 +37,7 @@ import torch
 import fp8mla
 from fp8mla.dsa.indexer_reference import paged_mqa_logits_reference, to_slots_reference
 from fp8mla.dsa.reference import sparse_mla_reference
-from integrations.vllm_step import _cpu_platform_config
+from integrations.vllm_step import model_engine_config
 
 HEADS = 16
 INDEX_HEADS = 8
@@ -81,43 +81,11 @@ def dsa_config(
     """A ``VllmConfig`` of the DSA model with ``--attention-backend``, ``--kv-cache-dtype``,
     ``--block-size`` and, with ``speculative_tokens``, n-gram speculative decoding (whose
     verification rows are decode rows of ``1 + speculative_tokens`` tokens)."""
-    from vllm.config import (
-        AttentionConfig,
-        CacheConfig,
-        ModelConfig,
-        ParallelConfig,
-        SchedulerConfig,
-        SpeculativeConfig,
-        VllmConfig,
-    )
-
-    with _cpu_platform_config():
-        model = ModelConfig(
-            model=str(_model_dir(layers, max_model_len, topk)),
-            skip_tokenizer_init=True,
-            dtype="bfloat16",
-            max_model_len=max_model_len,
-        )
-        parallel = ParallelConfig()
-        speculative = None
-        if speculative_tokens:
-            speculative = SpeculativeConfig(
-                method="ngram", num_speculative_tokens=speculative_tokens,
-                prompt_lookup_max=2, target_model_config=model, target_parallel_config=parallel,
-            )  # fmt: skip
-        return VllmConfig(
-            model_config=model,
-            parallel_config=parallel,
-            speculative_config=speculative,
-            cache_config=CacheConfig(cache_dtype=kv_cache_dtype, block_size=block_size),
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max(2048, max_model_len),
-                max_model_len=max_model_len,
-                is_encoder_decoder=False,
-            ),
-            attention_config=AttentionConfig(backend=backend),
-        )
+    return model_engine_config(
+        _model_dir(layers, max_model_len, topk), backend=backend, kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        speculative_tokens=speculative_tokens,
+    )  # fmt: skip
 
 
 def make_indexer(config, prefix: str, topk_buffer: torch.Tensor):

@@ -93,6 +93,25 @@ def engine_config(
     """A ``VllmConfig`` of a DeepSeek-V3-shaped bf16 model with ``--attention-backend
     backend``, ``--kv-cache-dtype``, ``--block-size`` and, with ``speculative_tokens``, n-gram
     speculative decoding (whose verification rows are uniform multi-token decode rows)."""
+    return model_engine_config(
+        _model_dir(heads, layers, max_model_len), backend=backend,
+        kv_cache_dtype=kv_cache_dtype, block_size=block_size, max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, speculative_tokens=speculative_tokens,
+    )  # fmt: skip
+
+
+def model_engine_config(
+    model_dir: Path,
+    *,
+    backend: str,
+    kv_cache_dtype: str,
+    block_size: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    speculative_tokens: int = 0,
+):
+    """A ``VllmConfig`` of the bf16 model whose ``config.json`` is in ``model_dir`` (no
+    weights), with the engine options of :func:`engine_config`."""
     from vllm.config import (
         AttentionConfig,
         CacheConfig,
@@ -105,7 +124,7 @@ def engine_config(
 
     with _cpu_platform_config():
         model = ModelConfig(
-            model=str(_model_dir(heads, layers, max_model_len)),
+            model=str(model_dir),
             skip_tokenizer_init=True,
             dtype="bfloat16",
             max_model_len=max_model_len,
