@@ -8,12 +8,11 @@ Speed-ups compare records of the same timing (CUDA-graph replays where both have
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from fp8mla.bench.indexer_cases import INDEXER_CASES, LAYER_CASE
+from fp8mla.bench.report import print_last_run
 
 
 def _pick(records: Sequence[dict], case: str, impl: str, timing: str) -> dict | None:
@@ -73,16 +72,9 @@ def goal_lines(records: Sequence[dict]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m fp8mla.bench.indexer_report RESULTS.jsonl", file=sys.stderr)
-        return 2
-    rows = [json.loads(x) for x in Path(args[0]).read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r.get("section") == "indexer"]
-    if rows:  # the last run in the file
-        rows = [r for r in rows if r.get("run") == rows[-1].get("run")]
-    print("\n".join(goal_lines(rows)))
-    return 0
+    return print_last_run(
+        argv, "indexer_report", lambda r: r.get("section") == "indexer", goal_lines
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,18 +200,32 @@ def goal_lines(records: Sequence[dict]) -> list[str]:
     return [goal_line(goal_rows, check) for check in GOAL_CHECKS]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def print_last_run(
+    argv: Sequence[str] | None,
+    module: str,
+    keep: Callable[[dict], bool],
+    lines_of: Callable[[Sequence[dict]], list[str]],
+) -> int:
+    """The body of each ``python -m fp8mla.bench.<module> RESULTS.jsonl``: the records that
+    ``keep`` selects, those of the last run among them, printed as ``lines_of`` words them."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m fp8mla.bench.report RESULTS.jsonl", file=sys.stderr)
+        print(f"usage: python -m fp8mla.bench.{module} RESULTS.jsonl", file=sys.stderr)
         return 2
     rows = [json.loads(x) for x in Path(args[0]).read_text().splitlines() if x.strip()]
-    names = {check.case for check in GOAL_CHECKS}
-    rows = [r for r in rows if r.get("case") in names and r.get("section") is None]
-    if rows:  # the last run in the file that timed a goal case
+    rows = [r for r in rows if keep(r)]
+    if rows:
         rows = [r for r in rows if r.get("run") == rows[-1].get("run")]
-    print("\n".join(goal_lines(rows)))
+    print("\n".join(lines_of(rows)))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    names = {check.case for check in GOAL_CHECKS}
+    # the last run in the file that timed a goal case
+    return print_last_run(argv, "report",
+                          lambda r: r.get("case") in names and r.get("section") is None,
+                          goal_lines)  # fmt: skip
 
 
 if __name__ == "__main__":  # pragma: no cover

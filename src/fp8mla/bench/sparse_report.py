@@ -5,11 +5,10 @@ python -m fp8mla.bench.sparse_report RESULTS.jsonl   # the last run's sparse rec
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from fp8mla.bench.report import print_last_run
 from fp8mla.bench.sparse_cases import PACK_TOKENS, SPARSE_LAYERS
 
 
@@ -66,16 +65,7 @@ def goal_lines(records: Sequence[dict]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m fp8mla.bench.sparse_report RESULTS.jsonl", file=sys.stderr)
-        return 2
-    rows = [json.loads(x) for x in Path(args[0]).read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r.get("section") == "sparse"]
-    if rows:  # the last run in the file
-        rows = [r for r in rows if r.get("run") == rows[-1].get("run")]
-    print("\n".join(goal_lines(rows)))
-    return 0
+    return print_last_run(argv, "sparse_report", lambda r: r.get("section") == "sparse", goal_lines)
 
 
 if __name__ == "__main__":  # pragma: no cover
