@@ -14,8 +14,6 @@ divisions to approximate ones (``div.full.f32``), so its scales there can differ
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from fp8mla._checks import check_tensor
@@ -29,16 +27,16 @@ from fp8mla.dsa.layout import (
     POW2_SCALE_FLOOR,
     ROPE_DIM,
     SCALE_FLOOR,
+    SLOT_DTYPES,
+    ScaleFormat,
     TokenView,
     check_slot_range,
     token_view,
+    writer_backend,
 )
-from fp8mla.runtime import interpreted, resolve_backend
+from fp8mla.runtime import interpreted
 
-ScaleFormat = Literal["arbitrary", "pow2"]
-SCALE_FORMATS = ("arbitrary", "pow2")
 ROW_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-SLOT_DTYPES = (torch.int32, torch.int64)
 PACK_TOKENS = 16  # tokens per program of the Triton writer
 PACK_WARPS = 8
 
@@ -103,15 +101,9 @@ def pack_ds_mla(
     n = ckv.shape[0]
     check_tensor("ckv", ckv, shape=(n, NOPE_DIM))
     check_tensor("kpe", kpe, shape=(n, ROPE_DIM), dtypes=(ckv.dtype,), device=device)
-    check_tensor("slots", slots, ndim=1, dtypes=SLOT_DTYPES, device=device)
-    if slots.numel() != n:
-        raise ValueError(f"expected slots of length {n} (one per row of ckv), got {slots.numel()}")
-    if scale_format not in SCALE_FORMATS:
-        raise ValueError(f"expected scale_format in {SCALE_FORMATS}, got {scale_format!r}")
-    which = resolve_backend(backend, device)
-    if validate:
-        check_slot_range(slots, view.num_slots, skip=True)
-    if n == 0 or view.num_slots == 0:
+    which = writer_backend("ckv", n, slots, view.num_slots, scale_format=scale_format,
+                           backend=backend, device=device, validate=validate)  # fmt: skip
+    if which is None:
         return
     pow2 = scale_format == "pow2"
     if which == "triton":

@@ -17,13 +17,12 @@ reads them back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from fp8mla._checks import check_tensor
-from fp8mla.dsa.layout import check_slot_range
-from fp8mla.runtime import interpreted, resolve_backend
+from fp8mla.dsa.layout import SLOT_DTYPES, ScaleFormat, check_slot_range, writer_backend
+from fp8mla.runtime import interpreted
 
 HEAD_DIM = 128  # values per key (one scale each)
 KEY_BYTES = HEAD_DIM + 4  # 132 bytes a token
@@ -33,12 +32,8 @@ AMAX_FLOOR = 1e-4  # |k| max floor before the division by 448 (vLLM's writer, De
 NAN_E4M3 = 0x7F
 CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 KEY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-SLOT_DTYPES = (torch.int32, torch.int64)
 PACK_TOKENS = 16  # tokens per program of the Triton writer
 PACK_WARPS = 4
-
-ScaleFormat = Literal["pow2", "arbitrary"]
-SCALE_FORMATS = ("pow2", "arbitrary")
 
 
 @dataclass(frozen=True)
@@ -169,15 +164,9 @@ def pack_index_keys(
     check_tensor("k", k, ndim=2, dtypes=KEY_DTYPES, device=device)
     n = k.shape[0]
     check_tensor("k", k, shape=(n, HEAD_DIM))
-    check_tensor("slots", slots, ndim=1, dtypes=SLOT_DTYPES, device=device)
-    if slots.numel() != n:
-        raise ValueError(f"expected slots of length {n} (one per row of k), got {slots.numel()}")
-    if scale_format not in SCALE_FORMATS:
-        raise ValueError(f"expected scale_format in {SCALE_FORMATS}, got {scale_format!r}")
-    which = resolve_backend(backend, device)
-    if validate:
-        check_slot_range(slots, view.num_slots, skip=True)
-    if n == 0 or view.num_slots == 0:
+    which = writer_backend("k", n, slots, view.num_slots, scale_format=scale_format,
+                           backend=backend, device=device, validate=validate)  # fmt: skip
+    if which is None:
         return
     pow2 = scale_format == "pow2"
     if which == "triton":

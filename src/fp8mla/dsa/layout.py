@@ -22,10 +22,13 @@ any of these shapes as one ``[pages, page_size, 656]`` byte view without a copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from fp8mla._checks import check_tensor
 from fp8mla.formats import MAX_PAGE_SIZE
+from fp8mla.runtime import resolve_backend
 
 NOPE_DIM = 512  # latent values per token (the attention's values, and keys' first part)
 ROPE_DIM = 64  # RoPE values per token (keys' second part)
@@ -135,3 +138,41 @@ def check_slot_range(slots: torch.Tensor, num_slots: int, *, skip: bool) -> None
     if lo < first or hi >= num_slots:
         note = " (-1: skipped)" if skip else ""
         raise ValueError(f"expected slots in [{first}, {num_slots}){note}, got range [{lo}, {hi}]")
+
+
+# the quantize-on-write formats of both packed caches: amax / 448 per group as it is
+# ("arbitrary", what the engines write) or rounded up to a power of two ("pow2", DeepSeek's
+# reference quantizer and DeepGEMM's ue8m0)
+ScaleFormat = Literal["arbitrary", "pow2"]
+SCALE_FORMATS = ("arbitrary", "pow2")
+SLOT_DTYPES = (torch.int32, torch.int64)
+
+
+def writer_backend(
+    rows: str,
+    n: int,
+    slots: torch.Tensor,
+    num_slots: int,
+    *,
+    scale_format: str,
+    backend: str,
+    device: torch.device,
+    validate: bool,
+) -> str | None:
+    """The argument checks of a packed cache's writer, for ``n`` rows of the tensor named
+    ``rows`` going to ``slots``: the backend that writes them (``resolve_backend``), or None
+    when there is nothing to write. ``validate`` also reads ``slots`` on the host and raises
+    ValueError for one outside ``[-1, num_slots)``."""
+    check_tensor("slots", slots, ndim=1, dtypes=SLOT_DTYPES, device=device)
+    if slots.numel() != n:
+        raise ValueError(
+            f"expected slots of length {n} (one per row of {rows}), got {slots.numel()}"
+        )
+    if scale_format not in SCALE_FORMATS:
+        raise ValueError(f"expected scale_format in {SCALE_FORMATS}, got {scale_format!r}")
+    which = resolve_backend(backend, device)
+    if validate:
+        check_slot_range(slots, num_slots, skip=True)
+    if n == 0 or num_slots == 0:
+        return None
+    return which
