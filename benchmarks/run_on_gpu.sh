@@ -13,21 +13,13 @@
 set -uo pipefail
 out=${1:?usage: run_on_gpu.sh OUT_DIR [STEPS]}
 steps=${2:-tests,bench}
+cd "$(dirname "$0")/.."
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1
 has() { [[ ",$steps," == *",$1,"* ]]; }
-{
-  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-} 2>&1 | tee "$out/env.txt"
-py=python3
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+source benchmarks/gpu_common.sh 6
+gpu_env "$out"
 $py -m fp8mla info | tee -a "$out/env.txt"
 if has tests; then
-  # with pytest-xdist, parallel workers (the suite's cost is compiling kernels: ~110 s with 6
-  # workers on the H200's host, ~350 s in one process)
-  workers=()
-  $py -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-6}")
   timeout ${TEST_TIMEOUT:-420} $py -m pytest -q "${workers[@]}" --timeout 150 -p no:cacheprovider \
     tests/attention tests/kernels tests/cache tests/bench ${EXTRA_TESTS:-} \
     2>&1 | tee "$out/pytest.log" | tail -25

@@ -20,17 +20,9 @@ set -uo pipefail
 out=${1:?usage: run_sparse_on_gpu.sh OUT_DIR}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-py=${PYTHON:-python3}
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
-  $py -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-} 2>&1 | tee "$out/env.txt"
+source benchmarks/gpu_common.sh 6
+gpu_env "$out"
 
-workers=()
-$py -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-6}")
 timeout -s INT "${TEST_TIMEOUT:-200}" $py -m pytest -q "${workers[@]}" -p no:cacheprovider \
   tests/dsa tests/bench/test_sparse_bench.py 2>&1 | tee "$out/pytest_sparse.log" | tail -15
 tests=${PIPESTATUS[0]}
