@@ -35,17 +35,16 @@ def tolerance(q_dtype: torch.dtype) -> float:
     return 3e-3 if q_dtype == torch.bfloat16 else 1e-3
 
 
-def lse_tolerance(q_dtype: torch.dtype, cache: torch.Tensor, heads: int, kernel: str) -> float:
+def lse_tolerance(q_dtype: torch.dtype, cache: torch.Tensor, heads: int) -> float:
     """Relative LSE error bar: 1e-5 for the portable kernel (fp32 scores of exact fp16
-    products; its e4m3 × e4m3 build too under the interpreter, which computes those dots in
-    fp32); 1e-3 where the tensor cores add FP8 products (the SM90 FP8 × FP8 kernel, which the
-    planner takes there: 1.2-2.9e-4 measured on these tests on an H200, and the dense suite
-    bounds the same kernel's LSE at 2e-3 absolute; the e4m3 × e4m3 build on a GPU)."""
+    products); 1e-3 where the planner takes the SM90 FP8 × FP8 kernel, whose scores carry the
+    tensor cores' FP8 accumulation (1.2-2.9e-4 measured on these tests on an H200; the dense
+    suite bounds the same kernel's LSE at 2e-3 absolute)."""
     if not HAS_CUDA or INTERPRETED:
         return 1e-5
     target = launch_target(torch.device(DEVICE), False)
-    fp8qk = fp8qk_serves(kernel, target, heads, q_dtype, cache.dtype, False)
-    return 1e-3 if fp8qk or kernel == "portable-fp8" else 1e-5
+    fp8qk = fp8qk_serves("auto", target, heads, q_dtype, cache.dtype, False)
+    return 1e-3 if fp8qk else 1e-5
 
 
 def workspace(nbytes: int = 16 << 20) -> torch.Tensor:
@@ -62,10 +61,9 @@ def run(q_nope, q_pe, cache, indices, topk_length=None, *, num_splits=None, tile
     return w.run(q_nope, q_pe, cache, indices, topk_length, return_lse=True)
 
 
-def check(out, lse, q_nope, q_pe, cache, indices, topk_length=None, kernel="auto"):
+def check(out, lse, q_nope, q_pe, cache, indices, topk_length=None):
     """``out``/``lse`` against the float64 reference: within the dtype's error bar where the
-    reference is finite, and exactly the reference's +inf / 0 / NaN rows elsewhere
-    (``kernel``: what the plan asked for)."""
+    reference is finite, and exactly the reference's +inf / 0 / NaN rows elsewhere."""
     ref_o, ref_l = sparse_mla_reference(q_nope, q_pe, cache, indices, SM_SCALE, topk_length)
     nan = torch.isnan(ref_l)
     empty = ref_l == math.inf
@@ -77,8 +75,7 @@ def check(out, lse, q_nope, q_pe, cache, indices, topk_length=None, kernel="auto
     if live.any():
         err = rel_err(out[live].float(), ref_o[live])
         assert err <= tolerance(q_nope.dtype), f"out: {err:.2e}"
-        bound = lse_tolerance(q_nope.dtype, cache, lse.shape[1], kernel)
-        assert rel_err(lse[live], ref_l[live]) <= bound
+        assert rel_err(lse[live], ref_l[live]) <= lse_tolerance(q_nope.dtype, cache, lse.shape[1])
     return ref_o, ref_l
 
 
@@ -317,103 +314,6 @@ def test_cuda_graph_mode_keeps_the_first_plan():
     check(out, lse, q_nope, q_pe, cache, idx)
 
 
-# -- the e4m3 × e4m3 build (kernel="portable-fp8") -----------------------------------------
-def fp8_dots_here() -> bool:
-    """Whether this machine runs the build: the interpreter, or a CUDA GPU of SM89 or later."""
-    if INTERPRETED:
-        return True
-    return HAS_CUDA and torch.cuda.get_device_capability() >= (8, 9)
-
-
-needs_fp8_dots = pytest.mark.skipif(
-    not fp8_dots_here(), reason="needs FP8 tensor cores (CUDA SM89+) or TRITON_INTERPRET=1"
-)
-FP8 = "portable-fp8"
-
-
-@needs_fp8_dots
-@pytest.mark.parametrize("heads,tokens,topk,page,shape", [
-    (16, 3, 40, 64, "pages"), (1, 2, 7, 1, "pool"), (64, 2, 33, 64, "flashmla"),
-    (128, 1, 48, 64, "pages"), (20, 2, 100, 1, "pages"), (32, 2, 1, 64, "pool"),
-])  # fmt: skip
-def test_fp8_dots_match_reference(heads, tokens, topk, page, shape):
-    cache = packed_cache(512, page, shape, seed=heads, device=DEVICE)
-    q_nope, q_pe = queries(tokens, heads, seed=heads, device=DEVICE)
-    idx = random_indices(tokens, topk, 512, seed=heads, pad=0.1, device=DEVICE)
-    out, lse = run(q_nope, q_pe, cache, idx, kernel=FP8)
-    check(out, lse, q_nope, q_pe, cache, idx, kernel=FP8)
-
-
-@needs_fp8_dots
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_fp8_dots_padding_bad_ids_and_unnamed_nan_bytes(num_splits):
-    slots = 256
-    cache = packed_cache(slots, 64, device=DEVICE)
-    q_nope, q_pe = queries(6, 16, device=DEVICE)
-    idx = random_indices(6, 40, slots, seed=2, pad=0.4, device=DEVICE)
-    idx[1, 3:] = -7  # past its topk_length: never read, no NaN
-    idx[4] = -1  # nothing listed
-    idx[2, 5] = slots  # outside the cache: its token NaN
-    length = torch.tensor([0, 3, 40, 100, 40, -4], dtype=torch.int32, device=DEVICE)
-    listed = torch.cat([idx[t, : max(0, min(int(length[t]), 40))] for t in range(6)])
-    dirty = poison(cache, listed[(listed >= 0) & (listed < slots)])
-    out, lse = run(q_nope, q_pe, dirty, idx, length, num_splits=num_splits, kernel=FP8)
-    check(out, lse, q_nope, q_pe, cache, idx, length, kernel=FP8)
-    for t in (0, 4, 5):  # topk_length 0, all -1, topk_length < 0
-        assert (out[t] == 0).all() and (lse[t] == math.inf).all()
-    assert torch.isnan(out[2]).all() and torch.isnan(lse[2]).all()
-    assert torch.isfinite(out[1]).all() and torch.isfinite(out[3]).all()
-
-
-@needs_fp8_dots
-def test_fp8_dots_scales_queries_and_duplicates():
-    """Scales from 1e-30 to 10 (each group's values scaled on the probabilities, at most 1),
-    queries spanning 2^-20 to 2^10 in one row (each group split under its own power of two),
-    a zero query row, duplicates counted, and an inf query making only its row NaN."""
-    idx = random_indices(3, 48, 256, seed=9, device=DEVICE)
-    idx[:, 40:] = idx[:, :8]  # the first 8 ids twice
-    for scales in ((1e-6, 10.0), (1e-30, 1e-28)):
-        cache = packed_cache(256, 64, scale_range=scales, seed=9, device=DEVICE)
-        q_nope, q_pe = queries(3, 16, seed=9, device=DEVICE)
-        wide = torch.logspace(-20, 10, 512, base=2.0, device=DEVICE)
-        q_nope[0, 0] = (wide * torch.sign(q_nope[0, 0].float())).to(q_nope.dtype)
-        q_nope[1, 3] = 0
-        out, lse = run(q_nope, q_pe, cache, idx, kernel=FP8)
-        check(out, lse, q_nope, q_pe, cache, idx, kernel=FP8)
-    q_nope[2, 5, 100] = float("inf")
-    out, lse = run(q_nope, q_pe, cache, idx, kernel=FP8)
-    assert torch.isnan(out[2, 5]).all() and torch.isnan(lse[2, 5])
-    assert torch.isfinite(out[:2]).all() and torch.isfinite(out[2, :5]).all()
-
-
-def test_fp8_dots_refusals():
-    """``kernel="portable-fp8"`` where the build cannot serve: a ValueError naming why."""
-    from fp8mla.attention.targets import TARGETS
-    from fp8mla.dsa.sparse_plan import fp8_dots_serve
-
-    u8, bf16 = torch.uint8, torch.bfloat16
-    for target, q, kv, tile, why in (
-        (TARGETS["sm86"], bf16, u8, None, "no FP8 tensor cores"),
-        (TARGETS["sm80"], bf16, u8, None, "no FP8 tensor cores"),
-        (TARGETS["gfx942"], bf16, u8, None, "no FP8 tensor cores"),
-        (TARGETS["sm120"], torch.float16, u8, None, "bf16 queries only"),
-        (TARGETS["sm89"], bf16, torch.bfloat16, None, "packed FP8 cache"),
-        (TARGETS["sm90"], bf16, u8, SparseTile(16, 16, 4, 1), "at least 32 entries"),
-    ):
-        with pytest.raises(ValueError, match=why):
-            fp8_dots_serve(FP8, target, q, kv, tile)
-        assert not fp8_dots_serve("auto", target, q, kv, tile)
-    for name in ("sm89", "sm90", "sm100", "sm120"):
-        assert fp8_dots_serve(FP8, TARGETS[name], bf16, u8)
-    if BACKEND == "triton":
-        w = SparseMLAWrapper(workspace(1 << 20), backend=BACKEND)
-        with pytest.raises(ValueError, match="expected kernel in"):
-            w.plan(2, 16, 20, 64, bf16, SM_SCALE, kernel="fp8")
-        if fp8_dots_here():
-            with pytest.raises(ValueError, match="bf16 queries only"):
-                w.plan(2, 16, 20, 64, torch.float16, SM_SCALE, kernel=FP8)
-
-
 # -- GPU: engine sizes, CUDA graphs, every tile ------------------------------------------
 POOL = 1 << 20
 _POOLS: dict[int, torch.Tensor] = {}
@@ -434,10 +334,10 @@ def gpu_case(tokens, heads, topk, seed=0, pad=0.05):
     return q_nope, q_pe, cache, idx
 
 
-def check_rows(out, lse, q_nope, q_pe, cache, idx, rows, kernel="auto"):
+def check_rows(out, lse, q_nope, q_pe, cache, idx, rows):
     """The reference on the query tokens ``rows`` only (a float64 reference of 16K tokens
     would not fit)."""
-    check(out[rows], lse[rows], q_nope[rows], q_pe[rows], cache, idx[rows], kernel=kernel)
+    check(out[rows], lse[rows], q_nope[rows], q_pe[rows], cache, idx[rows])
 
 
 @pytest.mark.gpu
@@ -454,15 +354,12 @@ def test_gpu_engine_sizes(tokens, heads, topk):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["auto", FP8])
-def test_gpu_cuda_graph_replays_new_indices(kernel):
-    if kernel == FP8 and not fp8_dots_here():
-        pytest.skip("needs FP8 tensor cores (CUDA SM89+)")
+def test_gpu_cuda_graph_replays_new_indices():
     tokens, heads, topk = 64, 16, 2048
     q_nope, q_pe, cache, idx = gpu_case(tokens, heads, topk, seed=1)
     length = torch.full((tokens,), topk, dtype=torch.int32, device="cuda")
     w = SparseMLAWrapper(workspace(64 << 20), use_cuda_graph=True)
-    w.plan(tokens, heads, topk, 64, torch.bfloat16, SM_SCALE, kernel=kernel)
+    w.plan(tokens, heads, topk, 64, torch.bfloat16, SM_SCALE)
     out = torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(tokens, heads, dtype=torch.float32, device="cuda")
     stream = torch.cuda.Stream()
@@ -479,8 +376,7 @@ def test_gpu_cuda_graph_replays_new_indices(kernel):
         graph.replay()
         torch.cuda.synchronize()
         rows = torch.arange(0, tokens, 7, device="cuda")
-        check(out[rows], lse[rows], q_nope[rows], q_pe[rows], cache, idx[rows], length[rows],
-              kernel=kernel)  # fmt: skip
+        check(out[rows], lse[rows], q_nope[rows], q_pe[rows], cache, idx[rows], length[rows])
 
 
 def every_table_tile() -> list[SparseTile]:
@@ -500,37 +396,6 @@ def test_gpu_every_table_tile(tile):
     out, lse = run(q_nope, q_pe, cache, idx, tile=tile)
     check_rows(out, lse, q_nope, q_pe, cache, idx, torch.arange(0, 64, 5, device="cuda"))
     assert torch.isnan(out[3]).all()
-
-
-def every_fp8_dots_tile() -> list[SparseTile]:
-    tiles = []
-    for name, table in SPARSE_TABLES.items():
-        if name != "interpreter" and table.fp8_dots is not None:
-            tiles += table.fp8_dots.tiles()
-    return list(dict.fromkeys(tiles))
-
-
-@pytest.mark.gpu
-@needs_fp8_dots
-@pytest.mark.parametrize("tile", every_fp8_dots_tile(), ids=lambda t: t.name)
-def test_gpu_fp8_dots_every_table_tile(tile):
-    heads = {16: 16, 32: 32, 64: 128, 128: 128}[tile.block_h]
-    q_nope, q_pe, cache, idx = gpu_case(64, heads, 2048, seed=4)
-    idx[3, 100] = POOL  # outside the cache
-    out, lse = run(q_nope, q_pe, cache, idx, tile=tile, kernel=FP8)
-    check_rows(out, lse, q_nope, q_pe, cache, idx, torch.arange(0, 64, 5, device="cuda"), FP8)
-    assert torch.isnan(out[3]).all()
-
-
-@pytest.mark.gpu
-@needs_fp8_dots
-@pytest.mark.parametrize("tokens,heads,topk", [(1, 32, 2048), (128, 16, 2048), (256, 128, 2048),
-                                               (64, 64, 8192), (333, 20, 1000)])  # fmt: skip
-def test_gpu_fp8_dots_engine_sizes(tokens, heads, topk):
-    q_nope, q_pe, cache, idx = gpu_case(tokens, heads, topk, seed=6)
-    out, lse = run(q_nope, q_pe, cache, idx, kernel=FP8)
-    rows = sorted({0, 1, tokens // 2, tokens - 2, tokens - 1} & set(range(tokens)))
-    check_rows(out, lse, q_nope, q_pe, cache, idx, torch.tensor(rows, device="cuda"), FP8)
 
 
 @pytest.mark.gpu

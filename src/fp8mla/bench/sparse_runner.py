@@ -38,8 +38,8 @@ from fp8mla.dsa.reference import sparse_mla_reference
 from fp8mla.testing import rel_err
 
 # fp8mla-portable: the portable kernel on the packed pool where the planner takes another
-SPARSE_IMPLS = ("fp8mla", "fp8mla-portable", "fp8mla-portable-fp8", "fp8mla-bf16",
-                "flashmla-sparse-fp8", "vllm-triton-sparse", "gather-dequant")  # fmt: skip
+SPARSE_IMPLS = ("fp8mla", "fp8mla-portable", "fp8mla-bf16", "flashmla-sparse-fp8",
+                "vllm-triton-sparse", "gather-dequant")  # fmt: skip
 GRAPH_BYTES = 64 << 20  # cases reading less than this cycle through ROTATIONS index lists
 ROTATIONS = 16  # index lists a small case's graph cycles through (a larger case's: 2)
 CHECK_TOKENS = 4  # query tokens compared with the float64 reference per case
@@ -87,8 +87,6 @@ def make_sparse_runner(name: str, inp: SparseInputs, ctx: SparseContext) -> S.Ru
         return S.fp8mla_sparse(inp)
     if name == "fp8mla-portable":
         return S.fp8mla_sparse(inp, kernel="portable")
-    if name == "fp8mla-portable-fp8":  # the portable kernel's e4m3 × e4m3 build
-        return S.fp8mla_sparse(inp, kernel="portable-fp8")
     if name == "fp8mla-bf16":
         return S.fp8mla_sparse(inp, ctx.bf16())
     if name == "flashmla-sparse-fp8":

@@ -43,7 +43,6 @@ from fp8mla.dsa.sparse_plan import (
     MAX_TOPK,
     SparsePlan,
     SparseTile,
-    fp8_dots_serve,
     fp8qk_serves,
     make_sparse_plan,
 )
@@ -52,7 +51,6 @@ from fp8mla.formats import Q_DTYPES
 from fp8mla.runtime import interpreted, resolve_backend
 
 MAX_HEADS = 128
-KERNELS = ("auto", "portable", "portable-fp8", "fp8qk")
 KV_DTYPES = PACKED_DTYPES + DTYPES_16BIT
 
 
@@ -120,12 +118,11 @@ class SparseMLAWrapper:
         float8_e4m3fn) for the packed cache, bf16/fp16 for a 16-bit one. ``num_splits`` and
         ``tile`` override the planner (tuning, tests); ``fp8_cvt`` the e4m3 decoding (auto,
         ptx, int, portable, native). ``kernel``: ``"auto"`` (the target's table), ``"portable"``
-        (the Triton kernel every target runs), ``"portable-fp8"`` (its e4m3 × e4m3 build: FP8
-        tensor cores, CUDA SM89 and later; bf16 queries and the packed cache) or ``"fp8qk"``
-        (SM90, bf16 queries, the packed cache with its token rows following each other: the
-        FP8 × FP8 decode kernel of the dense path, ``fp8mla.dsa.sparse_sm90``)."""
-        if kernel not in KERNELS:
-            raise ValueError(f"expected kernel in {KERNELS}, got {kernel!r}")
+        (the Triton kernel every target runs) or ``"fp8qk"`` (SM90, bf16 queries, the packed
+        cache with its token rows following each other: the FP8 × FP8 decode kernel of the dense
+        path, ``fp8mla.dsa.sparse_sm90``)."""
+        if kernel not in ("auto", "portable", "fp8qk"):
+            raise ValueError(f"expected kernel auto, portable or fp8qk, got {kernel!r}")
         for name, value, lo, hi in (
             ("num_tokens", num_tokens, 1, None),
             ("num_heads", num_heads, 1, MAX_HEADS),
@@ -155,17 +152,6 @@ class SparseMLAWrapper:
         if self._backend == "triton":
             interp = interpreted()
             target = launch_target(self.device, interp)
-            overrides = tile is not None or num_splits is not None or fp8_cvt != "auto"
-            if kernel == "fp8qk" and overrides:
-                raise ValueError(
-                    'expected no tile, num_splits or fp8_cvt override with kernel="fp8qk" '
-                    "(the dense kernel's planner chooses its own), got one"
-                )
-            # the overrides tune the portable kernel: with "auto" they choose its fp16 build
-            asked = "portable" if overrides and kernel == "auto" else kernel
-            fp8qk = fp8qk_serves(asked, target, num_heads, q_data_type, kv_data_type, interp)
-            fp8_dots = not fp8qk and fp8_dots_serve(asked, target, q_data_type, kv_data_type,
-                                                    tile)  # fmt: skip
             room = split_capacity(self._workspace, 1, NOPE_DIM) // (num_tokens * num_heads)
             plan = make_sparse_plan(
                 num_tokens=num_tokens,
@@ -176,8 +162,16 @@ class SparseMLAWrapper:
                 max_splits_by_workspace=max(1, room),
                 num_splits=num_splits,
                 tile=tile,
-                fp8_dots=fp8_dots,
             )
+            overrides = tile is not None or num_splits is not None or fp8_cvt != "auto"
+            if kernel == "fp8qk" and overrides:
+                raise ValueError(
+                    'expected no tile, num_splits or fp8_cvt override with kernel="fp8qk" '
+                    "(the dense kernel's planner chooses its own), got one"
+                )
+            # the overrides tune the portable kernel: they choose it
+            asked = "portable" if overrides else kernel
+            fp8qk = fp8qk_serves(asked, target, num_heads, q_data_type, kv_data_type, interp)
             if fp8qk:
                 launch = FP8QKSparseLaunch(num_tokens, num_heads, topk, scale, self._workspace,
                                            self.device)  # fmt: skip

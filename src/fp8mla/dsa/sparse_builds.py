@@ -1,7 +1,7 @@
 """The sparse MLA kernels as the compile matrix builds them: every tile a target's table can
 choose (``sparse_plan.SPARSE_TABLES``), for the packed cache (with its FP8 decoding there) and a
 bf16 cache, writing split partials and the output directly, and the split merge; the index
-lists' compaction; the e4m3 × e4m3 build's tiles on the targets with FP8 tensor cores; on SM90 the FP8 × FP8 decode kernel in its 16-bit RoPE mode over the packed
+lists' compaction; on SM90 the FP8 × FP8 decode kernel in its 16-bit RoPE mode over the packed
 cache (``sparse_sm90.py``), split and in row tiles.
 
 ``sparse_builds(target)`` returns ``(label, Build, tile)`` triples (``tile``: the spill limits'
@@ -24,9 +24,7 @@ COMPACT = "fp8mla.kernels.portable.sparse_compact:_sparse_compact_kernel"
 MERGE = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_merge_kernel"
 
 
-def _attention_build(
-    tile, packed: bool, split: bool, cvt: int, target: Target, fp8_dots: bool = False
-) -> Build:
+def _attention_build(tile, packed: bool, split: bool, cvt: int, target: Target) -> Build:
     kv = "u8" if packed else "bf16"
     ptrs = dict(
         q_nope_ptr="bf16",
@@ -54,8 +52,6 @@ def _attention_build(
         FP8_CVT=cvt,
         DECODE_SCALE=256.0 if cvt in (3, 5) else 1.0,
     )
-    if fp8_dots:
-        consts.update(FP8_DOTS=True, ROUND_INT=False)
     cap = tile.max_registers(target.warp_size) if target.backend == "cuda" else None
     return Build(KERNEL, tuple(ptrs.items()), tuple(consts.items()), tile.num_warps,
                  tile.num_stages, cap)  # fmt: skip
@@ -103,13 +99,6 @@ def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
                         tile.name.split(" ")[0],
                     )
                 )
-    fp8_table = sparse_table(target).fp8_dots
-    if fp8_table is not None and target.backend == "cuda" and target.native_fp8:
-        for tile in fp8_table.tiles():
-            for split in (True, False):
-                label = f"packed fp8-dots {tile.name} {'split+page64' if split else 'direct'}"
-                build = _attention_build(tile, True, split, cvt, target, fp8_dots=True)
-                builds.append((label, build, "fp8-dots " + tile.name.split(" ")[0]))
     for splits in (2, 8, MAX_SPLITS):
         for rows in (32, 4096):
             block_d, block_s = merge_blocks(rows, splits, 132)

@@ -127,8 +127,6 @@ class SparseLaunch:
             ROPE_DTYPE=rope,
             FP8_CVT=self.cvt,
             DECODE_SCALE=256.0 if integer else 1.0,
-            FP8_DOTS=plan.kernel == "portable-fp8",
-            ROUND_INT=interpreted,  # the interpreter's own cast to e4m3 truncates
         )
         if plan.split:
             self.fixed.update(

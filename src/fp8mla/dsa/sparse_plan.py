@@ -65,11 +65,6 @@ class SparseTable:
     # (``sparse_sm90.py``: the Gluon kernel of the dense path, each token a request of its own
     # index list) from this many heads on (None: never), the tiles above the rest
     fp8qk_from_heads: int | None = None
-    # the portable kernel's e4m3 × e4m3 build (kernel "portable-fp8": FP8 tensor cores, bf16
-    # queries, the packed cache): its tiles, whose KV steps are at least 32 entries (the FP8
-    # MMA's depth); and whether "auto" takes it where the SM90 kernel does not serve
-    fp8_dots: SparseTable | None = None
-    fp8_dots_auto: bool = False
 
     def pick(self, num_heads: int) -> SparseTile:
         if num_heads <= 16:
@@ -81,32 +76,9 @@ class SparseTable:
         return self.heads128
 
     def tiles(self) -> list[SparseTile]:
-        """Every tile the table can choose for the portable kernel's fp16 build (what the
-        compile matrix builds; ``fp8_dots.tiles()`` for the e4m3 × e4m3 build)."""
+        """Every tile the table can choose (what the compile matrix builds)."""
         tiles = (self.heads16, self.heads32, self.heads64, self.heads128)
         return list(dict.fromkeys(t for t in tiles if t is not None))
-
-
-# The e4m3 × e4m3 build's tiles, not yet timed: the fewest spills of the candidates compiled
-# for each FP8 target (docs/design/sparse.md). Every tile needs 8 warps: at 4 the e4m3 value
-# operand, transposed for P·V through registers (an FP8 MMA reads its B operand K-major only),
-# spills 150-2,000 B.
-FP8_DOTS_SM90 = SparseTable(
-    heads16=SparseTile(16, 32, 8, 2),  # 72 B (32 rows: 468 B)
-    heads32=SparseTile(16, 32, 8, 2),
-    heads64=SparseTile(64, 32, 8, 2, value_split=2),  # 32 B (128 rows: 772 B)
-)
-FP8_DOTS_SM100 = SparseTable(
-    heads16=SparseTile(16, 32, 8, 2),  # 52 B
-    heads32=SparseTile(32, 32, 8, 2),  # 84 B (64 rows, value split: 212 B)
-    heads64=SparseTile(32, 32, 8, 2),
-    heads128=SparseTile(128, 32, 8, 2, value_split=2),  # accumulators in tensor memory
-)
-FP8_DOTS_SMEM99 = SparseTable(  # SM89, SM120
-    heads16=SparseTile(16, 64, 8, 2),  # no spill
-    heads32=SparseTile(32, 32, 8, 2),  # 24-64 B
-    heads64=SparseTile(32, 32, 8, 2),
-)
 
 
 # Compiled for every target (docs/sparse.md has the report), not yet timed: H200 measurements
@@ -124,14 +96,12 @@ SPARSE_TABLES: dict[str, SparseTable] = {
         heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
         heads128=SparseTile(128, 16, 8, 2, value_split=2),
         fp8qk_from_heads=1,
-        fp8_dots=FP8_DOTS_SM90,
     ),
     "sm100": SparseTable(
         heads16=SparseTile(16, 32, 4, 2, occupancy=3),
         heads32=SparseTile(32, 32, 8, 2),
         heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
         heads128=SparseTile(128, 16, 8, 2, value_split=2),
-        fp8_dots=FP8_DOTS_SM100,
     ),
     # SM80 (163 KB, mma.sync): a 64-row value split spills ~570 B there; 32-head groups instead
     "smem163": SparseTable(
@@ -144,7 +114,6 @@ SPARSE_TABLES: dict[str, SparseTable] = {
         heads16=SparseTile(16, 32, 4, 2),
         heads32=SparseTile(32, 16, 8, 2),
         heads64=SparseTile(32, 16, 8, 2),
-        fp8_dots=FP8_DOTS_SMEM99,  # SM89 and SM120 (SM86 has no FP8 tensor cores)
     ),
     # CDNA (wave64, 64 KB LDS; 512 VGPRs with the accumulation registers): nothing spills
     "wave64": SparseTable(
@@ -166,12 +135,6 @@ SPARSE_TABLES: dict[str, SparseTable] = {
         heads32=SparseTile(32, 16, 4, 1),
         heads64=SparseTile(64, 16, 4, 1, value_split=2),
         min_split_entries=16,
-        fp8_dots=SparseTable(
-            heads16=SparseTile(16, 32, 4, 1),
-            heads32=SparseTile(32, 32, 4, 1),
-            heads64=SparseTile(64, 32, 4, 1, value_split=2),
-            min_split_entries=32,
-        ),
     ),
 }
 
@@ -206,9 +169,7 @@ class SparsePlan:
     split_len: int
     merge_block_d: int = 512
     merge_block_s: int = 1
-    # "portable" (kernels/portable/sparse_mla.py), "portable-fp8" (its e4m3 × e4m3 build) or
-    # "fp8qk" (SM90)
-    kernel: str = "portable"
+    kernel: str = "portable"  # "portable" (kernels/portable/sparse_mla.py) or "fp8qk" (SM90)
 
     @property
     def programs(self) -> int:
@@ -279,39 +240,6 @@ def fp8qk_serves(
     return kernel == "auto" and why is None and first is not None and num_heads >= first
 
 
-def fp8_dots_serve(
-    kernel: str,
-    target: Target | None,
-    q_dtype: torch.dtype,
-    kv_dtype: torch.dtype,
-    tile: SparseTile | None = None,
-) -> bool:
-    """Whether a portable plan takes the kernel's e4m3 × e4m3 build: asked for
-    (``kernel="portable-fp8"``, ``ValueError`` where it cannot serve) or, with ``"auto"``, where
-    the target's table takes it. It needs FP8 tensor cores (CUDA SM89+; the interpreter runs
-    it too), the packed cache, bf16 queries (their two e4m3 parts hold a bf16 value's 8
-    significant bits, not fp16's 11) and KV steps of at least 32 entries."""
-    table = sparse_table(target).fp8_dots
-    why = None
-    if table is None or target is None:
-        why = "the target has no FP8 tensor cores (CUDA SM89 and later)"
-    elif target.backend == "cuda" and not target.native_fp8:
-        why = f"{target.name} has no FP8 tensor cores (CUDA SM89 and later)"
-    elif q_dtype != torch.bfloat16:
-        why = f"its query split holds bf16 queries only, got {q_dtype}"
-    elif kv_dtype.itemsize != 1:
-        why = f"it reads the packed FP8 cache, got a {kv_dtype} cache"
-    elif tile is not None and tile.block_n < 32:
-        why = f"its KV steps are at least 32 entries (the FP8 MMA's depth), got {tile.block_n}"
-    if kernel == "portable-fp8":
-        if why is not None:
-            raise ValueError(
-                f'expected a batch the kernel "portable-fp8" serves, got one it does not: {why}'
-            )
-        return True
-    return kernel == "auto" and why is None and sparse_table(target).fp8_dots_auto
-
-
 def make_sparse_plan(
     *,
     num_tokens: int,
@@ -322,16 +250,12 @@ def make_sparse_plan(
     max_splits_by_workspace: int = MAX_SPLITS,
     num_splits: int | None = None,
     tile: SparseTile | None = None,
-    fp8_dots: bool = False,
 ) -> SparsePlan:
     """The plan of ``num_tokens`` query tokens of ``num_heads`` heads, ``topk`` entries each,
-    on ``target`` with ``sms`` multiprocessors, for the portable kernel's fp16 build or
-    (``fp8_dots``, see :func:`fp8_dots_serve`) its e4m3 × e4m3 build. ``tile`` /
-    ``num_splits`` override the table and the split count (tuning, tests); ``num_splits`` is
-    capped by the entries (a split of no entry would only cost the merge)."""
+    on ``target`` with ``sms`` multiprocessors. ``tile`` / ``num_splits`` override the table
+    and the split count (tuning, tests); ``num_splits`` is capped by the entries (a split of
+    no entry would only cost the merge)."""
     table = sparse_table(target)
-    if fp8_dots:
-        table = table.fp8_dots
     tile = tile or table.pick(num_heads)
     head_groups = -(-num_heads // tile.block_h)
     if num_splits is None:
@@ -354,5 +278,4 @@ def make_sparse_plan(
         split_len=split_len,
         merge_block_d=block_d,
         merge_block_s=block_s,
-        kernel="portable-fp8" if fp8_dots else "portable",
     )

@@ -43,24 +43,3 @@ def encode_bf16(x):
     """fp32 → bf16 bits as uint16, rounded to nearest even (finite inputs)."""
     bits = x.to(tl.uint32, bitcast=True)
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.uint16)
-
-
-@triton.jit
-def to_e4m3(x, ROUND_INT: tl.constexpr):
-    """fp32 ``x`` (within ±448) as e4m3, to nearest even: by :func:`encode_fp8`'s integer
-    operations (``ROUND_INT``: for the interpreter, whose own cast truncates) or Triton's cast
-    (``cvt.rn.satfinite`` on FP8 targets)."""
-    if ROUND_INT:
-        return encode_fp8(x, 3, -6, 7).to(tl.float8e4nv, bitcast=True)
-    return x.to(tl.float8e4nv)
-
-
-@triton.jit
-def e4m3_parts(x, ROUND_INT: tl.constexpr):
-    """fp32 ``x`` (within ±448) as two e4m3 values, ``x ≈ hi + lo / 16``: 8 significant bits
-    (a bf16 value's all) where ``x`` is at least 2^-2 (below, ``lo`` loses bits to e4m3's
-    subnormals). ``lo`` is at most 256 in magnitude: hi's rounding error is at most half of
-    its 32 step."""
-    hi = to_e4m3(x, ROUND_INT)
-    lo = to_e4m3((x - hi.to(tl.float32)) * 16.0, ROUND_INT)
-    return hi, lo

@@ -19,7 +19,7 @@ the 16-bit build's does without rounding it again) and add them in fp32.
 import triton
 import triton.language as tl
 
-from fp8mla.kernels.portable.codec import e4m3_parts, to_e4m3
+from fp8mla.kernels.portable.codec import encode_fp8
 from fp8mla.kernels.portable.fp8_decode import CVT_TRITON_INT_E4M3, fp8_bytes_to_f16
 from fp8mla.kernels.portable.tiles import safe_pages
 
@@ -110,6 +110,16 @@ def fp8_scores(q_nope, q_pe, k, kpe, pe_factor, D_KPE: tl.constexpr):
 
 
 @triton.jit
+def _to_e4m3(x, ROUND_INT: tl.constexpr):
+    """fp32 ``x`` (within ±448) to e4m3, to nearest even: by integer operations
+    (``ROUND_INT``: the interpreter's own cast truncates) or Triton's cast
+    (``cvt.rn.satfinite``)."""
+    if ROUND_INT:
+        return encode_fp8(x, 3, -6, 7).to(tl.float8e4nv, bitcast=True)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
 def fp8_pv(p, v, P_PARTS: tl.constexpr, ROUND_INT: tl.constexpr):
     """``P·V`` with ``V`` e4m3 and ``P`` in e4m3 under a scale per row (the row's largest
     value becomes 448), the scale taken out of the fp32 product. ``P_PARTS`` 1: ``P`` rounded
@@ -118,9 +128,9 @@ def fp8_pv(p, v, P_PARTS: tl.constexpr, ROUND_INT: tl.constexpr):
     p_max = tl.max(p, axis=1)
     up = tl.where(p_max > 0.0, E4M3_MAX / p_max, 1.0)
     x = tl.minimum(p * up[:, None], E4M3_MAX)
+    hi = _to_e4m3(x, ROUND_INT)
+    pv = tl.dot(hi, v)
     if P_PARTS == 2:
-        hi, lo = e4m3_parts(x, ROUND_INT)
-        pv = tl.dot(lo, v, tl.dot(hi, v) * 16.0) * 0.0625  # (16 hi + lo)·V / 16
-    else:
-        pv = tl.dot(to_e4m3(x, ROUND_INT), v)
+        lo = _to_e4m3((x - hi.to(tl.float32)) * 16.0, ROUND_INT)
+        pv = tl.dot(lo, v, pv * 16.0) * 0.0625  # (16 hi + lo)·V / 16
     return pv * (1.0 / up)[:, None]

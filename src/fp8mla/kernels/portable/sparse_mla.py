@@ -19,14 +19,6 @@ all ``BLOCK_H`` heads of the token with them:
   the online softmax does), so the fp16 operand stays ≤ 1 whatever the scales' magnitude;
 - the RoPE part is read as bf16 and dotted in the query's 16-bit dtype.
 
-``FP8_DOTS`` (targets with FP8 tensor cores: CUDA SM89+, and the interpreter) reads the e4m3
-bytes as they are, never decoded: each head's query group is split once into two e4m3 parts
-under a power of two, ``q_g × 2^e = hi + lo / 16`` (all 8 bits of a bf16 query), and
-``q_g · k_gᵀ`` is two e4m3 × e4m3 dots into one fp32 accumulator (``lo``'s first); ``P × scale_g
-/ ref_g`` is split the same way under one factor per row (the row's largest probability of the
-tile to 448) against the e4m3 values. The same tensor-core time as the fp16 dots (two FP8
-products at twice the rate), none of the CUDA cores' decoding.
-
 A 16-bit cache (``[slots, 576]`` bf16/fp16, ``PACKED=False``) runs the same loop without scales.
 Entries past ``topk_length`` are not read; ``-1`` is no token; an index below -1 or past the
 cache's slots is never read either, and makes the token's rows NaN. A token with nothing to
@@ -38,7 +30,6 @@ combines them into the output and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from fp8mla.kernels.portable.codec import e4m3_parts
 from fp8mla.kernels.portable.fp8_decode import CVT_NATIVE, fp8_bytes_to_f16
 from fp8mla.kernels.portable.tiles import NEG_INF, log_sum_exp2, nan_if, online_softmax, out_factor
 
@@ -51,8 +42,6 @@ ROPE_HALF_16BIT = tl.constexpr(512)  # 16-bit index of the first RoPE value in a
 D_ROPE = tl.constexpr(64)
 LN2 = tl.constexpr(0.6931471805599453)  # ln 2: base-2 LSE to natural log
 REF_FLOOR = tl.constexpr(1.1754943508222875e-38)  # 2^-126: the smallest normal float32
-E4M3_MAX = tl.constexpr(448.0)  # largest finite e4m3fn value
-P_FLOOR = tl.constexpr(7.888609052210118e-31)  # 2^-100
 
 # Values that change between calls of one plan are not specialized on.
 SPARSE_DYNAMIC_ARGS = ["num_tokens", "num_slots"]
@@ -110,15 +99,6 @@ def load_latent(
 
 
 @triton.jit
-def load_e4m3(kv_ptr, row, valid, g, UNIT: tl.constexpr):
-    """Latent values ``[128 g, 128 g + 128)`` of the packed rows ``[BLOCK_N, 128]`` as the e4m3
-    values they are (no conversion). Rows not ``valid`` load as +0 and read nothing."""
-    d = g * GROUP + tl.arange(0, GROUP)
-    codes = tl.load(kv_ptr + (row * UNIT)[:, None] + d[None, :], mask=valid[:, None], other=0)
-    return codes.to(tl.float8e4nv, bitcast=True)
-
-
-@triton.jit
 def load_scale(scale_ptr, row, valid, g, UNIT: tl.constexpr):
     """Scale ``g`` (float32) of the packed rows ``[BLOCK_N]``; 0 where not ``valid``."""
     return tl.load(scale_ptr + row * (UNIT // 4) + SCALE_WORD + g, mask=valid, other=0.0)
@@ -158,45 +138,6 @@ def scaled_values(acc, ref, p, alpha, scale, valid, v):
     inv = 1.0 / ref_new
     pv = (p * (scale * inv)[None, :]).to(v.dtype)
     acc = tl.dot(pv, v, acc * (alpha * (ref * inv))[:, None])
-    return acc, ref_new
-
-
-@triton.jit
-def query_parts(q_ptr, q_row, head_ok, g, ROUND_INT: tl.constexpr):
-    """Query group ``g`` of the heads as ``(hi, lo, inv)``: ``q_g = (hi + lo / 16) × inv``,
-    ``hi``/``lo`` e4m3 ``[BLOCK_H, 128]`` under a power of two per head (the largest
-    ``|q_g|`` to within [224, 448], the power within 2^±126), ``inv`` its inverse (1 for a
-    zero or padding row, NaN for a row holding inf or NaN: its scores become NaN)."""
-    q = load_query_group(q_ptr, q_row, head_ok, g, GROUP, tl.float32)
-    amax = tl.max(tl.abs(q), axis=1)
-    live = amax > 0.0
-    e = tl.floor(tl.log2(tl.where(live, E4M3_MAX / tl.where(live, amax, 1.0), 1.0)))
-    e = tl.minimum(tl.maximum(e, -126.0), 126.0)
-    hi, lo = e4m3_parts(q * tl.exp2(e)[:, None], ROUND_INT)
-    return hi, lo, tl.where(amax <= 3.4028234663852886e38, tl.exp2(-e), float("nan"))
-
-
-@triton.jit
-def fp8_group_scores(hi, lo, inv, k, scale):
-    """``(q_g · k_gᵀ) × scale_g`` in fp32 from :func:`query_parts` and the e4m3 tile ``k``:
-    ``lo``'s products first, ``hi``'s added into the same accumulator (which then rounds at
-    ``hi``'s magnitude once)."""
-    kt = tl.trans(k)
-    s = tl.dot(hi, kt, tl.dot(lo, kt) * 0.0625)
-    return s * inv[:, None] * scale[None, :]
-
-
-@triton.jit
-def fp8_scaled_values(acc, ref, p, up, alpha, scale, valid, v, ROUND_INT: tl.constexpr):
-    """:func:`scaled_values` with ``P × scale / ref`` (at most 1) times ``up`` (the tile's
-    factor per row, its largest probability to 448) as two e4m3 parts against the e4m3 tile
-    ``v``, the factor taken out of the fp32 product."""
-    seen = tl.max(tl.where(valid, tl.abs(scale), 0.0), axis=0)
-    ref_new = tl.maximum(ref, seen)
-    inv = 1.0 / ref_new
-    hi, lo = e4m3_parts(p * (scale * inv)[None, :] * up[:, None], ROUND_INT)
-    pv = tl.dot(lo, v, tl.dot(hi, v) * 16.0)
-    acc = acc * (alpha * (ref * inv))[:, None] + pv * (0.0625 / up)[:, None]
     return acc, ref_new
 
 
@@ -253,8 +194,6 @@ def _sparse_mla_kernel(
     ROPE_DTYPE: tl.constexpr,  # the query's dtype (fp32 in the interpreter)
     FP8_CVT: tl.constexpr,  # fp8_decode.CVT_*: how e4m3 bytes become fp16
     DECODE_SCALE: tl.constexpr,  # 256.0 when FP8_CVT yields 2^-8 × the value, else 1.0
-    FP8_DOTS: tl.constexpr = False,  # packed: e4m3 × e4m3 dots over the bytes as they are
-    ROUND_INT: tl.constexpr = False,  # FP8_DOTS: e4m3 by integer rounding (the interpreter)
 ):
     # -- which program: value half fastest, then head group, split, token (the programs
     # that read the same rows side by side) --
@@ -289,16 +228,10 @@ def _sparse_mla_kernel(
 
     # -- the heads' queries, loaded once --
     qn_off = t * stride_qn_t + heads * stride_qn_h
-    if FP8_DOTS:
-        q0, l0, i0 = query_parts(q_nope_ptr, qn_off, head_ok, g0, ROUND_INT)
-        q1, l1, i1 = query_parts(q_nope_ptr, qn_off, head_ok, g1, ROUND_INT)
-        q2, l2, i2 = query_parts(q_nope_ptr, qn_off, head_ok, g2, ROUND_INT)
-        q3, l3, i3 = query_parts(q_nope_ptr, qn_off, head_ok, g3, ROUND_INT)
-    else:
-        q0 = load_query_group(q_nope_ptr, qn_off, head_ok, g0, GROUP, DOT_DTYPE)
-        q1 = load_query_group(q_nope_ptr, qn_off, head_ok, g1, GROUP, DOT_DTYPE)
-        q2 = load_query_group(q_nope_ptr, qn_off, head_ok, g2, GROUP, DOT_DTYPE)
-        q3 = load_query_group(q_nope_ptr, qn_off, head_ok, g3, GROUP, DOT_DTYPE)
+    q0 = load_query_group(q_nope_ptr, qn_off, head_ok, g0, GROUP, DOT_DTYPE)
+    q1 = load_query_group(q_nope_ptr, qn_off, head_ok, g1, GROUP, DOT_DTYPE)
+    q2 = load_query_group(q_nope_ptr, qn_off, head_ok, g2, GROUP, DOT_DTYPE)
+    q3 = load_query_group(q_nope_ptr, qn_off, head_ok, g3, GROUP, DOT_DTYPE)
     qp_off = t * stride_qp_t + heads * stride_qp_h
     q_pe = load_query_group(q_pe_ptr, qp_off, head_ok, 0, D_ROPE, ROPE_DTYPE)
 
@@ -321,58 +254,32 @@ def _sparse_mla_kernel(
         bad_seen |= bad.to(tl.int32)
         # -- q·k: one dot per scale group, the token's scales on the fp32 scores; each group's
         # tile converted where its dot needs it (fewer converted tiles live at once) --
-        if FP8_DOTS:
+        k0 = load_latent(kv_ptr, row, valid, g0, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
+        if PACKED:
             sc0 = load_scale(scale_ptr, row, valid, g0, UNIT)
             sc1 = load_scale(scale_ptr, row, valid, g1, UNIT)
             sc2 = load_scale(scale_ptr, row, valid, g2, UNIT)
             sc3 = load_scale(scale_ptr, row, valid, g3, UNIT)
-            k0 = load_e4m3(kv_ptr, row, valid, g0, UNIT)
-            s = fp8_group_scores(q0, l0, i0, k0, sc0)
-            k1 = load_e4m3(kv_ptr, row, valid, g1, UNIT)
-            s += fp8_group_scores(q1, l1, i1, k1, sc1)
-            k2 = load_e4m3(kv_ptr, row, valid, g2, UNIT)
-            s += fp8_group_scores(q2, l2, i2, k2, sc2)
-            k3 = load_e4m3(kv_ptr, row, valid, g3, UNIT)
-            s += fp8_group_scores(q3, l3, i3, k3, sc3)
+            s = tl.dot(q0, tl.trans(k0)) * (sc0 * DECODE_SCALE)[None, :]
+            k1 = load_latent(kv_ptr, row, valid, g1, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
+            s += tl.dot(q1, tl.trans(k1)) * (sc1 * DECODE_SCALE)[None, :]
+            k2 = load_latent(kv_ptr, row, valid, g2, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
+            s += tl.dot(q2, tl.trans(k2)) * (sc2 * DECODE_SCALE)[None, :]
+            k3 = load_latent(kv_ptr, row, valid, g3, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
+            s += tl.dot(q3, tl.trans(k3)) * (sc3 * DECODE_SCALE)[None, :]
         else:
-            k0 = load_latent(kv_ptr, row, valid, g0, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
-            if PACKED:
-                sc0 = load_scale(scale_ptr, row, valid, g0, UNIT)
-                sc1 = load_scale(scale_ptr, row, valid, g1, UNIT)
-                sc2 = load_scale(scale_ptr, row, valid, g2, UNIT)
-                sc3 = load_scale(scale_ptr, row, valid, g3, UNIT)
-                s = tl.dot(q0, tl.trans(k0)) * (sc0 * DECODE_SCALE)[None, :]
-                k1 = load_latent(kv_ptr, row, valid, g1, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
-                s += tl.dot(q1, tl.trans(k1)) * (sc1 * DECODE_SCALE)[None, :]
-                k2 = load_latent(kv_ptr, row, valid, g2, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
-                s += tl.dot(q2, tl.trans(k2)) * (sc2 * DECODE_SCALE)[None, :]
-                k3 = load_latent(kv_ptr, row, valid, g3, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
-                s += tl.dot(q3, tl.trans(k3)) * (sc3 * DECODE_SCALE)[None, :]
-            else:
-                s = tl.dot(q0, tl.trans(k0))
-                k1 = load_latent(kv_ptr, row, valid, g1, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
-                s = tl.dot(q1, tl.trans(k1), s)
-                k2 = load_latent(kv_ptr, row, valid, g2, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
-                s = tl.dot(q2, tl.trans(k2), s)
-                k3 = load_latent(kv_ptr, row, valid, g3, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
-                s = tl.dot(q3, tl.trans(k3), s)
+            s = tl.dot(q0, tl.trans(k0))
+            k1 = load_latent(kv_ptr, row, valid, g1, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
+            s = tl.dot(q1, tl.trans(k1), s)
+            k2 = load_latent(kv_ptr, row, valid, g2, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
+            s = tl.dot(q2, tl.trans(k2), s)
+            k3 = load_latent(kv_ptr, row, valid, g3, UNIT, PACKED, DOT_DTYPE, FP8_CVT)
+            s = tl.dot(q3, tl.trans(k3), s)
         kpe = load_rope(rope_ptr, row, valid, UNIT, PACKED, ROPE_DTYPE)
         s = tl.dot(q_pe, tl.trans(kpe), s)
         p, alpha, m_i, l_i = online_softmax(s * sm_scale_log2, m_i, l_i, valid[None, :], 1)
         # -- p·v for this program's groups: v is the latent part of the same tiles --
-        if FP8_DOTS:
-            p_max = tl.max(p, axis=1)
-            # (a row whose probabilities are all below 2^-100 of its maximum so far adds 0)
-            live = p_max > P_FLOOR
-            up = tl.where(live, E4M3_MAX / tl.where(live, p_max, 1.0), 1.0)
-            acc0, ref0 = fp8_scaled_values(acc0, ref0, p, up, alpha, sc0, valid, k0, ROUND_INT)
-            acc1, ref1 = fp8_scaled_values(acc1, ref1, p, up, alpha, sc1, valid, k1, ROUND_INT)
-            if VALUE_SPLIT == 1:
-                acc2, ref2 = fp8_scaled_values(acc2, ref2, p, up, alpha, sc2, valid, k2,
-                                               ROUND_INT)  # fmt: skip
-                acc3, ref3 = fp8_scaled_values(acc3, ref3, p, up, alpha, sc3, valid, k3,
-                                               ROUND_INT)  # fmt: skip
-        elif PACKED:
+        if PACKED:
             acc0, ref0 = scaled_values(acc0, ref0, p, alpha, sc0, valid, k0)
             acc1, ref1 = scaled_values(acc1, ref1, p, alpha, sc1, valid, k1)
             if VALUE_SPLIT == 1:
@@ -393,12 +300,7 @@ def _sparse_mla_kernel(
         o_rows = o_ptr + split * stride_o_split + t * stride_o_t + heads * stride_o_h
     else:
         o_rows = o_ptr + t * stride_o_t + heads * stride_o_h
-    if FP8_DOTS:
-        f0 = inv_l * ref0
-        f1 = inv_l * ref1
-        f2 = inv_l * ref2
-        f3 = inv_l * ref3
-    elif PACKED:
+    if PACKED:
         f0 = inv_l * (ref0 * DECODE_SCALE)
         f1 = inv_l * (ref1 * DECODE_SCALE)
         f2 = inv_l * (ref2 * DECODE_SCALE)
