@@ -361,12 +361,18 @@ def make_launch_plan(
     config: KernelConfig | str | None = None,
     head_dim_kpe: int = 64,
     q_dtype: torch.dtype = torch.bfloat16,
+    portable: bool = False,
 ) -> LaunchPlan:
     """Variant, tile and grid of one launch on ``target`` (None: the H200 the SM90 table was
     measured on). ``config`` overrides the table (a :class:`KernelConfig`, or a variant name
-    run in its table tile) and raises when its variant cannot serve the batch there."""
+    run in its table tile) and raises when its variant cannot serve the batch there.
+    ``portable``: the batch needs what only the portable Triton kernels offer (FP8 queries
+    with an fp16 output; the Gluon kernels write bf16): row tiles up to 64 rows a request,
+    the value split above, in their tables' tiles."""
     rows = max_qo_len * num_heads
     chosen = config is None
+    if config is None and portable:
+        config = "rows" if rows <= 64 else "vsplit"
     if config is None:
         config = choose_config(rows, kv_dtype, target, head_dim_kpe, q_dtype)
     else:

@@ -268,8 +268,10 @@ class BatchMLAPagedAttentionWrapper:
                 num_splits=num_splits,
                 config=config,
                 head_dim_kpe=state.head_dim_kpe,
-                # FP8 queries plan as the bf16 ones the converted route feeds
+                # FP8 queries plan as the bf16 ones the converted route feeds (a non-bf16
+                # output: the portable kernels)
                 q_dtype=state.q_dtype if queries is None else torch.bfloat16,
+                portable=queries is not None and state.o_dtype != torch.bfloat16,
             )
             if self._use_cuda_graph:
                 self._graph = _GraphLaunch(plan, _signature(state), state.total_tokens)
