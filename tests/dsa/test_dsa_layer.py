@@ -18,7 +18,7 @@ projections are the test's. The float64 side quantizes with its own statement of
 (the index cache's bytes must equal it) and scores, selects and attends in float64.
 
 Ties: the chosen set must equal the float64 top-k except at positions whose float64 score lies
-within ``TIE`` × the row's largest |score| of the k-th score (a float32 sum cannot order those);
+within ``TIE`` × the row's largest |score| of the k-th score (the kernels cannot order those);
 such a position may be in one set and not the other, and at most 1% of a row's picks may differ
 so. The attention's reference then runs over fp8mla's set (a valid top-k), and the layer's
 output must agree within 3e-3 (relative, ‖·‖₂).
@@ -40,7 +40,10 @@ from fp8mla.testing import rel_err
 
 from conftest import HAS_CUDA, INTERPRETED
 
-TIE = 1e-5
+# a float32 sum of fp32 FP8 products (the interpreter) orders scores 1e-5 apart; a GPU's
+# tensor cores add the products at their FP8 accumulation precision (logits within 5e-4 of
+# the row's largest |score|: tests/dsa/test_indexer.py), so two scores 1e-3 apart may swap
+TIE = 1e-3 if HAS_CUDA and not INTERPRETED else 1e-5
 # the kernels: compiled on a GPU, interpreted on a CPU under TRITON_INTERPRET=1 (make test)
 BACKEND = "triton" if HAS_CUDA or INTERPRETED else "auto"
 SM_SCALE = 192**-0.5 * 1.874  # V3.2's qk_head_dim^-0.5 × its YaRN mscale²

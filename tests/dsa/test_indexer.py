@@ -23,6 +23,14 @@ from conftest import HAS_CUDA, INTERPRETED
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 BACKENDS = ["triton", "torch"] if HAS_CUDA or INTERPRETED else ["torch"]
+# The logits' error bar relative to each row's largest magnitude: 2e-6 where the FP8 products
+# are added in fp32 (the interpreter, the PyTorch path); a GPU's tensor cores add them at their
+# FP8 accumulation precision (Hopper's wgmma: up to 1.8e-4 on these tests on an H200, r37a).
+GPU_LOGITS_TOL = 5e-4
+
+
+def logits_tol(backend: str) -> float:
+    return GPU_LOGITS_TOL if backend == "triton" and HAS_CUDA and not INTERPRETED else 2e-6
 
 
 def logits_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -57,7 +65,7 @@ def test_paged_logits_match_float64(backend, lens, heads, page_size):
                                max_context_len=width, backend=backend)  # fmt: skip
     ref = R.paged_mqa_logits_reference(c.q, c.weights, c.cache, c.block_table, c.lens, width)
     assert got.shape == (c.rows, width) and got.dtype == torch.float32
-    assert logits_err(got, ref) <= 2e-6
+    assert logits_err(got, ref) <= logits_tol(backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -95,7 +103,7 @@ def test_mqa_logits_match_float64(backend, rows, heads, nk, ranges):
     ke = torch.tensor([b for _, b in ranges], dtype=torch.int32, device=DEVICE)
     got = dsa.mqa_logits(q, w, keys, scales, ks, ke, backend=backend)
     ref = R.mqa_logits_reference(q, w, keys, scales, ks, ke)
-    assert logits_err(got, ref) <= 2e-6
+    assert logits_err(got, ref) <= logits_tol(backend)
 
 
 # -- top-k --------------------------------------------------------------------------------
@@ -259,11 +267,11 @@ def test_gpu_engine_sizes(batch, next_n, heads, context):
     logits = dsa.paged_mqa_logits(c.q, c.weights, c.cache, c.block_table, c.lens,
                                   max_context_len=context)  # fmt: skip
     ref = R.paged_mqa_logits_reference(c.q, c.weights, c.cache, c.block_table, c.lens, context)
-    assert logits_err(logits, ref) <= 1e-5
+    assert logits_err(logits, ref) <= GPU_LOGITS_TOL
     flat = c.lens.flatten()
     two_pass = dsa.topk(logits, flat, 2048)
     assert torch.equal(two_pass.cpu(), R.topk_reference(logits.cpu(), flat.cpu(), 2048))
     for fused in (False, True):
         pos = dsa.paged_topk(c.q, c.weights, c.cache, c.block_table, c.lens, k=2048,
                              max_context_len=context, fused=fused)  # fmt: skip
-        check_topk(pos, ref, flat, 2048, tol=1e-5)
+        check_topk(pos, ref, flat, 2048, tol=2 * GPU_LOGITS_TOL)  # two values, each off

@@ -25,6 +25,16 @@ from fp8mla.kernels.portable.indexer_topk import order_key, select_top
 
 
 @triton.jit
+def entries_before(flags, BLOCK: tl.constexpr):
+    """Exclusive prefix sums down axis 0 of the int32 ``[BLOCK, C]`` ``flags``, as a masked
+    sum: Triton 3.6's scan lowering fails an assertion on the logits' layout (ScanOpToLLVM,
+    ``AddPartialReduce``), where ``tl.cumsum`` compiles on 3.9."""
+    i = tl.arange(0, BLOCK)
+    before = i[None, :] < i[:, None]  # [i, j]: j before i
+    return tl.sum(tl.where(before[:, :, None], flags[None, :, :], 0), axis=1)
+
+
+@triton.jit
 def shrink_list(pos_ptr, key_ptr, base, size, k, CAP: tl.constexpr):
     """Compact the list of ``size`` entries at ``base`` to its top ``k`` in place; returns the
     k-th key and the new size. Barriers order the list's stores and loads across threads."""
@@ -103,7 +113,7 @@ def _paged_topk_kernel(
         keys = order_key(row_logits(k_op, q_op, w, k_scale, NP, HP, DOT, DECODE_SCALE))
         keep = (pos[:, None] < lens[None, :]) & row_ok[None, :] & (keys > theta[None, :])
         kk = keep.to(tl.int32)
-        at = base[None, :] + size[None, :] + tl.cumsum(kk, axis=0) - kk
+        at = base[None, :] + size[None, :] + entries_before(kk, BLOCK_N)
         tl.store(pos_ptr + at, pos[:, None] + tl.zeros([BLOCK_N, NP], tl.int32), mask=keep)
         tl.store(key_ptr + at, keys.to(tl.int32, bitcast=True), mask=keep)
         size += tl.sum(kk, axis=0)
