@@ -23,6 +23,11 @@ ENGINE_LEGS ?= $(ENGINES_VLLM034)
 ENGINE_LEG_TESTS := tests/integrations/test_engines_installed.py \
   tests/integrations/test_vllm_plugin.py tests/integrations/test_vllm_graph.py \
   tests/integrations/test_vllm_sparse.py
+# The GPU machine's Triton (the H200 runs 3.6): `make test` also compiles every SM90 build
+# with it, so that a kernel its compiler rejects fails here rather than on the GPU (spills
+# and shared memory are judged with $(TRITON_PIN)). `make test TRITON_GPU=` skips it.
+TRITON_GPU_PIN := triton==3.6.0
+TRITON_GPU ?= $(VENV)/triton-3.6
 
 # Triton kernels run compiled on a CUDA GPU, interpreted everywhere else.
 HAS_CUDA := $(shell python3 -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 && echo 1 || echo 0)
@@ -66,12 +71,30 @@ $(ENGINES_VLLM034)/.installed: tests/integrations/requirements-engines-vllm-0.34
 
 engines: $(ENGINES_STAMP) $(ENGINES_VLLM034)/.installed
 
-test: $(STAMP) $(ENGINES_STAMP) $(addsuffix /.installed,$(ENGINE_LEGS))
+# Without the package registry the folder gets an UNREACHABLE note and the check skips; any
+# other install failure fails the build.
+$(TRITON_GPU)/.installed: | $(STAMP)
+	@echo "fp8mla: installing $(TRITON_GPU_PIN) into $(TRITON_GPU) (the GPU machine's Triton)"
+	@rm -rf $(TRITON_GPU) && mkdir -p $(TRITON_GPU) && \
+	if $(PIP) --retries 1 --timeout 30 --no-deps --no-compile --target $(TRITON_GPU) \
+	    $(TRITON_GPU_PIN); then touch $@; \
+	elif ! $(PY) -m pip index versions triton --retries 0 --timeout 15 >/dev/null 2>&1; then \
+	  echo "package registry unreachable: $(TRITON_GPU_PIN) not installed, its SM90 compile check skipped" \
+	    | tee $(TRITON_GPU)/UNREACHABLE; touch $@; \
+	else exit 1; fi
+
+test: $(STAMP) $(ENGINES_STAMP) $(addsuffix /.installed,$(ENGINE_LEGS)) $(addsuffix /.installed,$(TRITON_GPU))
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	@for leg in $(abspath $(ENGINE_LEGS)); do \
 	  echo "fp8mla: the vLLM tests against $$leg"; \
 	  FP8MLA_ENGINES_PATH=$$leg FP8MLA_ENGINES_ONLY=vllm \
 	    $(PY) -m pytest -q $(ENGINE_LEG_TESTS) || exit $$?; \
+	done
+	@for leg in $(abspath $(TRITON_GPU)); do \
+	  if [ -f $$leg/UNREACHABLE ]; then cat $$leg/UNREACHABLE; continue; fi; \
+	  echo "fp8mla: the SM90 builds under $(TRITON_GPU_PIN) (the GPU machine's Triton)"; \
+	  PYTHONPATH=$$leg $(PY) -m fp8mla.tools.compile_matrix --targets sm90 --quiet \
+	    --fail-on compile --write $$leg/sm90.md || exit $$?; \
 	done
 
 demo: $(STAMP)

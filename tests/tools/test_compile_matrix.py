@@ -246,3 +246,25 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"  # a zombie has ended
     except FileNotFoundError:
         return False
+
+
+def test_fail_on_compile_passes_spills_and_fails_compile_errors(monkeypatch, tmp_path, capsys):
+    """``--fail-on compile`` (another Triton's check, as ``make test`` runs the GPU machine's):
+    a spill over its limit is noted, a build the compiler rejects fails the run."""
+    from fp8mla.tools import compile_matrix as cm
+
+    def rows(reasons):
+        return [cm.Row("sm90", "attention", f"v{i}", 255, 200, 0, 1, not r, r)
+                for i, r in enumerate(reasons)]  # fmt: skip
+
+    out = str(tmp_path / "m.md")
+    for reasons, fail_on, code in (
+        (["", "spills 200 B > 128 B"], "compile", 0),
+        (["", "spills 200 B > 128 B"], "any", 1),
+        (["compile error: PassManager::run failed", ""], "compile", 1),
+    ):
+        monkeypatch.setattr(cm, "build_matrix", lambda *a, r=reasons, **k: rows(r))
+        argv = ["--targets", "sm90", "--quiet", "--write", out, "--fail-on", fail_on]
+        assert cm.main(argv) == code, (reasons, fail_on)
+        err = capsys.readouterr().err
+        assert ("FAILED" in err) == bool(code)

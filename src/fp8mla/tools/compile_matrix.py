@@ -339,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-cache", action="store_true", help="build everything again")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument(
+        "--fail-on",
+        choices=("any", "compile"),
+        default="any",
+        help="exit 1 for any failed row (default), or only for builds the compiler rejects "
+        "(another Triton's check: spills and shared memory are judged with the pinned one)",
+    )
     args = p.parse_args(argv)
     parent = os.environ.get("FP8MLA_DIE_WITH_PARENT", "")
     if parent.isdigit():
@@ -381,10 +388,15 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.write, md)
     if not args.json and not args.write:
         print(md)
-    bad = [r for r in rows if not r.ok]
-    for r in bad:
-        print(f"FAILED {r.target} {r.kernel} {r.variant}: {r.reason}", file=sys.stderr)
-    return 1 if bad else 0
+    failing = 0
+    for r in rows:
+        if r.ok:
+            continue
+        fails = args.fail_on == "any" or r.reason.startswith("compile error")
+        failing += fails
+        mark = "FAILED" if fails else "note (not failing with --fail-on compile)"
+        print(f"{mark} {r.target} {r.kernel} {r.variant}: {r.reason}", file=sys.stderr)
+    return 1 if failing else 0
 
 
 def _write(path: str, text: str) -> None:
