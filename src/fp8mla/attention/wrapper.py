@@ -110,9 +110,8 @@ class BatchMLAPagedAttentionWrapper:
         self._stage: KVStage | None = None  # the plan's FP8 pages staged in fp16, if any
         self._queries: query.QueryPlan | None = None  # FP8 queries (or quantize_q): the route
         self._qprep: query.QueryPrep | None = None  # their fused pass before the attention
-        # run()'s common case as one C call (attention/native.py), by kind: an LSE or not,
-        # plus 2 for scales read from device tensors; made after a run() of the plan has bound
-        # its kernels, dropped by the next plan()
+        # run()'s common case as one C call (attention/native.py), by kind (an LSE or not, +2
+        # for device-tensor scales); bound after a run() of the plan, dropped by the next plan()
         self._fast: list[Any] = [None] * 4
         self._fast_run: Any = None
         self._device_index = self.device.index if self.device.index is not None else 0
@@ -268,8 +267,7 @@ class BatchMLAPagedAttentionWrapper:
                 num_splits=num_splits,
                 config=config,
                 head_dim_kpe=state.head_dim_kpe,
-                # FP8 queries plan as the bf16 ones the converted route feeds (a non-bf16
-                # output: the portable kernels)
+                # FP8 queries plan as the bf16 the conversion feeds (fp16 out: portable)
                 q_dtype=state.q_dtype if queries is None else torch.bfloat16,
                 portable=queries is not None and state.o_dtype != torch.bfloat16,
             )
