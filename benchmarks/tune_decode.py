@@ -5,7 +5,8 @@ Checks every variant against the float64 reference on the same KV bytes, times i
 The planner's tables (``fp8mla.attention.planner``) are written from these results; the kernel
 variants are the registry's (``fp8mla.attention.variants``). ``--set`` picks the sweep:
 ``decode`` (the default), ``many-rows`` (extend chunks, speculative tokens
-and 128-head decode over FP8 KV), ``wide-16bit`` (the same many-row tiles over a bf16
+and 128-head decode over FP8 KV), ``fp8-many`` (FP8 requests of more than 128 rows: the
+wgmma tile against the FP8-tile kernels), ``wide-16bit`` (the same many-row tiles over a bf16
 pool), ``wgmma`` (the Gluon SM90 kernel against the best Triton tiles) or ``fewrows``
 (the few-row Gluon SM90 kernel's FP8 decoding and split counts against the 16-row
 Triton tile).
@@ -144,8 +145,28 @@ FEWROWS = [  # the few-row Gluon kernel (≤ 32 rows) against the 16-row Triton 
         (Case(8, 16, 8192, qo_len=2), (None, 8, 16)),
     )
 ]
+# FP8 KV, more than 128 rows a request (speculative tokens at 128 heads): the planner's wgmma
+# tile against the ping-pong order on FP8 tiles (which the planner gives 65-128 rows only)
+# and the FP8 × FP8 row tiles, unsplit and split
+FP8_MANY = [
+    (
+        case,
+        [
+            KernelConfig(64, 64, 8, 1, variant="wgmma", fp8_cvt="ptx"),
+            KernelConfig(64, 64, 4, 1, variant="pingpong8", fp8_cvt="ptx"),
+            KernelConfig(32, 64, 4, 1, variant="fp8qk", fp8_cvt="ptx"),
+        ],
+        splits,
+    )
+    for case, splits in (
+        (Case(64, 128, 4096, qo_len=2), (None, 1)),
+        (Case(32, 128, 8192, qo_len=2), (None, 1, 2)),
+        (Case(8, 128, 8192, qo_len=4), (None, 1, 2, 4)),
+    )
+]
 SETS = {
     "decode": DECODE,
+    "fp8-many": FP8_MANY,
     "many-rows": MANY_ROWS,
     "wide-16bit": WIDE_16BIT,
     "wgmma": WGMMA,
