@@ -50,6 +50,21 @@ def query_scale(
 
 
 @triton.jit
+def score_scale(
+    q_scale_ptr, q_scale_val, tok, head, row_ok, stride_qs_t, qk_scale, BLOCK_M: tl.constexpr,
+    Q_SCALE: tl.constexpr, FP8_DOT: tl.constexpr,
+):  # fmt: skip
+    """``[BLOCK_M, 1]``: each row's factor on the fp32 scores of its e4m3 query, the query
+    scale times ``qk_scale`` (and 2^8 where the codes were decoded: they are 2^-8 × the
+    query)."""
+    q_row = query_scale(q_scale_ptr, q_scale_val, tok, head, row_ok, stride_qs_t, BLOCK_M,
+                        Q_SCALE)  # fmt: skip
+    if not FP8_DOT:
+        q_row = q_row * 256.0
+    return (q_row * qk_scale)[:, None]
+
+
+@triton.jit
 def load_fp8_query(
     q_ptr, tok, head, row_ok, stride_t, stride_h, D: tl.constexpr, DOT_DTYPE: tl.constexpr,
     AS_FP8: tl.constexpr,

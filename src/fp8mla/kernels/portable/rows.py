@@ -25,7 +25,7 @@ from fp8mla.kernels.portable.fp8_query import (
     fp8_scores,
     load_fp8_kv_tile,
     load_fp8_query,
-    query_scale,
+    score_scale,
 )
 from fp8mla.kernels.portable.tiles import (
     DYNAMIC_ARGS,
@@ -138,11 +138,9 @@ def _mla_rows_kernel(
         if D_KPE > 0:
             q_pe = load_fp8_query(q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h,
                                   D_KPE, DOT_DTYPE, FP8_DOT)  # fmt: skip
-        q_row = query_scale(q_scale_ptr, q_scale_val, tok, head, row_ok, stride_qs_t,
-                            BLOCK_M, Q_SCALE)  # fmt: skip
-        if not FP8_DOT:
-            q_row = q_row * 256.0  # the decoded codes are 2^-8 × the query
-        qk_row = (q_row * qk_scale)[:, None]  # each row's scale of the fp32 scores
+        # each row's factor on the fp32 scores
+        qk_row = score_scale(q_scale_ptr, q_scale_val, tok, head, row_ok, stride_qs_t, qk_scale,
+                             BLOCK_M, Q_SCALE, FP8_DOT)  # fmt: skip
 
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)

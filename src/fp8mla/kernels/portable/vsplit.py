@@ -18,7 +18,7 @@ from fp8mla.kernels.portable.fp8_query import (
     fp8_pv,
     load_fp8_cols,
     load_fp8_query,
-    query_scale,
+    score_scale,
 )
 from fp8mla.kernels.portable.tiles import (
     DYNAMIC_ARGS,
@@ -35,6 +35,24 @@ from fp8mla.kernels.portable.tiles import (
     safe_pages,
     scan_pages,
 )
+
+
+@triton.jit
+def load_half(
+    ckv_ptr, scale_arr_ptr, page, off, n_ok, c0, stride_ckv_p, stride_ckv_s, stride_sa_p,
+    stride_sa_s, HALF: tl.constexpr, TOKEN_GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    FP8_CVT: tl.constexpr, FP8_DOT: tl.constexpr,
+):  # fmt: skip
+    """Columns ``[c0, c0 + HALF)`` of the KV tile: e4m3 as they are for the e4m3 × e4m3 dots
+    (``FP8_DOT``), else decoded to the dot dtype (``tiles.load_kv_cols``)."""
+    if FP8_DOT:  # (one return: a compiled kernel types every return statement it reads)
+        k = load_fp8_cols(ckv_ptr, page, off, n_ok, c0, stride_ckv_p, stride_ckv_s, HALF)
+    else:
+        k = load_kv_cols(
+            ckv_ptr, scale_arr_ptr, page, off, n_ok, c0, stride_ckv_p, stride_ckv_s,
+            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
+        )  # fmt: skip
+    return k
 
 
 @triton.jit(do_not_specialize=DYNAMIC_ARGS + ["stride_qs_t"])
@@ -142,11 +160,9 @@ def _mla_vsplit_kernel(
         if D_KPE > 0:
             q_pe = load_fp8_query(q_pe_ptr, tok, head, row_ok, stride_qp_t, stride_qp_h,
                                   D_KPE, DOT_DTYPE, FP8_DOT)  # fmt: skip
-        q_row = query_scale(q_scale_ptr, q_scale_val, tok, head, row_ok, stride_qs_t,
-                            BLOCK_M, Q_SCALE)  # fmt: skip
-        if not FP8_DOT:
-            q_row = q_row * 256.0  # the decoded codes are 2^-8 × the query
-        qk_row = (q_row * qk_scale)[:, None]
+        # each row's factor on the fp32 scores
+        qk_row = score_scale(q_scale_ptr, q_scale_val, tok, head, row_ok, stride_qs_t, qk_scale,
+                             BLOCK_M, Q_SCALE, FP8_DOT)  # fmt: skip
 
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -157,14 +173,10 @@ def _mla_vsplit_kernel(
         page = safe_pages(page_base, n_entries, num_pages, pos, n_ok, PAGE_SIZE)
         off = pos % PAGE_SIZE
         # -- q·k over both halves and the RoPE part; the own half is kept for p·v --
-        if FP8_DOT:
-            k_oth = load_fp8_cols(ckv_ptr, page, off, n_ok, c_oth, stride_ckv_p, stride_ckv_s,
-                                  HALF)  # fmt: skip
-        else:
-            k_oth = load_kv_cols(
-                ckv_ptr, scale_arr_ptr, page, off, n_ok, c_oth, stride_ckv_p, stride_ckv_s,
-                stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
-            )  # fmt: skip
+        k_oth = load_half(
+            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_oth, stride_ckv_p, stride_ckv_s,
+            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT, FP8_DOT,
+        )  # fmt: skip
         s = tl.dot(q_oth, tl.trans(k_oth))
         if D_KPE > 0:
             if FP8_DOT:
@@ -177,14 +189,10 @@ def _mla_vsplit_kernel(
                 s = tl.dot(q_pe, tl.trans(kpe), s)
             else:
                 s += pe_factor * tl.dot(q_pe, tl.trans(kpe))
-        if FP8_DOT:
-            k_own = load_fp8_cols(ckv_ptr, page, off, n_ok, c_own, stride_ckv_p, stride_ckv_s,
-                                  HALF)  # fmt: skip
-        else:
-            k_own = load_kv_cols(
-                ckv_ptr, scale_arr_ptr, page, off, n_ok, c_own, stride_ckv_p, stride_ckv_s,
-                stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT,
-            )  # fmt: skip
+        k_own = load_half(
+            ckv_ptr, scale_arr_ptr, page, off, n_ok, c_own, stride_ckv_p, stride_ckv_s,
+            stride_sa_p, stride_sa_s, HALF, TOKEN_GROUP, DOT_DTYPE, FP8_CVT, FP8_DOT,
+        )  # fmt: skip
         s = tl.dot(q_own, tl.trans(k_own), s)
         visible = n_ok[None, :]
         if CAUSAL:
