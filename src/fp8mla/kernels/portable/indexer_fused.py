@@ -25,13 +25,17 @@ from fp8mla.kernels.portable.indexer_topk import order_key, select_top
 
 
 @triton.jit
-def entries_before(flags, BLOCK: tl.constexpr):
-    """Exclusive prefix sums down axis 0 of the int32 ``[BLOCK, C]`` ``flags``, as a masked
-    sum: Triton 3.6's scan lowering fails an assertion on the logits' layout (ScanOpToLLVM,
-    ``AddPartialReduce``), where ``tl.cumsum`` compiles on 3.9."""
-    i = tl.arange(0, BLOCK)
-    before = i[None, :] < i[:, None]  # [i, j]: j before i
-    return tl.sum(tl.where(before[:, :, None], flags[None, :, :], 0), axis=1)
+def entries_before(flags, NP: tl.constexpr):
+    """Exclusive prefix sums down axis 0 of the int32 ``[BLOCK_N, NP]`` ``flags``, one column at
+    a time: ``tl.cumsum`` down the 2-D tile (the logits' layout) fails an assertion in Triton
+    3.6's scan lowering (ScanOpToLLVM, ``AddPartialReduce``); a column's 1-D scan compiles on
+    3.6 and 3.9, in the registers the 2-D scan took on 3.9."""
+    c = tl.arange(0, NP)[None, :]
+    out = tl.zeros_like(flags)
+    for i in tl.static_range(NP):
+        col = tl.sum(tl.where(c == i, flags, 0), axis=1)
+        out = tl.where(c == i, (tl.cumsum(col, axis=0) - col)[:, None], out)
+    return out
 
 
 @triton.jit
@@ -113,7 +117,7 @@ def _paged_topk_kernel(
         keys = order_key(row_logits(k_op, q_op, w, k_scale, NP, HP, DOT, DECODE_SCALE))
         keep = (pos[:, None] < lens[None, :]) & row_ok[None, :] & (keys > theta[None, :])
         kk = keep.to(tl.int32)
-        at = base[None, :] + size[None, :] + entries_before(kk, BLOCK_N)
+        at = base[None, :] + size[None, :] + entries_before(kk, NP)
         tl.store(pos_ptr + at, pos[:, None] + tl.zeros([BLOCK_N, NP], tl.int32), mask=keep)
         tl.store(key_ptr + at, keys.to(tl.int32, bitcast=True), mask=keep)
         size += tl.sum(kk, axis=0)
