@@ -10,7 +10,7 @@ CUDA events (median of ``--iters``):
   (``init_cuda_graph_state``, ``init_forward_metadata_out_graph`` in capture, then again
   before the replays), the call captured once and replayed.
 
-Records: ``fp8mla bench``'s format, appended to ``<out>/<gpu>.jsonl``: case
+Records: ``fp8mla bench``'s format with section ``engines``, appended to ``<out>/<gpu>.jsonl``: case
 ``SGLANG_DECODE_B<b>_H<h>_L<ctx>_float8_e4m3fn``, impls ``fp8mla`` / ``sglang-triton``, and on
 ``sglang-triton``'s records ``max_abs_diff_vs_fp8mla`` (both read the same FP8 bytes).
 
@@ -140,7 +140,7 @@ def main() -> None:
     env = Environment.measure(device, args.run_id)
     ctx = BenchContext(env=env, device=device)
     path = results_path(args.out, env.gpu)
-    common = dict(engine="sglang", engine_version=sglang.__version__, layers=1)
+    common = dict(section="engines", engine="sglang", engine_version=sglang.__version__, layers=1)
     written = 0
     for h in args.heads:
         for b in args.batch:

@@ -27,7 +27,7 @@ the torch vLLM pins, which cannot load next to another torch; vLLM runs its CPU 
 (``tests/integrations/engines_path.py``), so ``TRITON_MLA``'s split count is set from the
 GPU's SM count as its CUDA platform would (``_sm_count``).
 
-Records: ``fp8mla bench``'s format, appended to ``<out>/<gpu>.jsonl``: case
+Records: ``fp8mla bench``'s format with section ``engines``, appended to ``<out>/<gpu>.jsonl``: case
 ``VLLM_DECODE_B<b>_H<h>_L<ctx>_P<page>_float8_e4m3fn``, ``rel_err`` of layer 0 against the
 float64 reference, and on ``vllm-fp8mla``'s records ``vs_fp8mla`` /
 ``vs_fp8mla_graph_wrapper`` (its time over theirs, same timing mode).
@@ -232,7 +232,7 @@ def main() -> None:
     max_model_len = (pages + 1) * block
     num_blocks = max(args.batch) * pages + 16
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    common = dict(engine="vllm", engine_version=vllm.__version__, layers=layers)
+    common = dict(section="engines", engine="vllm", engine_version=vllm.__version__, layers=layers)
     written = 0
     for heads in args.heads:
         steps = {}
