@@ -30,6 +30,13 @@ E4M3 = torch.float8_e4m3fn
 # output error bars against float64 on the dequantized queries (bf16 output rounding alone
 # is ~1.7e-3; P rounded to e4m3 once adds ~1e-2)
 TOL = {"hi+lo": 4e-3, "once": 2e-2, "decoded": 4e-3}
+# the converted route: the queries rounded to bf16 once more (2^-9 relative), 4.3e-3 measured
+# on an H200 (r38)
+CONVERTED_TOL = 6e-3
+# e4m3 x e4m3 scores of the portable kernels on SM90: Hopper's FP8 wgmma adds the 512
+# products of a score at reduced precision (the Gluon kernels add four 128-column parts in
+# fp32 for that); LSE 3.2e-3 from float64 measured on an H200 at 80 heads (r38)
+FP8_DOT_GPU_LSE_TOL = 4e-3
 BUILDS = {"hi+lo": None, "once": {"P_PARTS": 1}, "decoded": {"Q_FP8": QF8_CVT}}
 
 
@@ -123,7 +130,9 @@ def test_value_split_kernel(device, build):
     qn, qp, s, values = fp8_queries(b, "rows", device)
     w, out, lse = run_fp8(b, qn, qp, s, config="vsplit", options=BUILDS[build], splits=2)
     assert w.launch_info.variant == "vsplit" and w._queries.direct
-    check(out, lse, *ref_of(b, values), TOL[build])
+    fp8_dot_on_gpu = build == "hi+lo" and device == "cuda"
+    check(out, lse, *ref_of(b, values), TOL[build],
+          lse_tol=FP8_DOT_GPU_LSE_TOL if fp8_dot_on_gpu else 2e-3)  # fmt: skip
 
 
 @pytest.mark.parametrize("build", ["hi+lo", "decoded"])
@@ -166,7 +175,7 @@ def test_converted_route(device, form):
     qn, qp, s, values = fp8_queries(b, form, device)
     w, out, lse = run_fp8(b, qn, qp, s, config="rows", options=CONVERTED, splits=2)
     assert not w._queries.direct
-    check(out, lse, *ref_of(b, values), TOL["decoded"], lse_tol=1.5e-2)
+    check(out, lse, *ref_of(b, values), CONVERTED_TOL, lse_tol=1.5e-2)
 
 
 @pytest.mark.parametrize("options", [None, CONVERTED])
@@ -184,7 +193,10 @@ def test_quantize_q(device, options):
         assert torch.equal(prep.q_pe.cpu(), cp.view(torch.uint8))
         assert torch.equal(prep.row_scales.cpu(), scale)
     values = (qn.double().to(device), qp.double().to(device))
-    check(out, lse, *ref_of(b, values), TOL["hi+lo"], lse_tol=2e-3 if options is None else 1.5e-2)
+    if options is None:
+        check(out, lse, *ref_of(b, values), TOL["hi+lo"])
+    else:
+        check(out, lse, *ref_of(b, values), CONVERTED_TOL, lse_tol=1.5e-2)
 
 
 @pytest.mark.parametrize("options", [None, {"Q_FP8": QF8_CVT}, CONVERTED])

@@ -106,8 +106,9 @@ def _q_quant_kernel(
         amax = tl.max(tl.abs(xn), axis=1)
         if D_KPE > 0:
             amax = tl.maximum(amax, tl.max(tl.abs(xp), axis=1))
-        scale = tl.where(amax > 0.0, amax / E4M3_MAX, 1.0)
-        inv = 1.0 / scale
+        # correctly rounded divisions (a GPU's `/` is approximate), as PyTorch's quantize_rows
+        scale = tl.where(amax > 0.0, tl.math.div_rn(amax, E4M3_MAX), 1.0)
+        inv = tl.math.div_rn(1.0, scale)
         cn, xn = _round_e4m3(xn, inv)
         xn = xn * scale[:, None]
         if D_KPE > 0:
