@@ -141,6 +141,29 @@ def test_topk_plans_reach_the_merge_levels():
     assert topk_plan(1, 16500, 4096, 8).levels == (2, 1)
     assert topk_plan(64, 32768, 2048, 132).levels == (1,)
     assert topk_plan(1, 131072, 2048, 132).levels == (4, 1)
+    assert topk_plan(1, 131072, 2048, 132, select_entries=16384).levels == (1,)
+    assert topk_plan(1, 16384, 2048, 132, select_entries=16384).single
+
+
+@pytest.mark.skipif(not (HAS_CUDA or INTERPRETED), reason="runs the Triton kernels")
+@pytest.mark.parametrize("select_entries,warps", [(8192, 4), (16384, 16)])
+@pytest.mark.parametrize("rows,cols,k,ties", [(1, 40000, 2048, True), (3, 20000, 100, False)])
+def test_topk_select_entries(select_entries, warps, rows, cols, k, ties):
+    """The table's knobs (what ``benchmarks/tune_topk.py`` times): candidates a program
+    selects from, and so the levels, and warps a program; the same positions for each."""
+    from dataclasses import replace
+
+    from fp8mla.dsa import indexer_launch as L
+
+    logits = random_logits(rows, cols, cols + k, ties)
+    lengths = torch.full((rows,), cols, dtype=torch.int32)
+    lengths[-1] = cols - 9000
+    base = L.launch_for(torch.device(DEVICE))
+    table = replace(base.table, select_entries=select_entries,
+                    entries_per_warp=select_entries // warps, max_warps=32)  # fmt: skip
+    out = torch.empty(rows, k, dtype=torch.int32, device=DEVICE)
+    L.topk(logits.to(DEVICE), None, lengths.to(DEVICE), k, out, replace(base, table=table))
+    assert torch.equal(out.cpu(), R.topk_reference(logits, lengths, k))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

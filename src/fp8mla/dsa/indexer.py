@@ -224,10 +224,9 @@ def paged_topk(
 
     ``fused``: ``True`` computes the logits tile by tile and keeps only each program's running
     top-k candidates (the ``[rows, max_context_len]`` logits are never written: ``indexer_fused``
-    kernel); ``False`` writes the logits and selects from them; ``"auto"`` takes the fused
-    kernel for contexts beyond 16,384 positions when the requests fill the GPU with chunks of
-    four times ``k`` positions (one long row runs faster through the two-pass path, whose logits
-    kernel spreads it over every SM). Both give the same positions for the same logits."""
+    kernel); ``False`` writes the logits and selects from them (the faster path); ``"auto"``
+    takes the fused kernel only where the logits would take more than 1 GiB. Both give the
+    same positions for the same logits."""
     view, q8, lens = _check_paged(q, weights, index_cache, block_table, context_lens, page_size)
     max_len = _int_arg("max_context_len", max_context_len, 0)
     k = _int_arg("k", k, 1, MAX_TOPK)
@@ -250,7 +249,7 @@ def paged_topk(
     if slots is not None:
         s = L.Slots(slots, block_table, next_n, view.page_size, view.num_pages)
     if fused == "auto":
-        fused = fused_serves(batch, max_len, k, launch.sms)
+        fused = fused_serves(rows, max_len)
     if max_len == 0:
         out.fill_(-1)
         if slots is not None:

@@ -171,7 +171,7 @@ def topk(
     from fp8mla.kernels.portable.indexer_topk import _topk_chunk_kernel
 
     rows, cols = logits.shape
-    plan = topk_plan(rows, cols, k, launch.sms)
+    plan = topk_plan(rows, cols, k, launch.sms, launch.table.select_entries)
     dev = logits.device
     if plan.single:
         pos, keys, counts = out, out, ends  # unused pointers of the FINAL build
@@ -211,7 +211,7 @@ def fused_topk(
 
     batch, next_n, heads, _ = q.shape
     tile = launch.table.logits
-    plan = fused_plan(batch, max_context_len, k, launch.sms, tile)
+    plan = fused_plan(batch, max_context_len, k, launch.sms, tile, launch.table.select_entries)
     rows, dev = batch * next_n, q.device
     pos = torch.empty(rows, plan.regions, plan.cap, dtype=torch.int32, device=dev)
     keys = torch.empty(rows, plan.regions, plan.cap, dtype=torch.int32, device=dev)

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from fp8mla.attention.targets import INTERPRETER, Target
 
-FUSED_MIN_CONTEXT = 16384  # longer contexts may take the fused logits + top-k kernel
+# fused="auto" takes the fused logits + top-k kernel only where the two-pass path's logits
+# would take more than this many bytes of workspace (docs/design/indexer.md)
+FUSED_MIN_LOGITS_BYTES = 1 << 30
 MAX_TOPK = 8192
 SELECT_ENTRIES = 8192  # candidates one top-k program holds at once (registers)
 MIN_LOGITS_CHUNK = 512  # positions per logits program, at least
@@ -36,13 +38,15 @@ class LogitsTile:
 @dataclass(frozen=True)
 class IndexerTable:
     """One target family's choices: the logits tile, the fused kernel's warps (its candidate
-    lists live in its registers while they are compacted), and the warps per 1,024 entries a
-    top-k program holds (at most ``max_warps``)."""
+    lists live in its registers while they are compacted), the entries a top-k program holds
+    per warp (at most ``max_warps`` warps), and the candidates one top-k program selects from
+    (``select_entries``, a power of two: the first level's chunk and a merge's input)."""
 
     logits: LogitsTile
     fused_warps: int
     entries_per_warp: int
     max_warps: int
+    select_entries: int = SELECT_ENTRIES
 
 
 # Compiled for every target (docs/compile_matrix.md has the report), not yet timed: H200
@@ -133,16 +137,17 @@ def merge_levels(regions: int, group: int) -> tuple[int, ...]:
     return tuple(levels)
 
 
-def topk_plan(rows: int, cols: int, k: int, sms: int) -> TopkPlan:
-    """Rows up to :data:`SELECT_ENTRIES` columns take one program each; longer rows are cut
-    into chunks of that many (each keeps at most ``k`` of them), merged ``SELECT_ENTRIES //
-    kp`` regions at a time: the fewest levels (launches), each level's programs as wide as the
+def topk_plan(rows: int, cols: int, k: int, sms: int,
+              select_entries: int = SELECT_ENTRIES) -> TopkPlan:  # fmt: skip
+    """Rows up to ``select_entries`` columns take one program each; longer rows are cut into
+    chunks of that many (each keeps at most ``k`` of them), merged ``select_entries // kp``
+    regions at a time: the fewest levels (launches), each level's programs as wide as the
     registers allow."""
     kp = pow2_at_least(k, 16)
-    group = max(2, SELECT_ENTRIES // kp)
-    if cols <= SELECT_ENTRIES:
+    group = max(2, select_entries // kp)
+    if cols <= select_entries:
         return TopkPlan(k, kp, pow2_at_least(max(cols, 1), 16), 1, group, ())
-    chunk = max(SELECT_ENTRIES, 2 * kp)
+    chunk = max(select_entries, 2 * kp)
     regions = -(-cols // chunk)
     return TopkPlan(k, kp, chunk, regions, group, merge_levels(regions, group))
 
@@ -162,12 +167,12 @@ class FusedPlan:
     levels: tuple[int, ...]
 
 
-def fused_plan(requests: int, max_context_len: int, k: int, sms: int,
-               tile: LogitsTile) -> FusedPlan:  # fmt: skip
+def fused_plan(requests: int, max_context_len: int, k: int, sms: int, tile: LogitsTile,
+               select_entries: int = SELECT_ENTRIES) -> FusedPlan:  # fmt: skip
     """Chunks of at least 4 × ``kp`` positions (so that a list keeps a fraction of its
-    chunk), as many as give two programs per SM."""
+    chunk), as many as give two programs per SM; merges of ``select_entries`` candidates."""
     kp = pow2_at_least(k, 16)
-    group = max(2, SELECT_ENTRIES // kp)
+    group = max(2, select_entries // kp)
     per_row = max(1, -(-2 * sms // max(1, requests)))
     chunk = max(-(-max_context_len // per_row), 4 * kp)
     chunk = -(-chunk // tile.block_n) * tile.block_n
@@ -176,12 +181,9 @@ def fused_plan(requests: int, max_context_len: int, k: int, sms: int,
     return FusedPlan(k, kp, cap, chunk, regions, group, merge_levels(regions, group))
 
 
-def fused_serves(requests: int, max_context_len: int, k: int, sms: int) -> bool:
-    """``fused="auto"``: contexts beyond :data:`FUSED_MIN_CONTEXT` whose requests fill the GPU
-    with chunks of 4 × ``kp`` positions. A few requests over a long context take the two-pass
-    path: its logits kernel spreads one row over every SM, and the logits of one row (4 bytes a
-    position) are small beside its keys (132 bytes)."""
-    if max_context_len <= FUSED_MIN_CONTEXT:
-        return False
-    kp = pow2_at_least(k, 16)
-    return requests * -(-max_context_len // (4 * kp)) >= sms
+def fused_serves(rows: int, max_context_len: int) -> bool:
+    """``fused="auto"``: the fused kernel only where the two-pass path's ``[rows,
+    max_context_len]`` float32 logits would exceed :data:`FUSED_MIN_LOGITS_BYTES`: the
+    two-pass path is the faster one wherever both were timed (``docs/design/indexer.md``),
+    and its logits are small beside the keys it reads (4 bytes a position against 132)."""
+    return rows * max_context_len * 4 > FUSED_MIN_LOGITS_BYTES

@@ -1,0 +1,87 @@
+"""The indexer's top-k selection (``fp8mla.dsa`` two-pass path, its second pass) timed over its
+table's knobs on a GPU: the candidates one program selects from (``select_entries``: the first
+level's chunk and a merge's input, so the number of levels) and the warps such a program
+takes (``entries_per_warp``), every variant checked against ``topk_reference`` on the same
+logits (the positions must be equal: the selection is exact, ties to the lower position).
+
+    python benchmarks/tune_topk.py [--json OUT.json] [--reps 30]
+
+Cases: one row of 131,072 positions (GLM-5 decode at 128K, one stream: latency-bound, one
+program per chunk) and 64 rows of 32,768 (DeepSeek-V3.2 decode, 64 streams), k = 2,048,
+random float32 logits. Each variant is timed in a CUDA graph (median of the replays); the
+table's current choice is marked. Prints one line per variant and a summary per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from functools import partial
+
+import torch
+
+from fp8mla.bench.measure import time_graph
+from fp8mla.dsa import indexer_launch as L
+from fp8mla.dsa.indexer_plan import select_warps, topk_plan
+from fp8mla.dsa.indexer_reference import topk_reference
+
+CASES = [(1, 131072), (64, 32768)]  # (rows, positions a row)
+K = 2048
+# (select_entries, entries_per_warp): 32, 16, 8 and 4 warps a program at each size
+VARIANTS = [(se, se // w) for se in (8192, 16384) for w in (32, 16, 8, 4)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--reps", type=int, default=30, help="graph replays timed per variant")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    base = L.launch_for(dev)
+    rows_out = []
+    for rows, cols in CASES:
+        gen = torch.Generator(device=dev).manual_seed(rows * 7 + cols)
+        logits = torch.randn(rows, cols, device=dev, generator=gen)
+        lens = torch.full((rows,), cols, dtype=torch.int32, device=dev)
+        want = topk_reference(logits, lens, K)
+        name = f"rows{rows}_cols{cols}_k{K}"
+        for se, epw in VARIANTS:
+            table = replace(base.table, select_entries=se, entries_per_warp=epw, max_warps=32)
+            launch = replace(base, table=table)
+            plan = topk_plan(rows, cols, K, launch.sms, se)
+            warps = select_warps(plan.chunk, table)
+            out = torch.empty(rows, K, dtype=torch.int32, device=dev)
+            row = {"case": name, "select_entries": se, "warps": warps,
+                   "launches": 1 + len(plan.levels), "gpu": torch.cuda.get_device_name()}  # fmt: skip
+            row["current"] = se == base.table.select_entries and warps == select_warps(
+                topk_plan(rows, cols, K, launch.sms, se).chunk, base.table
+            )
+            try:
+                call = partial(L.topk, logits, None, lens, K, out, launch)
+                call()
+                row["equal"] = bool(torch.equal(out, want))
+                t = time_graph(call, args.reps)
+                row["us"] = round(t.us_median, 2)
+            except Exception as exc:  # a build the compiler rejects: reported, the rest run
+                row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+            rows_out.append(row)
+            print(json.dumps(row), flush=True)
+    print("\nbest per case (equal outputs only):")
+    for rows, cols in CASES:
+        name = f"rows{rows}_cols{cols}_k{K}"
+        ok = [r for r in rows_out if r["case"] == name and r.get("equal") and "us" in r]
+        cur = [r for r in ok if r["current"]]
+        if ok:
+            best = min(ok, key=lambda r: r["us"])
+            now = f"{cur[0]['us']} us" if cur else "not measured"
+            print(f"  {name}: best {best['us']} us (select_entries {best['select_entries']}, "
+                  f"{best['warps']} warps, {best['launches']} launches); current {now}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows_out, f, indent=1)
+    return 0 if all(r.get("equal", True) for r in rows_out) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
