@@ -65,7 +65,12 @@ def test_sm90_table():
             assert make_launch_plan(batch=batch, **kw).config == FP8QK_TILE_32
         assert make_launch_plan(batch=64, num_splits=2, **kw).config == FP8QK_TILE_32
         assert make_launch_plan(batch=64, **dict(kw, num_heads=64)).config == FP8QK_TILE_32
-        for rows in (129, 4096 * 128):  # more: the wgmma kernel
+        for rows in (129, 256):  # a few tokens at 128 heads: the ping-pong kernel, split
+            assert choose_config(rows, dtype, t) == PINGPONG8_TILE
+            assert choose_config(rows, dtype, t, q_dtype=torch.float16) == WGMMA_TILE
+        plan = make_launch_plan(batch=64, **dict(kw, max_qo_len=2))
+        assert plan.config == PINGPONG8_TILE and plan.m_tiles == 4
+        for rows in (257, 4096 * 128):  # more: the wgmma kernel
             assert choose_config(rows, dtype, t) == WGMMA_TILE
     # 16-bit KV: Gluon kernels copying the tiles instead of converting them
     for dtype in (torch.bfloat16, torch.float16):

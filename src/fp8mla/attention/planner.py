@@ -63,6 +63,10 @@ class ConfigTable:
     # FP8 pools whose requests of more than MANY_ROWS rows take row_tiles_fp8: this tile
     # instead where its programs fill the GPU without KV splits (make_launch_plan)
     unsplit_fp8: KernelConfig | None = None
+    # FP8 pools, bf16 queries, row_tiles_fp8_rows + 1 to multi_fp8_rows rows a request (a few
+    # speculative tokens at many heads): this tile (None: many_fp8 / wide_fp8)
+    multi_fp8: KernelConfig | None = None
+    multi_fp8_rows: int = 0
 
     def pick(
         self, rows: int, kv_dtype: torch.dtype, q_dtype: torch.dtype = torch.bfloat16
@@ -71,6 +75,9 @@ class ConfigTable:
         tiles = self.row_tiles_fp8 if FEW_ROWS < rows <= self.row_tiles_fp8_rows else None
         if fp8 and tiles is not None and q_dtype == torch.bfloat16:
             return tiles
+        multi = self.row_tiles_fp8_rows < rows <= self.multi_fp8_rows
+        if fp8 and multi and self.multi_fp8 is not None and q_dtype == torch.bfloat16:
+            return self.multi_fp8
         if not fp8 and self.shared_16bit is not None and rows >= self.shared_16bit_rows:
             return self.shared_16bit
         if rows <= TINY_ROWS:
@@ -156,6 +163,11 @@ SM90_TABLE = dataclasses.replace(
     # each tile once for 64 rows (faster than the 32-row tiles there; with KV splits it loses):
     # the fp8qk variant's rule (variants.py) applies it
     unsplit_fp8=PINGPONG8_TILE,
+    # FP8 requests of 129-256 rows (two query tokens at 128 heads), bf16 queries: the same
+    # ping-pong kernel, split as planned (faster than the wgmma kernel and the 32-row tiles
+    # there; more rows were not timed)
+    multi_fp8=PINGPONG8_TILE,
+    multi_fp8_rows=256,
     fallback=TRITON_TABLE,
     # FP8 batches whose 64-row tiles read each KV token >= 16 times staged in fp16 for the
     # ping-pong kernel (faster from a reuse of 16; slower at 8 and below)
@@ -304,7 +316,7 @@ def tile_for_variant(
         for table in chain
         for config in (table.tiny_fp8, table.few_fp8, table.many_fp8, table.wide_fp8,
                        table.row_tiles_fp8, table.tiny_16bit, table.few_16bit, table.many_16bit,
-                       table.wide_16bit, table.shared_16bit, table.unsplit_fp8)
+                       table.wide_16bit, table.shared_16bit, table.unsplit_fp8, table.multi_fp8)
         if config is not None and config.variant == name
     ]  # fmt: skip
     holding = [c for c in tiles if c.block_m >= rows] if variant.one_row_tile else tiles
