@@ -163,11 +163,16 @@ EOF
     bench=("$py" benchmarks/bench_sglang_kit.py --out "$out" $run_id ${SGLANG_BENCH_ARGS:-})
   fi
   # pytest.main under a SIGINT handler of its own: a timed-out run still prints its summary
-  # even where the caller started us with SIGINT ignored (background jobs)
+  # even where the caller started us with SIGINT ignored (background jobs); then os._exit, so
+  # that an engine's threads or exit hooks cannot keep a finished run alive past its limit
+  # (SGLang's suite once finished in 114 s and was stopped at 124 s while exiting)
   # shellcheck disable=SC2206
-  tests=("$py" -c 'import signal, sys, pytest
+  tests=("$py" -c 'import os, signal, sys, pytest
 signal.signal(signal.SIGINT, signal.default_int_handler)
-sys.exit(pytest.main(sys.argv[1:]))' -q -p no:cacheprovider --tb=short
+rc = pytest.main(sys.argv[1:])
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(int(rc))' -q -p no:cacheprovider --tb=short
     -o faulthandler_timeout="${FAULTHANDLER_S:-120}" --durations=10
     tests/integrations/test_engines_installed.py tests/integrations/test_${engine}_*.py
     ${PYTEST_ARGS:-})
