@@ -1,7 +1,8 @@
 """The indexer's top-k selection (``fp8mla.dsa`` two-pass path, its second pass) timed over its
-table's knobs on a GPU: the candidates one program selects from (``select_entries``: the first
-level's chunk and a merge's input, so the number of levels) and the warps such a program
-takes (``entries_per_warp``), every variant checked against ``topk_reference`` on the same
+table's knobs on a GPU: the path (``topk_path``: the levels, or the histogram threshold and
+one gathering program a row), the candidates one program selects from (``select_entries``:
+the first level's chunk and a merge's input, so the number of levels) and the warps such a
+program takes (``entries_per_warp``), every variant checked against ``topk_reference`` on the same
 logits (the positions must be equal: the selection is exact, ties to the lower position).
 
     python benchmarks/tune_topk.py [--json OUT.json] [--reps 30] [--cases rows1_cols131072_k2048]
@@ -29,8 +30,11 @@ from fp8mla.dsa.indexer_reference import topk_reference
 
 CASES = [(1, 131072), (64, 32768)]  # (rows, positions a row)
 K = 2048
-# (select_entries, entries_per_warp): 32, 16, 8 and 4 warps a program at each size
-VARIANTS = [(se, se // w) for se in (8192, 16384) for w in (32, 16, 8, 4)]
+# (path, select_entries, entries_per_warp): the levels with 32, 16, 8 and 4 warps a program
+# at each size, and the histogram path with 16 warps
+VARIANTS = [("histogram", 8192, 512)] + [
+    ("levels", se, se // w) for se in (8192, 16384) for w in (32, 16, 8, 4)
+]
 
 
 def main() -> int:
@@ -50,16 +54,18 @@ def main() -> int:
         logits = torch.randn(rows, cols, device=dev, generator=gen)
         lens = torch.full((rows,), cols, dtype=torch.int32, device=dev)
         want = topk_reference(logits, lens, K)
-        for se, epw in VARIANTS:
-            table = replace(base.table, select_entries=se, entries_per_warp=epw, max_warps=32)
+        for path, se, epw in VARIANTS:
+            table = replace(base.table, select_entries=se, entries_per_warp=epw, max_warps=32,
+                            topk_path=path)  # fmt: skip
             launch = replace(base, table=table)
             plan = topk_plan(rows, cols, K, launch.sms, se)
             warps = select_warps(plan.chunk, table)
             out = torch.empty(rows, K, dtype=torch.int32, device=dev)
-            row = {"case": name, "select_entries": se, "warps": warps,
-                   "launches": 1 + len(plan.levels), "gpu": torch.cuda.get_device_name()}  # fmt: skip
-            row["current"] = se == base.table.select_entries and warps == select_warps(
-                topk_plan(rows, cols, K, launch.sms, se).chunk, base.table
+            launches = 3 if path == "histogram" else 1 + len(plan.levels)
+            row = {"case": name, "path": path, "select_entries": se, "warps": warps,
+                   "launches": launches, "gpu": torch.cuda.get_device_name()}  # fmt: skip
+            row["current"] = (path, se) == (base.table.topk_path, base.table.select_entries) and (
+                warps == select_warps(plan.chunk, base.table)
             )
             try:
                 call = partial(L.topk, logits, None, lens, K, out, launch)
@@ -79,8 +85,9 @@ def main() -> int:
         if ok:
             best = min(ok, key=lambda r: r["us"])
             now = f"{cur[0]['us']} us" if cur else "not measured"
-            print(f"  {name}: best {best['us']} us (select_entries {best['select_entries']}, "
-                  f"{best['warps']} warps, {best['launches']} launches); current {now}")  # fmt: skip
+            print(f"  {name}: best {best['us']} us ({best['path']}, select_entries "
+                  f"{best['select_entries']}, {best['warps']} warps, {best['launches']} "
+                  f"launches); current {now}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows_out, f, indent=1)

@@ -298,3 +298,48 @@ def test_gpu_engine_sizes(batch, next_n, heads, context):
         pos = dsa.paged_topk(c.q, c.weights, c.cache, c.block_table, c.lens, k=2048,
                              max_context_len=context, fused=fused)  # fmt: skip
         check_topk(pos, ref, flat, 2048, tol=2 * GPU_LOGITS_TOL)  # two values, each off
+
+
+HIST_CASES = [  # rows, cols, k, kind
+    (2, 20000, 2048, "random"),
+    (1, 40000, 2048, "ties"),  # few distinct values: the threshold's bin holds most keys
+    (2, 17000, 100, "equal"),  # every key in one bin: the last program selects more than once
+    (3, 9000, 16, "specials"),  # NaN, +-inf, -0
+]
+
+
+@pytest.mark.skipif(not (HAS_CUDA or INTERPRETED), reason="runs the Triton kernels")
+@pytest.mark.parametrize("rows,cols,k,kind", HIST_CASES)
+def test_topk_histogram_path(rows, cols, k, kind):
+    """The table's histogram path: a threshold from the row's histogram of key bits, each
+    chunk's keys above it, one gathering program a row; the positions and slots the levels
+    give, whatever the threshold's bin holds, with start columns and short rows."""
+    from dataclasses import replace
+
+    from fp8mla.dsa import indexer_launch as L
+
+    g = gen(rows * cols + k)
+    if kind == "ties":
+        logits = (torch.randint(-3, 4, (rows, cols), generator=g) * 0.5).float()
+    elif kind == "equal":
+        logits = torch.zeros(rows, cols)
+    else:
+        logits = torch.randn(rows, cols, generator=g)
+    if kind == "specials":
+        logits[0, 5], logits[0, 7], logits[1, :50] = float("nan"), float("inf"), float("-inf")
+        logits[2, 100:200] = -0.0
+    lengths = torch.full((rows,), cols, dtype=torch.int32)
+    lengths[-1] = cols - 3000 if rows > 1 else cols
+    starts = torch.randint(0, 100, (rows,), dtype=torch.int32, generator=g)
+    page, pages = 64, -(-cols // 64)
+    table = torch.randperm(rows * pages, generator=g).to(torch.int32).view(rows, pages)
+    base = L.launch_for(torch.device(DEVICE))
+    launch = replace(base, table=replace(base.table, topk_path="histogram"))
+    assert topk_plan(rows, cols, k, launch.sms).histogram_serves(launch.table.select_entries)
+    out = torch.empty(rows, k, dtype=torch.int32, device=DEVICE)
+    slots = torch.empty_like(out)
+    s = L.Slots(slots, table.to(DEVICE), 1, page, rows * pages)
+    L.topk(logits.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), k, out, launch, s)
+    want = R.topk_reference(logits, lengths, k, starts)
+    assert torch.equal(out.cpu(), want)
+    assert torch.equal(slots.cpu(), R.to_slots_reference(want, table, page, None, rows * pages))

@@ -16,6 +16,7 @@ import torch
 from fp8mla.attention.targets import Target
 from fp8mla.dsa.index_cache import PACK_TOKENS, PACK_WARPS
 from fp8mla.dsa.indexer_plan import (
+    HIST_BITS,
     SELECT_ENTRIES,
     indexer_table,
     logits_warps,
@@ -32,6 +33,9 @@ FUSED = f"{PORTABLE}.indexer_fused:_paged_topk_kernel"
 CHUNK = f"{PORTABLE}.indexer_topk:_topk_chunk_kernel"
 MERGE = f"{PORTABLE}.indexer_topk:_topk_merge_kernel"
 SLOTS = f"{PORTABLE}.indexer_topk:_to_slots_kernel"
+HIST = f"{PORTABLE}.indexer_topk:_topk_hist_kernel"
+PRUNE = f"{PORTABLE}.indexer_topk:_topk_prune_kernel"
+GATHER = f"{PORTABLE}.indexer_topk:_topk_gather_kernel"
 TOPK = 2048
 DOT_MODES = {"fp8": 0, "fp16": 1, "fp32": 2}
 
@@ -110,6 +114,23 @@ def indexer_builds(target: Target) -> list[tuple[str, Build, str]]:
         build = Build(MERGE, merge_ptrs, consts, select_warps(group * TOPK, table))
         label = f"topk merge {group}x{TOPK}{' final+slots' if final else ''}"
         builds.append((label, build, ""))
+    # the histogram path (IndexerTable.topk_path): chunks of SELECT_ENTRIES, k = TOPK
+    warps = select_warps(SELECT_ENTRIES, table)
+    hist_ptrs = (("logits_ptr", "fp32"), ("start_ptr", "i32"), ("end_ptr", "i32"),
+                 ("hist_ptr", "i32"))  # fmt: skip
+    consts = (("HAS_START", False), ("CHUNK", SELECT_ENTRIES), ("NB_BITS", HIST_BITS))
+    builds.append((f"topk histogram {SELECT_ENTRIES}", Build(HIST, hist_ptrs, consts, warps), ""))
+    prune_ptrs = hist_ptrs + (("out_ptr", "i32"), ("key_ptr", "i32"), ("count_ptr", "i32"))
+    consts = (("HAS_START", False), ("CHUNK", SELECT_ENTRIES), ("KP", TOPK),
+              ("NB_BITS", HIST_BITS))  # fmt: skip
+    build = Build(PRUNE, prune_ptrs, consts, warps)
+    builds.append((f"topk prune {SELECT_ENTRIES} k{TOPK}", build, ""))
+    gather_ptrs = (("in_pos_ptr", "i32"), ("in_key_ptr", "i32"), ("in_count_ptr", "i32"),
+                   ("stage_pos_ptr", "i32"), ("stage_key_ptr", "i32"), ("out_ptr", "i32"),
+                   ("slot_ptr", "i32"), ("bt_ptr", "i32"))  # fmt: skip
+    consts = (("KP", TOPK), ("STAGE", SELECT_ENTRIES), ("WRITE_SLOTS", True), ("PAGE_SIZE", 64))
+    build = Build(GATHER, gather_ptrs, consts, warps)
+    builds.append((f"topk gather {SELECT_ENTRIES} k{TOPK} final+slots", build, ""))
     ptrs = (("pos_ptr", "i32"), ("req_ptr", "i32"), ("bt_ptr", "i32"), ("out_ptr", "i32"))
     consts = (("HAS_REQ", True), ("PAGE_SIZE", 64), ("BLOCK", 1024))
     builds.append(("to_slots", Build(SLOTS, ptrs, consts, 4), ""))

@@ -11,6 +11,7 @@ from fp8mla.attention.planner import device_sm_count
 from fp8mla.attention.targets import Target, launch_target
 from fp8mla.dsa.index_cache import IndexCacheView
 from fp8mla.dsa.indexer_plan import (
+    HIST_BITS,
     IndexerTable,
     fused_plan,
     indexer_table,
@@ -171,8 +172,12 @@ def topk(
     from fp8mla.kernels.portable.indexer_topk import _topk_chunk_kernel
 
     rows, cols = logits.shape
-    plan = topk_plan(rows, cols, k, launch.sms, launch.table.select_entries)
+    select = launch.table.select_entries
+    plan = topk_plan(rows, cols, k, launch.sms, select)
     dev = logits.device
+    if launch.table.topk_path == "histogram" and plan.histogram_serves(select):
+        _histogram_topk(logits, starts, ends, k, out, launch, plan, slots)
+        return
     if plan.single:
         pos, keys, counts = out, out, ends  # unused pointers of the FINAL build
     else:
@@ -192,6 +197,47 @@ def topk(
     if not plan.single:
         _merge(pos, keys, counts, plan.regions, plan.kp, plan.kp, k, plan.kp, plan.group,
                plan.levels, out, slots, launch)  # fmt: skip
+
+
+def _histogram_topk(logits, starts, ends, k, out, launch, plan, slots) -> None:
+    """The histogram path of :func:`topk` (``kernels/portable/indexer_topk.py``): the chunks'
+    histograms, each chunk's keys above the row's threshold, one gathering program a row."""
+    from fp8mla.kernels.portable.indexer_topk import (
+        _topk_gather_kernel,
+        _topk_hist_kernel,
+        _topk_prune_kernel,
+    )
+
+    rows, cols = logits.shape
+    dev = logits.device
+    i32 = torch.int32
+    hist = torch.empty(rows, plan.regions, 1 << HIST_BITS, dtype=i32, device=dev)
+    pos = torch.empty(rows, plan.regions, plan.kp, dtype=i32, device=dev)
+    keys = torch.empty(rows, plan.regions, plan.kp, dtype=i32, device=dev)
+    counts = torch.empty(rows, plan.regions, dtype=i32, device=dev)
+    stage = launch.table.select_entries
+    stage_pos = torch.empty(rows, stage, dtype=i32, device=dev)
+    stage_keys = torch.empty(rows, stage, dtype=i32, device=dev)
+    start = starts if starts is not None else ends
+    warps = select_warps(plan.chunk, launch.table)
+    grid = (plan.regions, rows)
+    _topk_hist_kernel[grid](
+        logits, start, ends, hist, logits.stride(0), cols,
+        HAS_START=starts is not None, CHUNK=plan.chunk, NB_BITS=HIST_BITS, num_warps=warps,
+    )  # fmt: skip
+    _topk_prune_kernel[grid](
+        logits, start, ends, hist, pos, keys, counts, logits.stride(0), cols, k,
+        HAS_START=starts is not None, CHUNK=plan.chunk, KP=plan.kp, NB_BITS=HIST_BITS,
+        num_warps=warps,
+    )  # fmt: skip
+    s = slots
+    _topk_gather_kernel[(1, rows)](
+        pos, keys, counts, stage_pos, stage_keys, out, s.out if s else out,
+        s.block_table if s else counts, out.stride(0), s.block_table.stride(0) if s else 0,
+        s.rows_per_request if s else 1, plan.regions, s.num_pages if s else 0, k,
+        KP=plan.kp, STAGE=stage, WRITE_SLOTS=s is not None,
+        PAGE_SIZE=s.page_size if s else 1, num_warps=select_warps(stage, launch.table),
+    )  # fmt: skip
 
 
 def fused_topk(

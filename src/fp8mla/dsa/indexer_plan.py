@@ -17,6 +17,7 @@ FUSED_MIN_LOGITS_BYTES = 1 << 30
 MAX_TOPK = 8192
 SELECT_ENTRIES = 8192  # candidates one top-k program holds at once (registers)
 MIN_LOGITS_CHUNK = 512  # positions per logits program, at least
+HIST_BITS = 11  # the histogram path's bins: the keys' top 11 bits (2,048 bins)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class IndexerTable:
     entries_per_warp: int
     max_warps: int
     select_entries: int = SELECT_ENTRIES
+    # rows longer than one program's candidates: "levels" (chunks' exact top-k, merged level by
+    # level) or "histogram" (a threshold from the row's histogram of key bits, then one
+    # selection over the keys above it; kernels/portable/indexer_topk.py)
+    topk_path: str = "levels"
 
 
 # Compiled for every target (docs/compile_matrix.md has the report). On the H200 the "fp8"
@@ -128,6 +133,11 @@ class TopkPlan:
     def single(self) -> bool:
         """One program a row writes the output: no merge."""
         return self.regions == 1
+
+    def histogram_serves(self, select_entries: int) -> bool:
+        """Whether the histogram path takes this plan: more than one chunk, and room in its
+        last program's list for ``k`` kept entries and one more region."""
+        return not self.single and 2 * self.kp <= select_entries
 
 
 def merge_levels(regions: int, group: int) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ from fp8mla.kernels.portable.indexer_logits import (
     paged_key_tile,
     row_logits,
 )
-from fp8mla.kernels.portable.indexer_topk import order_key, select_top
+from fp8mla.kernels.portable.indexer_topk import order_key, shrink_list
 
 
 @triton.jit
@@ -36,23 +36,6 @@ def entries_before(flags, NP: tl.constexpr):
         col = tl.sum(tl.where(c == i, flags, 0), axis=1)
         out = tl.where(c == i, (tl.cumsum(col, axis=0) - col)[:, None], out)
     return out
-
-
-@triton.jit
-def shrink_list(pos_ptr, key_ptr, base, size, k, CAP: tl.constexpr):
-    """Compact the list of ``size`` entries at ``base`` to its top ``k`` in place; returns the
-    k-th key and the new size. Barriers order the list's stores and loads across threads."""
-    tl.debug_barrier()
-    j = tl.arange(0, CAP)
-    live = j < size
-    keys = tl.load(key_ptr + base + j, mask=live, other=0).to(tl.uint32, bitcast=True)
-    pos = tl.load(pos_ptr + base + j, mask=live, other=0)
-    chosen, place, count, kth = select_top(keys, live, k)
-    tl.debug_barrier()
-    tl.store(key_ptr + base + place, keys.to(tl.int32, bitcast=True), mask=chosen)
-    tl.store(pos_ptr + base + place, pos, mask=chosen)
-    tl.debug_barrier()
-    return kth, count
 
 
 @triton.jit(do_not_specialize=LOGITS_DYNAMIC_ARGS + ["k"])

@@ -69,6 +69,55 @@ def select_top(keys, live, k):
 
 
 @triton.jit
+def shrink_list(pos_ptr, key_ptr, base, size, k, CAP: tl.constexpr):
+    """Compact the list of ``size`` entries at ``base`` to its top ``k`` in place; returns the
+    k-th key and the new size. Barriers order the list's stores and loads across threads."""
+    tl.debug_barrier()
+    j = tl.arange(0, CAP)
+    live = j < size
+    keys = tl.load(key_ptr + base + j, mask=live, other=0).to(tl.uint32, bitcast=True)
+    pos = tl.load(pos_ptr + base + j, mask=live, other=0)
+    chosen, place, count, kth = select_top(keys, live, k)
+    tl.debug_barrier()
+    tl.store(key_ptr + base + place, keys.to(tl.int32, bitcast=True), mask=chosen)
+    tl.store(pos_ptr + base + place, pos, mask=chosen)
+    tl.debug_barrier()
+    return kth, count
+
+
+@triton.jit
+def chunk_keys(logits_ptr, start_ptr, end_ptr, row, c, stride_l_row, num_cols,
+               HAS_START: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    """Chunk ``c`` of the row's ``[start, end)`` columns: its positions (relative to the row's
+    first column), which of them the row has, and their keys."""
+    if HAS_START:
+        lo = tl.minimum(tl.maximum(tl.load(start_ptr + row), 0), num_cols)
+    else:
+        lo = 0
+    hi = tl.minimum(tl.maximum(tl.load(end_ptr + row), lo), num_cols)
+    rel = c * CHUNK + tl.arange(0, CHUNK)
+    live = rel < hi - lo
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_l_row + lo + rel, mask=live, other=0.0)
+    return rel, live, order_key(x)
+
+
+@triton.jit
+def threshold_key(hist_ptr, row, chunks, k, NB_BITS: tl.constexpr):
+    """The lowest key of the histogram bin that holds the row's k-th largest key: every key of
+    the row's top k is at or above it (0 when the row has fewer than ``k`` keys). The row's
+    histogram is the sum of its chunks' (``_topk_hist_kernel``)."""
+    NB: tl.constexpr = 1 << NB_BITS
+    b = tl.arange(0, NB)
+    total = tl.zeros([NB], tl.int32)
+    base = hist_ptr + row.to(tl.int64) * chunks * NB
+    for c in range(chunks):
+        total += tl.load(base + c * NB + b)
+    at_or_above = tl.sum(total, axis=0) - tl.cumsum(total, axis=0) + total  # keys in bins >= b
+    top_bin = tl.max(tl.where(at_or_above >= k, b, 0), axis=0)
+    return top_bin.to(tl.uint32) << (32 - NB_BITS)
+
+
+@triton.jit
 def write_output(out_row, slot_row, bt_row, pos, chosen, place, count, k, num_pages,
                  KP: tl.constexpr, PAGE_SIZE: tl.constexpr, WRITE_SLOTS: tl.constexpr):  # fmt: skip
     """The row's output: chosen positions at their places, -1 from ``count`` to ``k``; with
@@ -192,6 +241,121 @@ def _topk_merge_kernel(
         tl.store(out_ptr + region + place, pos, mask=chosen)
         tl.store(key_ptr + region + place, keys.to(tl.int32, bitcast=True), mask=chosen)
         tl.store(count_ptr + row * groups + g, count)
+
+
+@triton.jit(do_not_specialize=["num_cols"])
+def _topk_hist_kernel(
+    logits_ptr,  # [rows, L] float32
+    start_ptr,  # [rows] int32 first column of each row (HAS_START)
+    end_ptr,  # [rows] int32 one past its last column
+    hist_ptr,  # [rows, chunks, 2^NB_BITS] int32: each chunk's counts of its keys' top bits
+    stride_l_row,
+    num_cols,
+    HAS_START: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NB_BITS: tl.constexpr,
+):
+    """The histogram path's first grid: each chunk's histogram of its keys' top ``NB_BITS``
+    bits (the float's sign, exponent and leading mantissa bits, in key order)."""
+    c = tl.program_id(0)
+    row = tl.program_id(1)
+    chunks = tl.num_programs(0)
+    _, live, keys = chunk_keys(logits_ptr, start_ptr, end_ptr, row, c, stride_l_row, num_cols,
+                               HAS_START, CHUNK)  # fmt: skip
+    bins = (keys >> (32 - NB_BITS)).to(tl.int32)
+    counts = tl.histogram(bins, 1 << NB_BITS, mask=live)
+    at = (row * chunks + c).to(tl.int64) * (1 << NB_BITS) + tl.arange(0, 1 << NB_BITS)
+    tl.store(hist_ptr + at, counts)
+
+
+@triton.jit(do_not_specialize=["k", "num_cols"])
+def _topk_prune_kernel(
+    logits_ptr,  # [rows, L] float32
+    start_ptr,  # [rows] int32 (HAS_START)
+    end_ptr,  # [rows] int32
+    hist_ptr,  # [rows, chunks, 2^NB_BITS] int32 (_topk_hist_kernel)
+    out_ptr,  # [rows, chunks, KP] region positions
+    key_ptr,  # [rows, chunks, KP] region keys (uint32 bits in int32)
+    count_ptr,  # [rows, chunks] int32 region sizes
+    stride_l_row,
+    num_cols,
+    k,
+    HAS_START: tl.constexpr,
+    CHUNK: tl.constexpr,
+    KP: tl.constexpr,
+    NB_BITS: tl.constexpr,
+):
+    """The histogram path's second grid: each chunk keeps its keys at or above the row's
+    threshold key (``threshold_key``), or of those its own top ``k`` where more are: a
+    superset of the row's top k within the chunk, in position order. Most chunks keep few
+    keys, and none needs the k-th key's search unless it keeps more than ``k``."""
+    c = tl.program_id(0)
+    row = tl.program_id(1)
+    chunks = tl.num_programs(0)
+    rel, live, keys = chunk_keys(logits_ptr, start_ptr, end_ptr, row, c, stride_l_row,
+                                 num_cols, HAS_START, CHUNK)  # fmt: skip
+    floor = threshold_key(hist_ptr, row, chunks, k, NB_BITS)
+    chosen = live & (keys >= floor)
+    n = tl.sum(chosen.to(tl.int32), axis=0)
+    if n > k:
+        chosen, place, n, _ = select_top(keys, chosen, k)
+    else:
+        place = tl.cumsum(chosen.to(tl.int32), axis=0) - chosen.to(tl.int32)
+    region = (row * chunks + c).to(tl.int64) * KP
+    tl.store(out_ptr + region + place, rel, mask=chosen)
+    tl.store(key_ptr + region + place, keys.to(tl.int32, bitcast=True), mask=chosen)
+    tl.store(count_ptr + row * chunks + c, n)
+
+
+@triton.jit(do_not_specialize=["k", "num_pages", "regions"])
+def _topk_gather_kernel(
+    in_pos_ptr,  # [rows, regions, KP] int32 positions (_topk_prune_kernel)
+    in_key_ptr,  # [rows, regions, KP] keys
+    in_count_ptr,  # [rows, regions] int32 sizes (each <= k)
+    stage_pos_ptr,  # [rows, STAGE] int32 workspace
+    stage_key_ptr,  # [rows, STAGE] int32 workspace
+    out_ptr,  # [rows, k] int32 positions
+    slot_ptr,  # [rows, k] int32 cache slots (WRITE_SLOTS)
+    bt_ptr,  # [B, max_pages] int32 block table (WRITE_SLOTS)
+    stride_out_row,
+    stride_bt_b,
+    rows_per_request,
+    regions,
+    num_pages,
+    k,
+    KP: tl.constexpr,
+    STAGE: tl.constexpr,  # staged entries one selection takes, >= 2 * KP
+    WRITE_SLOTS: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    """The histogram path's last grid, one program a row: the regions appended in order to a
+    staging list, which is cut to its top ``k`` (``shrink_list``) whenever the next region
+    would not fit; then the list's top ``k`` is the row's output. One selection when the
+    regions hold at most ``STAGE`` entries together (the threshold's bin is narrow), one more
+    per overflow otherwise: exact either way, the earlier position first among equal keys."""
+    row = tl.program_id(1)
+    base = row.to(tl.int64) * STAGE
+    j = tl.arange(0, KP)
+    n = 0
+    for r in range(regions):
+        size = tl.load(in_count_ptr + row * regions + r)
+        if n + size > STAGE:
+            _, n = shrink_list(stage_pos_ptr, stage_key_ptr, base, n, k, STAGE)
+        at = (row * regions + r).to(tl.int64) * KP + j
+        has = j < size
+        tl.store(stage_key_ptr + base + n + j, tl.load(in_key_ptr + at, mask=has), mask=has)
+        tl.store(stage_pos_ptr + base + n + j, tl.load(in_pos_ptr + at, mask=has), mask=has)
+        n += size
+    # the list's top k, in position order at its front (one selection code path, so that the
+    # program holds one list's worth of registers), then the row's output from it
+    _, n = shrink_list(stage_pos_ptr, stage_key_ptr, base, n, k, STAGE)
+    kept = j < n
+    pos = tl.load(stage_pos_ptr + base + j, mask=kept, other=0)
+    out_row = out_ptr + row.to(tl.int64) * stride_out_row
+    slot_row = slot_ptr + row.to(tl.int64) * stride_out_row
+    bt_row = bt_ptr + (row // rows_per_request).to(tl.int64) * stride_bt_b
+    write_output(out_row, slot_row, bt_row, pos, kept, j, n, k, num_pages, KP, PAGE_SIZE,
+                 WRITE_SLOTS)  # fmt: skip
 
 
 @triton.jit
