@@ -162,17 +162,8 @@ def _topk_chunk_kernel(
     c = tl.program_id(0)
     row = tl.program_id(1)
     chunks = tl.num_programs(0)
-    if HAS_START:
-        lo = tl.minimum(tl.maximum(tl.load(start_ptr + row), 0), num_cols)
-    else:
-        lo = 0
-    hi = tl.minimum(tl.maximum(tl.load(end_ptr + row), lo), num_cols)
-
-    # -- the chunk's keys (positions relative to the row's first column) --
-    rel = c * CHUNK + tl.arange(0, CHUNK)
-    live = rel < hi - lo
-    x = tl.load(logits_ptr + row.to(tl.int64) * stride_l_row + lo + rel, mask=live, other=0.0)
-    keys = order_key(x)
+    rel, live, keys = chunk_keys(logits_ptr, start_ptr, end_ptr, row, c, stride_l_row,
+                                 num_cols, HAS_START, CHUNK)  # fmt: skip
     chosen, place, count, _ = select_top(keys, live, k)
 
     # -- the row's output, or the chunk's region --
