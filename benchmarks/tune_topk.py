@@ -6,6 +6,7 @@ program takes (``entries_per_warp``), every variant checked against ``topk_refer
 logits (the positions must be equal: the selection is exact, ties to the lower position).
 
     python benchmarks/tune_topk.py [--json OUT.json] [--reps 30] [--cases rows1_cols131072_k2048]
+                                   [--variants histogram:8192:16,levels:8192:16]
 
 Cases: one row of 131,072 positions (GLM-5 decode at 128K, one stream: latency-bound, one
 program per chunk) and 64 rows of 32,768 (DeepSeek-V3.2 decode, 64 streams), k = 2,048,
@@ -42,10 +43,21 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--reps", type=int, default=30, help="graph replays timed per variant")
     ap.add_argument("--cases", default=None, help="comma-separated case names to run")
+    ap.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated PATH:SELECT_ENTRIES:WARPS to run (default: all)",
+    )
     args = ap.parse_args()
     dev = torch.device("cuda")
     base = L.launch_for(dev)
     rows_out = []
+    variants = VARIANTS
+    if args.variants:
+        wanted = set(args.variants.split(","))
+        variants = [v for v in VARIANTS if f"{v[0]}:{v[1]}:{v[1] // v[2]}" in wanted]
+        if not variants:
+            ap.error(f"--variants matches none of {[f'{p}:{s}:{s // e}' for p, s, e in VARIANTS]}")
     for rows, cols in CASES:
         name = f"rows{rows}_cols{cols}_k{K}"
         if args.cases and name not in args.cases.split(","):
@@ -54,7 +66,7 @@ def main() -> int:
         logits = torch.randn(rows, cols, device=dev, generator=gen)
         lens = torch.full((rows,), cols, dtype=torch.int32, device=dev)
         want = topk_reference(logits, lens, K)
-        for path, se, epw in VARIANTS:
+        for path, se, epw in variants:
             table = replace(base.table, select_entries=se, entries_per_warp=epw, max_warps=32,
                             topk_path=path)  # fmt: skip
             launch = replace(base, table=table)
