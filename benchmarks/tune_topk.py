@@ -1,12 +1,13 @@
 """The indexer's top-k selection (``fp8mla.dsa`` two-pass path, its second pass) timed over its
 table's knobs on a GPU: the path (``topk_path``: the levels, or the histogram threshold and
 one gathering program a row), the candidates one program selects from (``select_entries``:
-the first level's chunk and a merge's input, so the number of levels) and the warps such a
-program takes (``entries_per_warp``), every variant checked against ``topk_reference`` on the same
+the first level's chunk and a merge's input, so the number of levels), the warps such a
+program takes (``entries_per_warp``) and how it finds its k-th key (``radix_bits``: 0, two
+bits a step; 5 or 8, a histogram of that many bits a step), every variant checked against ``topk_reference`` on the same
 logits (the positions must be equal: the selection is exact, ties to the lower position).
 
     python benchmarks/tune_topk.py [--json OUT.json] [--reps 30] [--cases rows1_cols131072_k2048]
-                                   [--variants histogram:8192:16,levels:8192:16]
+                                   [--variants histogram:8192:16:0,levels:8192:16:8]
 
 Cases: one row of 131,072 positions (GLM-5 decode at 128K, one stream: latency-bound, one
 program per chunk) and 64 rows of 32,768 (DeepSeek-V3.2 decode, 64 streams), k = 2,048,
@@ -31,11 +32,19 @@ from fp8mla.dsa.indexer_reference import topk_reference
 
 CASES = [(1, 131072), (64, 32768)]  # (rows, positions a row)
 K = 2048
-# (path, select_entries, entries_per_warp): the levels with 32, 16, 8 and 4 warps a program
-# at each size, and the histogram path with 16 warps
-VARIANTS = [("histogram", 8192, 512)] + [
-    ("levels", se, se // w) for se in (8192, 16384) for w in (32, 16, 8, 4)
-]
+# (path, select_entries, entries_per_warp, radix_bits): the levels with 32, 16, 8 and 4 warps
+# a program at each size, the histogram path with 16 warps, and both at 16 warps with the
+# k-th key found by histogram steps
+VARIANTS = (
+    [("digits", c, c // w, 0) for c, w in ((4096, 8), (4096, 4), (2048, 4), (2048, 8), (8192, 8))]
+    + [("histogram", 8192, 512, rb) for rb in (0, 5, 8)]
+    + [("levels", 8192, 512, rb) for rb in (5, 8)]
+    + [("levels", se, se // w, 0) for se in (8192, 16384) for w in (32, 16, 8, 4)]
+)
+
+
+def variant_name(path: str, se: int, epw: int, rb: int) -> str:
+    return f"{path}:{se}:{se // epw}:{rb}"
 
 
 def main() -> int:
@@ -46,7 +55,7 @@ def main() -> int:
     ap.add_argument(
         "--variants",
         default=None,
-        help="comma-separated PATH:SELECT_ENTRIES:WARPS to run (default: all)",
+        help="comma-separated PATH:SELECT_ENTRIES:WARPS:RADIX_BITS to run (default: all)",
     )
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -55,9 +64,9 @@ def main() -> int:
     variants = VARIANTS
     if args.variants:
         wanted = set(args.variants.split(","))
-        variants = [v for v in VARIANTS if f"{v[0]}:{v[1]}:{v[1] // v[2]}" in wanted]
+        variants = [v for v in VARIANTS if variant_name(*v) in wanted]
         if not variants:
-            ap.error(f"--variants matches none of {[f'{p}:{s}:{s // e}' for p, s, e in VARIANTS]}")
+            ap.error(f"--variants matches none of {[variant_name(*v) for v in VARIANTS]}")
     for rows, cols in CASES:
         name = f"rows{rows}_cols{cols}_k{K}"
         if args.cases and name not in args.cases.split(","):
@@ -66,18 +75,29 @@ def main() -> int:
         logits = torch.randn(rows, cols, device=dev, generator=gen)
         lens = torch.full((rows,), cols, dtype=torch.int32, device=dev)
         want = topk_reference(logits, lens, K)
-        for path, se, epw in variants:
+        for path, se, epw, rb in variants:
             table = replace(base.table, select_entries=se, entries_per_warp=epw, max_warps=32,
-                            topk_path=path)  # fmt: skip
+                            topk_path=path, radix_bits=rb)  # fmt: skip
+            if path == "digits":  # select_entries / entries_per_warp name its chunk and warps
+                table = replace(table, digit_chunk=se, digit_warps=se // epw)
             launch = replace(base, table=table)
             plan = topk_plan(rows, cols, K, launch.sms, se)
-            warps = select_warps(plan.chunk, table)
+            warps = table.digit_warps if path == "digits" else select_warps(plan.chunk, table)
             out = torch.empty(rows, K, dtype=torch.int32, device=dev)
-            launches = 3 if path == "histogram" else 1 + len(plan.levels)
+            launches = {"histogram": 3, "digits": 5}.get(path, 1 + len(plan.levels))
             row = {"case": name, "path": path, "select_entries": se, "warps": warps,
+                   "radix_bits": rb,
                    "launches": launches, "gpu": torch.cuda.get_device_name()}  # fmt: skip
-            row["current"] = (path, se) == (base.table.topk_path, base.table.select_entries) and (
-                warps == select_warps(plan.chunk, base.table)
+            row["current"] = launch == base or (  # the knobs the table takes for this case
+                path == plan.path(base.table, rows, base.sms)
+                and table.radix_bits == base.table.radix_bits
+                and (
+                    (table.digit_chunk, table.digit_warps)
+                    == (base.table.digit_chunk, base.table.digit_warps)
+                    if path == "digits"
+                    else (se, warps)
+                    == (base.table.select_entries, select_warps(plan.chunk, base.table))
+                )
             )
             try:
                 call = partial(L.topk, logits, None, lens, K, out, launch)
@@ -98,8 +118,8 @@ def main() -> int:
             best = min(ok, key=lambda r: r["us"])
             now = f"{cur[0]['us']} us" if cur else "not measured"
             print(f"  {name}: best {best['us']} us ({best['path']}, select_entries "
-                  f"{best['select_entries']}, {best['warps']} warps, {best['launches']} "
-                  f"launches); current {now}")  # fmt: skip
+                  f"{best['select_entries']}, {best['warps']} warps, radix_bits {best['radix_bits']}, "
+                  f"{best['launches']} launches); current {now}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows_out, f, indent=1)

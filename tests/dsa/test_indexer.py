@@ -166,6 +166,52 @@ def test_topk_select_entries(select_entries, warps, rows, cols, k, ties):
     assert torch.equal(out.cpu(), R.topk_reference(logits, lengths, k))
 
 
+def test_topk_path_choice():
+    """ "auto" takes the digits where the levels' first grid would not fill the GPU's SMs
+    (one stream over a long context), the levels where it would; one-program rows and a
+    histogram path without room fall back to the levels; bad knobs are refused."""
+    from dataclasses import replace
+
+    from fp8mla.dsa.indexer_plan import INDEXER_TABLES
+
+    fp8 = INDEXER_TABLES["fp8"]
+    assert fp8.topk_path == "auto"
+    assert topk_plan(1, 131072, 2048, 132).path(fp8, 1, 132) == "digits"
+    assert topk_plan(64, 32768, 2048, 132).path(fp8, 64, 132) == "levels"
+    assert topk_plan(8, 4000, 2048, 132).path(fp8, 8, 132) == "levels"  # one program a row
+    hist = replace(fp8, topk_path="histogram", select_entries=4096)
+    assert topk_plan(1, 131072, 4096, 132, 4096).path(hist, 1, 132) == "levels"
+    for bad in ({"topk_path": "fast"}, {"radix_bits": 3}, {"digit_chunk": 3000},
+                {"digit_warps": 6}):  # fmt: skip
+        with pytest.raises(ValueError):
+            replace(fp8, **bad)
+
+
+@pytest.mark.skipif(not (HAS_CUDA or INTERPRETED), reason="runs the Triton kernels")
+@pytest.mark.parametrize("radix_bits", [5, 8])
+@pytest.mark.parametrize("path", ["levels", "histogram", "digits"])
+def test_topk_radix_steps(path, radix_bits):
+    """The k-th key found by histogram steps of ``radix_bits`` bits (``indexer_topk.
+    radix_kth_key``; the first step takes what is left of 32 bits): the same positions as
+    the reference through ties, NaN, infinities, -0, start columns and short rows."""
+    from dataclasses import replace
+
+    from fp8mla.dsa import indexer_launch as L
+
+    rows, cols, k = 3, 20000, 1000
+    logits = random_logits(rows, cols, radix_bits + 7, ties=False)
+    logits[0, ::3] = 0.25  # ties at and around the k-th key
+    logits[1, 5], logits[1, 7], logits[1, 100:300] = float("nan"), float("inf"), -0.0
+    logits[2, :50] = float("-inf")
+    starts = torch.tensor([0, 40, 7], dtype=torch.int32)
+    lengths = torch.tensor([cols, cols - 500, 800], dtype=torch.int32)  # row 2: under k keys
+    base = L.launch_for(torch.device(DEVICE))
+    launch = replace(base, table=replace(base.table, topk_path=path, radix_bits=radix_bits))
+    out = torch.empty(rows, k, dtype=torch.int32, device=DEVICE)
+    L.topk(logits.to(DEVICE), starts.to(DEVICE), lengths.to(DEVICE), k, out, launch)
+    assert torch.equal(out.cpu(), R.topk_reference(logits, lengths, k, starts))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_topk_starts_nan_signed_zero_and_empty_rows(backend):
     logits = random_logits(4, 200, 7)
@@ -309,11 +355,14 @@ HIST_CASES = [  # rows, cols, k, kind
 
 
 @pytest.mark.skipif(not (HAS_CUDA or INTERPRETED), reason="runs the Triton kernels")
+@pytest.mark.parametrize("path", ["histogram", "digits"])
 @pytest.mark.parametrize("rows,cols,k,kind", HIST_CASES)
-def test_topk_histogram_path(rows, cols, k, kind):
-    """The table's histogram path: a threshold from the row's histogram of key bits, each
-    chunk's keys above it, one gathering program a row; the positions and slots the levels
-    give, whatever the threshold's bin holds, with start columns and short rows."""
+def test_topk_histogram_path(path, rows, cols, k, kind):
+    """The table's histogram path (a threshold from the row's histogram of key bits, each
+    chunk's keys above it, one gathering program a row) and digits path (the k-th key's four
+    digits in a grid each over the chunks, then each chunk writes its share): the positions
+    and slots the levels give, whatever the threshold's bin holds (ties to the k-th key
+    across chunks), with start columns and short rows."""
     from dataclasses import replace
 
     from fp8mla.dsa import indexer_launch as L
@@ -334,8 +383,13 @@ def test_topk_histogram_path(rows, cols, k, kind):
     page, pages = 64, -(-cols // 64)
     table = torch.randperm(rows * pages, generator=g).to(torch.int32).view(rows, pages)
     base = L.launch_for(torch.device(DEVICE))
-    launch = replace(base, table=replace(base.table, topk_path="histogram"))
-    assert topk_plan(rows, cols, k, launch.sms).histogram_serves(launch.table.select_entries)
+    launch = replace(base, table=replace(base.table, topk_path=path))
+    plan = topk_plan(rows, cols, k, launch.sms)
+    assert (
+        plan.histogram_serves(launch.table.select_entries)
+        if path == "histogram"
+        else (not plan.single)
+    )
     out = torch.empty(rows, k, dtype=torch.int32, device=DEVICE)
     slots = torch.empty_like(out)
     s = L.Slots(slots, table.to(DEVICE), 1, page, rows * pages)

@@ -36,7 +36,9 @@ SLOTS = f"{PORTABLE}.indexer_topk:_to_slots_kernel"
 HIST = f"{PORTABLE}.indexer_topk:_topk_hist_kernel"
 PRUNE = f"{PORTABLE}.indexer_topk:_topk_prune_kernel"
 GATHER = f"{PORTABLE}.indexer_topk:_topk_gather_kernel"
+DIGIT = f"{PORTABLE}.indexer_topk:_topk_digit_kernel"
 TOPK = 2048
+RADIX_CHECK = 8  # the histogram steps' build compiled beside each table's own
 DOT_MODES = {"fp8": 0, "fp16": 1, "fp32": 2}
 
 
@@ -65,6 +67,7 @@ def indexer_builds(target: Target) -> list[tuple[str, Build, str]]:
     tile = table.logits
     builds: list[tuple[str, Build, str]] = []
     native = target.backend == "cuda" and int(target.arch) >= 89
+    radix = table.radix_bits
     for rows, ptr, kind in (("bf16", "u16", 0), ("fp16", "fp16", 1), ("fp32", "fp32", 2)):
         for pow2 in (True, False):
             consts = (("PAGE_SIZE", 64), ("IN_KIND", kind), ("POW2", pow2),
@@ -82,7 +85,7 @@ def indexer_builds(target: Target) -> list[tuple[str, Build, str]]:
             build = Build(PAGED, paged_ptrs + (("out_ptr", "fp32"),), tuple(consts.items()),
                           warps, tile.num_stages)  # fmt: skip
             builds.append((f"paged {tile.name} next_n {next_n} H{heads}", build, ""))
-            fused = dict(consts, CAP=pow2_at_least(TOPK + tile.block_n))
+            fused = dict(consts, CAP=pow2_at_least(TOPK + tile.block_n), RADIX_BITS=radix)
             ptrs = paged_ptrs + (("pos_ptr", "i32"), ("key_ptr", "i32"), ("count_ptr", "i32"))
             build = Build(FUSED, ptrs, tuple(fused.items()), table.fused_warps, tile.num_stages)
             builds.append((f"fused {tile.name} next_n {next_n} H{heads} k{TOPK}", build, ""))
@@ -99,18 +102,22 @@ def indexer_builds(target: Target) -> list[tuple[str, Build, str]]:
     topk_ptrs = (("logits_ptr", "fp32"), ("start_ptr", "i32"), ("end_ptr", "i32"),
                  ("out_ptr", "i32"), ("key_ptr", "i32"), ("count_ptr", "i32"),
                  ("slot_ptr", "i32"), ("bt_ptr", "i32"))  # fmt: skip
-    for chunk, final in ((SELECT_ENTRIES, True), (2 * TOPK, False)):
+    # the chunk kernel also with the k-th key found by 8-bit histogram steps (radix_bits 8:
+    # 256 bins, a multiple of 32- and 64-lane warps), which the tables may choose
+    for chunk, final, rb in ((SELECT_ENTRIES, True, radix), (2 * TOPK, False, radix),
+                             (SELECT_ENTRIES, False, RADIX_CHECK)):  # fmt: skip
         consts = (("HAS_START", not final), ("CHUNK", chunk), ("KP", TOPK), ("FINAL", final),
-                  ("WRITE_SLOTS", final), ("PAGE_SIZE", 64))  # fmt: skip
+                  ("WRITE_SLOTS", final), ("PAGE_SIZE", 64), ("RADIX_BITS", rb))  # fmt: skip
         build = Build(CHUNK, topk_ptrs, consts, select_warps(chunk, table))
-        builds.append((f"topk chunk {chunk}{' final+slots' if final else ''} k{TOPK}", build, ""))
+        label = f"topk chunk {chunk}{' final+slots' if final else ''} k{TOPK}"
+        builds.append((label + (f" radix {rb}" if rb else ""), build, ""))
     merge_ptrs = (("in_pos_ptr", "i32"), ("in_key_ptr", "i32"), ("in_count_ptr", "i32"),
                   ("out_ptr", "i32"), ("key_ptr", "i32"), ("count_ptr", "i32"),
                   ("slot_ptr", "i32"), ("bt_ptr", "i32"))  # fmt: skip
     group = SELECT_ENTRIES // TOPK
     for final in (True, False):
         consts = (("G", group), ("CAPR", TOPK), ("KP", TOPK), ("FINAL", final),
-                  ("WRITE_SLOTS", final), ("PAGE_SIZE", 64))  # fmt: skip
+                  ("WRITE_SLOTS", final), ("PAGE_SIZE", 64), ("RADIX_BITS", radix))  # fmt: skip
         build = Build(MERGE, merge_ptrs, consts, select_warps(group * TOPK, table))
         label = f"topk merge {group}x{TOPK}{' final+slots' if final else ''}"
         builds.append((label, build, ""))
@@ -122,15 +129,27 @@ def indexer_builds(target: Target) -> list[tuple[str, Build, str]]:
     builds.append((f"topk histogram {SELECT_ENTRIES}", Build(HIST, hist_ptrs, consts, warps), ""))
     prune_ptrs = hist_ptrs + (("out_ptr", "i32"), ("key_ptr", "i32"), ("count_ptr", "i32"))
     consts = (("HAS_START", False), ("CHUNK", SELECT_ENTRIES), ("KP", TOPK),
-              ("NB_BITS", HIST_BITS))  # fmt: skip
+              ("NB_BITS", HIST_BITS), ("RADIX_BITS", radix))  # fmt: skip
     build = Build(PRUNE, prune_ptrs, consts, warps)
     builds.append((f"topk prune {SELECT_ENTRIES} k{TOPK}", build, ""))
     gather_ptrs = (("in_pos_ptr", "i32"), ("in_key_ptr", "i32"), ("in_count_ptr", "i32"),
                    ("stage_pos_ptr", "i32"), ("stage_key_ptr", "i32"), ("out_ptr", "i32"),
                    ("slot_ptr", "i32"), ("bt_ptr", "i32"))  # fmt: skip
-    consts = (("KP", TOPK), ("STAGE", SELECT_ENTRIES), ("WRITE_SLOTS", True), ("PAGE_SIZE", 64))
+    consts = (("KP", TOPK), ("STAGE", SELECT_ENTRIES), ("WRITE_SLOTS", True), ("PAGE_SIZE", 64),
+              ("RADIX_BITS", radix))  # fmt: skip
     build = Build(GATHER, gather_ptrs, consts, warps)
     builds.append((f"topk gather {SELECT_ENTRIES} k{TOPK} final+slots", build, ""))
+    # the digits path (IndexerTable.topk_path): the table's chunks, 131,072 columns a row
+    chunks = pow2_at_least(131072 // table.digit_chunk)
+    digit_ptrs = (("logits_ptr", "fp32"), ("start_ptr", "i32"), ("end_ptr", "i32"),
+                  ("hist_ptr", "i32"), ("above_ptr", "i32"), ("out_ptr", "i32"),
+                  ("slot_ptr", "i32"), ("bt_ptr", "i32"))  # fmt: skip
+    for p in (0, 3, 4):
+        consts = (("HAS_START", False), ("CHUNK", table.digit_chunk), ("CP", chunks),
+                  ("KP", TOPK), ("PASS", p), ("WRITE_SLOTS", p == 4), ("PAGE_SIZE", 64))  # fmt: skip
+        label = f"topk digits pass {p} {table.digit_chunk}x{chunks}"
+        label += f" k{TOPK} final+slots" if p == 4 else ""
+        builds.append((label, Build(DIGIT, digit_ptrs, consts, table.digit_warps), ""))
     ptrs = (("pos_ptr", "i32"), ("req_ptr", "i32"), ("bt_ptr", "i32"), ("out_ptr", "i32"))
     consts = (("HAS_REQ", True), ("PAGE_SIZE", 64), ("BLOCK", 1024))
     builds.append(("to_slots", Build(SLOTS, ptrs, consts, 4), ""))

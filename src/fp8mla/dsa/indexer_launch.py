@@ -154,7 +154,8 @@ def _merge(pos, keys, counts, regions, stride, capr, k, kp, group, levels, out, 
             out.stride(0), s.block_table.stride(0) if s else 0, s.rows_per_request if s else 1,
             regions, stride, s.num_pages if s else 0, k,
             G=g, CAPR=capr, KP=kp, FINAL=final, WRITE_SLOTS=s is not None,
-            PAGE_SIZE=s.page_size if s else 1, num_warps=select_warps(g * capr, launch.table),
+            PAGE_SIZE=s.page_size if s else 1, RADIX_BITS=launch.table.radix_bits,
+            num_warps=select_warps(g * capr, launch.table),
         )  # fmt: skip
         pos, keys, counts, regions, stride, capr = o, key_o, cnt_o, groups, kp, kp
 
@@ -175,8 +176,12 @@ def topk(
     select = launch.table.select_entries
     plan = topk_plan(rows, cols, k, launch.sms, select)
     dev = logits.device
-    if launch.table.topk_path == "histogram" and plan.histogram_serves(select):
+    path = plan.path(launch.table, rows, launch.sms)
+    if path == "histogram":
         _histogram_topk(logits, starts, ends, k, out, launch, plan, slots)
+        return
+    if path == "digits":
+        _digits_topk(logits, starts, ends, k, out, launch, slots)
         return
     if plan.single:
         pos, keys, counts = out, out, ends  # unused pointers of the FINAL build
@@ -192,11 +197,38 @@ def topk(
         s.rows_per_request if s else 1, cols, s.num_pages if s else 0, k,
         HAS_START=starts is not None, CHUNK=plan.chunk, KP=plan.kp, FINAL=plan.single,
         WRITE_SLOTS=s is not None, PAGE_SIZE=s.page_size if s else 1,
+        RADIX_BITS=launch.table.radix_bits,
         num_warps=select_warps(plan.chunk, launch.table),
     )  # fmt: skip
     if not plan.single:
         _merge(pos, keys, counts, plan.regions, plan.kp, plan.kp, k, plan.kp, plan.group,
                plan.levels, out, slots, launch)  # fmt: skip
+
+
+def _digits_topk(logits, starts, ends, k, out, launch, slots) -> None:
+    """The digits path of :func:`topk` (``kernels/portable/indexer_topk.py``): five grids
+    over the row's chunks of ``digit_chunk`` columns, the k-th key's four digits and then
+    the output."""
+    from fp8mla.kernels.portable.indexer_topk import DIGITS, _topk_digit_kernel
+
+    rows, cols = logits.shape
+    dev = logits.device
+    chunk = launch.table.digit_chunk
+    chunks = -(-cols // chunk)
+    hist = torch.empty(rows, chunks, DIGITS, 256, dtype=torch.int32, device=dev)
+    above = torch.empty(rows, chunks, DIGITS, dtype=torch.int32, device=dev)
+    start = starts if starts is not None else ends
+    s = slots
+    for p in range(DIGITS + 1):
+        _topk_digit_kernel[(chunks, rows)](
+            logits, start, ends, hist, above, out, s.out if s else out,
+            s.block_table if s else ends, logits.stride(0), out.stride(0),
+            s.block_table.stride(0) if s else 0, s.rows_per_request if s else 1, cols,
+            s.num_pages if s else 0, k,
+            HAS_START=starts is not None, CHUNK=chunk, CP=pow2_at_least(chunks),
+            KP=pow2_at_least(k, 16), PASS=p, WRITE_SLOTS=s is not None,
+            PAGE_SIZE=s.page_size if s else 1, num_warps=launch.table.digit_warps,
+        )  # fmt: skip
 
 
 def _histogram_topk(logits, starts, ends, k, out, launch, plan, slots) -> None:
@@ -228,6 +260,7 @@ def _histogram_topk(logits, starts, ends, k, out, launch, plan, slots) -> None:
     _topk_prune_kernel[grid](
         logits, start, ends, hist, pos, keys, counts, logits.stride(0), cols, k,
         HAS_START=starts is not None, CHUNK=plan.chunk, KP=plan.kp, NB_BITS=HIST_BITS,
+        RADIX_BITS=launch.table.radix_bits,
         num_warps=warps,
     )  # fmt: skip
     s = slots
@@ -236,7 +269,8 @@ def _histogram_topk(logits, starts, ends, k, out, launch, plan, slots) -> None:
         s.block_table if s else counts, out.stride(0), s.block_table.stride(0) if s else 0,
         s.rows_per_request if s else 1, plan.regions, s.num_pages if s else 0, k,
         KP=plan.kp, STAGE=stage, WRITE_SLOTS=s is not None,
-        PAGE_SIZE=s.page_size if s else 1, num_warps=select_warps(stage, launch.table),
+        PAGE_SIZE=s.page_size if s else 1, RADIX_BITS=launch.table.radix_bits,
+        num_warps=select_warps(stage, launch.table),
     )  # fmt: skip
 
 
@@ -269,7 +303,8 @@ def fused_topk(
         view.page_stride, view.num_pages, heads, max_context_len, plan.chunk, k,
         PAGE_SIZE=view.page_size, NEXT_N=next_n, NP=np_, HP=_head_pad(heads, np_),
         BLOCK_N=tile.block_n, DOT=launch.dot, FP8_CVT=launch.fp8_cvt,
-        DECODE_SCALE=launch.decode_scale, CAP=plan.cap, num_warps=launch.table.fused_warps,
+        DECODE_SCALE=launch.decode_scale, CAP=plan.cap, RADIX_BITS=launch.table.radix_bits,
+        num_warps=launch.table.fused_warps,
         num_stages=tile.num_stages,
     )  # fmt: skip
     levels = plan.levels or (1,)

@@ -36,6 +36,9 @@ class LogitsTile:
         return f"{self.block_n} keys {self.dot} w{self.num_warps}s{self.num_stages}"
 
 
+TOPK_PATHS = ("levels", "histogram", "digits", "auto")
+
+
 @dataclass(frozen=True)
 class IndexerTable:
     """One target family's choices: the logits tile, the fused kernel's warps (its candidate
@@ -49,18 +52,40 @@ class IndexerTable:
     max_warps: int
     select_entries: int = SELECT_ENTRIES
     # rows longer than one program's candidates: "levels" (chunks' exact top-k, merged level by
-    # level) or "histogram" (a threshold from the row's histogram of key bits, then one
-    # selection over the keys above it; kernels/portable/indexer_topk.py)
+    # level), "histogram" (a threshold from the row's histogram of key bits, then one
+    # selection over the keys above it), "digits" (the k-th key's four 8-bit digits, a grid
+    # each over the row's chunks of digit_chunk columns, digit_warps warps a program, then
+    # each chunk writes its share; all in kernels/portable/indexer_topk.py) or "auto" (the
+    # digits where the levels' first grid has fewer programs than the GPU has SMs: its later
+    # levels have fewer still, each a long selection; else the levels)
     topk_path: str = "levels"
+    # how a top-k program finds its k-th key (kernels/portable/indexer_topk.kth_key): 0, two
+    # bits a step (16 block-wide sums); else this many bits a step (a block-wide histogram of
+    # 2^radix_bits bins each, which must be a multiple of the warp's lanes: >= 5 on 32-lane
+    # warps, >= 6 on 64-lane)
+    radix_bits: int = 0
+    digit_chunk: int = 4096
+    digit_warps: int = 8
+
+    def __post_init__(self) -> None:
+        if self.topk_path not in TOPK_PATHS:
+            raise ValueError(f"topk_path {self.topk_path!r}: one of {TOPK_PATHS}")
+        if self.radix_bits != 0 and not 5 <= self.radix_bits <= 11:
+            raise ValueError(f"radix_bits {self.radix_bits}: 0, or 5 to 11 bits a step")
+        for name in ("digit_chunk", "digit_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name} {v}: a power of two")
 
 
 # Compiled for every target (docs/compile_matrix.md has the report). On the H200 the "fp8"
-# table's top-k choices (8,192 candidates, 16 warps a program) were timed against the other
-# sizes and warp counts and kept (docs/design/indexer.md); its logits tile was not swept.
+# table's top-k choices (8,192 candidates, 16 warps a program, the k-th key by 5-bit
+# histogram steps) were timed against the other sizes, warp counts and steps and kept
+# (docs/design/indexer.md); its logits tile was not swept.
 # 64 keys a step is one page of the engines' caches.
 INDEXER_TABLES: dict[str, IndexerTable] = {
     # SM89+ (e4m3 tensor-core dots): SM90/SM100 lower the dot to wgmma
-    "fp8": IndexerTable(LogitsTile(64, 4, 3, "fp8"), 8, 512, 16),
+    "fp8": IndexerTable(LogitsTile(64, 4, 3, "fp8"), 8, 512, 16, topk_path="auto", radix_bits=5),
     # SM80/86: no FP8 instructions, fp16 decoded by bit moves (inline PTX)
     "fp16": IndexerTable(LogitsTile(64, 4, 3, "fp16"), 8, 512, 16),
     # CDNA (wave64): the same bit moves in Triton integer ops
@@ -133,6 +158,17 @@ class TopkPlan:
     def single(self) -> bool:
         """One program a row writes the output: no merge."""
         return self.regions == 1
+
+    def path(self, table: IndexerTable, rows: int, sms: int) -> str:
+        """The top-k path ``table`` takes for this plan of ``rows`` rows (rows of one program
+        take the levels' single grid whatever the table says)."""
+        if self.single:
+            return "levels"
+        if table.topk_path == "auto":
+            return "digits" if rows * self.regions < sms else "levels"
+        if table.topk_path == "histogram" and not self.histogram_serves(table.select_entries):
+            return "levels"
+        return table.topk_path
 
     def histogram_serves(self, select_entries: int) -> bool:
         """Whether the histogram path takes this plan: more than one chunk, and room in its

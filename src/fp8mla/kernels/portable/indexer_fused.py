@@ -68,6 +68,7 @@ def _paged_topk_kernel(
     FP8_CVT: tl.constexpr,
     DECODE_SCALE: tl.constexpr,
     CAP: tl.constexpr,  # list capacity: k + BLOCK_N rounded up to a power of two
+    RADIX_BITS: tl.constexpr,  # the selection's steps (indexer_topk.kth_key)
 ):
     pid_c = tl.program_id(0)
     b = tl.program_id(1)
@@ -109,7 +110,7 @@ def _paged_topk_kernel(
             size_i = tl.sum(tl.where(r == i, size, 0), axis=0)
             if size_i > CAP - BLOCK_N:
                 base_i = tl.sum(tl.where(r == i, base, 0), axis=0)
-                kth, kept = shrink_list(pos_ptr, key_ptr, base_i, size_i, k, CAP)
+                kth, kept = shrink_list(pos_ptr, key_ptr, base_i, size_i, k, CAP, RADIX_BITS)
                 theta = tl.where(r == i, kth, theta)
                 size = tl.where(r == i, kept, size)
     # -- each list to its top k --
@@ -117,6 +118,6 @@ def _paged_topk_kernel(
         size_i = tl.sum(tl.where(r == i, size, 0), axis=0)
         if size_i > k:
             base_i = tl.sum(tl.where(r == i, base, 0), axis=0)
-            _, kept = shrink_list(pos_ptr, key_ptr, base_i, size_i, k, CAP)
+            _, kept = shrink_list(pos_ptr, key_ptr, base_i, size_i, k, CAP, RADIX_BITS)
             size = tl.where(r == i, kept, size)
     tl.store(count_ptr + (b * NEXT_N + r) * chunks + pid_c, size, mask=row_ok)

@@ -4,11 +4,13 @@ values, the lower position first among equal values, listed in ascending positio
 
 Values compare as 32-bit keys that order like the floats (``order_key``: -0 as +0, NaN above
 +inf). A block of candidates held in registers is selected in one go (``select_top``): the
-k-th largest key is found two bits at a time from the top -- 16 block-wide sums, each
-counting the keys at or above three candidate thresholds -- then every key above it is taken, and of the keys equal to it the first
-ones in order until ``k``; a prefix sum over the chosen ones gives each its place, so the
-order of the candidates is kept. A block holds at most 2^21 - 1 candidates (``kth_key``'s
-counts).
+k-th largest key is found from the top bits down (``kth_key``) -- two bits a step, 16
+block-wide sums each counting the keys at or above three candidate thresholds
+(``RADIX_BITS`` 0), or ``RADIX_BITS`` bits a step, one block-wide histogram of the next
+digit of the keys that share the bits found so far -- then every key above it is taken, and
+of the keys equal to it the first ones in order until ``k``; a prefix sum over the chosen
+ones gives each its place, so the order of the candidates is kept. A block holds at most
+2^21 - 1 candidates (the two-bit steps' packed counts).
 
 A long row is cut into chunks (``_topk_chunk_kernel``): each program keeps its chunk's own
 top-k -- a superset of the row's top-k within the chunk -- as a list of (key, position) in
@@ -33,10 +35,13 @@ def order_key(x):
 
 
 @triton.jit
-def kth_key(keys, live, k):
+def kth_key(keys, live, k, RADIX_BITS: tl.constexpr):
     """The largest threshold ``T`` with at least ``k`` live keys ``>= T`` (0 when fewer than
-    ``k`` keys live: every key is then above it), found two bits a step from the top: the
-    counts at the step's three candidate thresholds ride in one 64-bit sum (21 bits each)."""
+    ``k`` keys live: every key is then above it), found from the top bits down: two bits a
+    step, the counts at the step's three candidate thresholds riding in one 64-bit sum (21
+    bits each), when ``RADIX_BITS`` is 0; else ``radix_kth_key``."""
+    if RADIX_BITS > 0:
+        return radix_kth_key(keys, live, k, RADIX_BITS)
     t = tl.zeros([], tl.uint32)
     field = (1 << 21) - 1
     for i in tl.static_range(16):
@@ -54,10 +59,38 @@ def kth_key(keys, live, k):
 
 
 @triton.jit
-def select_top(keys, live, k):
+def radix_kth_key(keys, live, k, BITS: tl.constexpr):
+    """``kth_key`` one ``BITS``-bit digit a step from the top (the first step takes what is
+    left of 32 bits): a block-wide histogram (``tl.histogram``, ``2^BITS`` bins, a multiple of
+    the warp's lanes) of the digit over the live keys whose higher bits equal the threshold's
+    so far; the step's digit is the largest whose bin and the bins above it hold the keys
+    still needed."""
+    NB: tl.constexpr = 1 << BITS
+    STEPS: tl.constexpr = (32 + BITS - 1) // BITS
+    d = tl.arange(0, NB)
+    t = tl.zeros([], tl.uint32)
+    need = k + tl.zeros([], tl.int32)
+    total = tl.sum(live.to(tl.int32), axis=0)
+    for i in tl.static_range(STEPS):
+        shift = (STEPS - 1 - i) * BITS
+        if i == 0:
+            match = live
+        else:  # the higher bits, shift + BITS <= 32 - (the first step's bits) < 32
+            match = live & ((keys >> (shift + BITS)) == (t >> (shift + BITS)))
+        digit = ((keys >> shift) & (NB - 1)).to(tl.int32)
+        h = tl.histogram(digit, NB, mask=match)
+        at_or_above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
+        best = tl.max(tl.where(at_or_above >= need, d, 0), axis=0)
+        need -= tl.sum(tl.where(d > best, h, 0), axis=0)
+        t = t | (best.to(tl.uint32) << shift)
+    return tl.where(total >= k, t, 0)
+
+
+@triton.jit
+def select_top(keys, live, k, RADIX_BITS: tl.constexpr):
     """The top ``k`` of the 1-D ``keys`` where ``live``, the earlier entry first among equal
     keys: ``(chosen mask, place of each chosen entry in order, how many, the k-th key)``."""
-    t = kth_key(keys, live, k)
+    t = kth_key(keys, live, k, RADIX_BITS)
     above = live & (keys > t)
     tie = (live & (keys == t)).to(tl.int32)
     need = k - tl.sum(above.to(tl.int32), axis=0)
@@ -69,7 +102,7 @@ def select_top(keys, live, k):
 
 
 @triton.jit
-def shrink_list(pos_ptr, key_ptr, base, size, k, CAP: tl.constexpr):
+def shrink_list(pos_ptr, key_ptr, base, size, k, CAP: tl.constexpr, RADIX_BITS: tl.constexpr):
     """Compact the list of ``size`` entries at ``base`` to its top ``k`` in place; returns the
     k-th key and the new size. Barriers order the list's stores and loads across threads."""
     tl.debug_barrier()
@@ -77,7 +110,7 @@ def shrink_list(pos_ptr, key_ptr, base, size, k, CAP: tl.constexpr):
     live = j < size
     keys = tl.load(key_ptr + base + j, mask=live, other=0).to(tl.uint32, bitcast=True)
     pos = tl.load(pos_ptr + base + j, mask=live, other=0)
-    chosen, place, count, kth = select_top(keys, live, k)
+    chosen, place, count, kth = select_top(keys, live, k, RADIX_BITS)
     tl.debug_barrier()
     tl.store(key_ptr + base + place, keys.to(tl.int32, bitcast=True), mask=chosen)
     tl.store(pos_ptr + base + place, pos, mask=chosen)
@@ -158,13 +191,14 @@ def _topk_chunk_kernel(
     FINAL: tl.constexpr,  # one chunk a row: write the row's output
     WRITE_SLOTS: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    RADIX_BITS: tl.constexpr,  # kth_key's steps
 ):
     c = tl.program_id(0)
     row = tl.program_id(1)
     chunks = tl.num_programs(0)
     rel, live, keys = chunk_keys(logits_ptr, start_ptr, end_ptr, row, c, stride_l_row,
                                  num_cols, HAS_START, CHUNK)  # fmt: skip
-    chosen, place, count, _ = select_top(keys, live, k)
+    chosen, place, count, _ = select_top(keys, live, k, RADIX_BITS)
 
     # -- the row's output, or the chunk's region --
     if FINAL:
@@ -203,6 +237,7 @@ def _topk_merge_kernel(
     FINAL: tl.constexpr,
     WRITE_SLOTS: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
 ):
     g = tl.program_id(0)
     row = tl.program_id(1)
@@ -219,7 +254,7 @@ def _topk_merge_kernel(
     keys = tl.reshape(keys, [G * CAPR])
     pos = tl.reshape(tl.load(in_pos_ptr + at, mask=live, other=0), [G * CAPR])
     live = tl.reshape(live, [G * CAPR])
-    chosen, place, count, _ = select_top(keys, live, k)
+    chosen, place, count, _ = select_top(keys, live, k, RADIX_BITS)
 
     if FINAL:
         out_row = out_ptr + row.to(tl.int64) * stride_out_row
@@ -275,6 +310,7 @@ def _topk_prune_kernel(
     CHUNK: tl.constexpr,
     KP: tl.constexpr,
     NB_BITS: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
 ):
     """The histogram path's second grid: each chunk keeps its keys at or above the row's
     threshold key (``threshold_key``), or of those its own top ``k`` where more are: a
@@ -289,7 +325,7 @@ def _topk_prune_kernel(
     chosen = live & (keys >= floor)
     n = tl.sum(chosen.to(tl.int32), axis=0)
     if n > k:
-        chosen, place, n, _ = select_top(keys, chosen, k)
+        chosen, place, n, _ = select_top(keys, chosen, k, RADIX_BITS)
     else:
         place = tl.cumsum(chosen.to(tl.int32), axis=0) - chosen.to(tl.int32)
     region = (row * chunks + c).to(tl.int64) * KP
@@ -318,6 +354,7 @@ def _topk_gather_kernel(
     STAGE: tl.constexpr,  # staged entries one selection takes, >= 2 * KP
     WRITE_SLOTS: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
 ):
     """The histogram path's last grid, one program a row: the regions appended in order to a
     staging list, which is cut to its top ``k`` (``shrink_list``) whenever the next region
@@ -331,7 +368,7 @@ def _topk_gather_kernel(
     for r in range(regions):
         size = tl.load(in_count_ptr + row * regions + r)
         if n + size > STAGE:
-            _, n = shrink_list(stage_pos_ptr, stage_key_ptr, base, n, k, STAGE)
+            _, n = shrink_list(stage_pos_ptr, stage_key_ptr, base, n, k, STAGE, RADIX_BITS)
         at = (row * regions + r).to(tl.int64) * KP + j
         has = j < size
         tl.store(stage_key_ptr + base + n + j, tl.load(in_key_ptr + at, mask=has), mask=has)
@@ -339,7 +376,7 @@ def _topk_gather_kernel(
         n += size
     # the list's top k, in position order at its front (one selection code path, so that the
     # program holds one list's worth of registers), then the row's output from it
-    _, n = shrink_list(stage_pos_ptr, stage_key_ptr, base, n, k, STAGE)
+    _, n = shrink_list(stage_pos_ptr, stage_key_ptr, base, n, k, STAGE, RADIX_BITS)
     kept = j < n
     pos = tl.load(stage_pos_ptr + base + j, mask=kept, other=0)
     out_row = out_ptr + row.to(tl.int64) * stride_out_row
@@ -382,3 +419,124 @@ def _to_slots_kernel(
     ok = ok & (page >= 0) & (page < num_pages)
     slot = tl.where(ok, page * PAGE_SIZE + (pos - slot_page * PAGE_SIZE), NEG_ONE)
     tl.store(out_ptr + t.to(tl.int64) * stride_out_t + j, slot, mask=in_row)
+
+
+# -- the digits path: the row's exact k-th key in four 8-bit digits, one grid each ---------
+DIGIT_BITS = tl.constexpr(8)
+DIGIT_BINS = tl.constexpr(256)
+DIGITS = tl.constexpr(4)
+
+
+@triton.jit
+def row_digits(hist_ptr, row, chunks, k, FOUND: tl.constexpr, CP: tl.constexpr):
+    """The first ``FOUND`` 8-bit digits of the row's k-th largest key, from its chunks'
+    histograms (``hist [rows, chunks, DIGITS, 256]``: chunk ``c``'s counts of digit ``j`` over
+    its keys that share digits ``0..j-1`` with the k-th key): ``(the digits as the key's top
+    bits, the keys still needed among those sharing them, the row's live keys)``."""
+    c = tl.arange(0, CP)
+    d = tl.arange(0, DIGIT_BINS)
+    t = tl.zeros([], tl.uint32)
+    need = k + tl.zeros([], tl.int32)
+    total = tl.zeros([], tl.int32)
+    for j in tl.static_range(FOUND):
+        at = ((row * chunks + c) * DIGITS + j).to(tl.int64)[:, None] * DIGIT_BINS + d[None, :]
+        h = tl.sum(tl.load(hist_ptr + at, mask=(c < chunks)[:, None], other=0), axis=0)
+        if j == 0:
+            total = tl.sum(h, axis=0)
+        at_or_above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
+        b = tl.max(tl.where(at_or_above >= need, d, 0), axis=0)
+        need -= tl.sum(tl.where(d > b, h, 0), axis=0)
+        t = t | (b.to(tl.uint32) << (24 - 8 * j))
+    return t, need, total
+
+
+@triton.jit
+def shares_digits(keys, live, t, FOUND: tl.constexpr):
+    """Live keys whose first ``FOUND`` digits are those of ``t``."""
+    if FOUND == 0:
+        return live
+    else:
+        return live & ((keys >> (32 - 8 * FOUND)) == (t >> (32 - 8 * FOUND)))
+
+
+@triton.jit(do_not_specialize=["k", "num_cols", "num_pages"])
+def _topk_digit_kernel(
+    logits_ptr,  # [rows, L] float32
+    start_ptr,  # [rows] int32 first column of each row (HAS_START)
+    end_ptr,  # [rows] int32 one past its last column
+    hist_ptr,  # [rows, chunks, DIGITS, 256] int32 digit histograms (written by passes 0-3)
+    above_ptr,  # [rows, chunks, DIGITS] int32 keys above each found digit (passes 1-3)
+    out_ptr,  # [rows, k] int32 positions (pass 4)
+    slot_ptr,  # [rows, k] int32 cache slots (pass 4 with WRITE_SLOTS)
+    bt_ptr,  # [B, max_pages] int32 block table (WRITE_SLOTS)
+    stride_l_row,
+    stride_out_row,
+    stride_bt_b,
+    rows_per_request,
+    num_cols,
+    num_pages,
+    k,
+    HAS_START: tl.constexpr,
+    CHUNK: tl.constexpr,  # columns per program, a power of two
+    CP: tl.constexpr,  # chunks a row, rounded up to a power of two
+    KP: tl.constexpr,  # k rounded up to a power of two
+    PASS: tl.constexpr,  # 0-3: histogram digit PASS; 4: write the row's output
+    WRITE_SLOTS: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    """The digits path of the top-k, one grid per ``PASS`` over the same chunks (a program
+    each). Passes 0-3: from the histograms of the passes before, the k-th key's first
+    ``PASS`` digits; the chunk's count of keys that share the digits before the last one
+    found and lie above it (``above``), and its histogram of digit ``PASS`` over the keys
+    that share all found digits. Pass 4: the k-th key ``T`` whole; the chunk takes its keys
+    above ``T`` and, of its keys equal to ``T``, those still needed after the earlier chunks'
+    (the earlier position first), and writes them in position order after the earlier
+    chunks' choices, whose counts the ``above`` counts and the last histograms give."""
+    c = tl.program_id(0)
+    row = tl.program_id(1)
+    chunks = tl.num_programs(0)
+    rel, live, keys = chunk_keys(logits_ptr, start_ptr, end_ptr, row, c, stride_l_row,
+                                 num_cols, HAS_START, CHUNK)  # fmt: skip
+    t, need, total = row_digits(hist_ptr, row, chunks, k, PASS, CP)
+    here = (row * chunks + c).to(tl.int64) * DIGITS
+    if PASS > 0 and PASS < DIGITS:  # own keys above the last digit found, of those sharing
+        # the ones before
+        s = 32 - 8 * PASS
+        share = shares_digits(keys, live, t, PASS - 1)
+        up = share & (((keys >> s) & 0xFF) > ((t >> s) & 0xFF))
+        tl.store(above_ptr + here + PASS - 1, tl.sum(up.to(tl.int32), axis=0))
+    if PASS < DIGITS:
+        share = shares_digits(keys, live, t, PASS)
+        digit = ((keys >> (24 - 8 * PASS)) & 0xFF).to(tl.int32)
+        h = tl.histogram(digit, DIGIT_BINS, mask=share)
+        tl.store(hist_ptr + (here + PASS) * DIGIT_BINS + tl.arange(0, DIGIT_BINS), h)
+    else:
+        # the earlier chunks' choices: their keys above T (digit by digit) and equal to it
+        cc = tl.arange(0, CP)
+        d = tl.arange(0, DIGIT_BINS)
+        earlier = cc < c
+        first = (row * chunks + cc).to(tl.int64) * DIGITS
+        a = tl.load(
+            above_ptr + first[:, None] + tl.arange(0, 4)[None, :],
+            mask=earlier[:, None] & (tl.arange(0, 4)[None, :] < DIGITS - 1),
+            other=0,
+        )
+        h3 = tl.load(hist_ptr + (first + DIGITS - 1)[:, None] * DIGIT_BINS + d[None, :],
+                     mask=earlier[:, None], other=0)  # fmt: skip
+        b3 = (t & 0xFF).to(tl.int32)
+        above_before = tl.sum(tl.sum(a, axis=1), axis=0)
+        above_before += tl.sum(tl.sum(tl.where(d[None, :] > b3, h3, 0), axis=1), axis=0)
+        ties_before = tl.sum(tl.sum(tl.where(d[None, :] == b3, h3, 0), axis=1), axis=0)
+        few = total < k  # every live key is chosen, the earlier chunks' all live
+        base = tl.where(few, c * CHUNK, above_before + tl.minimum(ties_before, need))
+        tie = (live & (keys == t) & (total >= k)).to(tl.int32)
+        tie_rank = ties_before + tl.cumsum(tie, axis=0) - tie
+        chosen = tl.where(few, live, (live & (keys > t)) | ((tie != 0) & (tie_rank < need)))
+        ch = chosen.to(tl.int32)
+        place = base + tl.cumsum(ch, axis=0) - ch
+        count = tl.where(c == 0, tl.minimum(total, k), k)  # chunk 0 writes the -1 padding
+        out_row = out_ptr + row.to(tl.int64) * stride_out_row
+        slot_row = slot_ptr + row.to(tl.int64) * stride_out_row
+        bt_row = bt_ptr + (row // rows_per_request).to(tl.int64) * stride_bt_b
+        write_output(out_row, slot_row, bt_row, rel, chosen, place, count, k, num_pages, KP,
+                     PAGE_SIZE, WRITE_SLOTS)  # fmt: skip
