@@ -90,7 +90,10 @@ def main() -> int:
                    "launches": launches, "gpu": torch.cuda.get_device_name()}  # fmt: skip
             row["current"] = launch == base or (  # the knobs the table takes for this case
                 path == plan.path(base.table, rows, base.sms)
-                and table.radix_bits == base.table.radix_bits
+                and (
+                    path == "digits"  # its grids find the k-th key by digits, not radix steps
+                    or table.radix_bits == base.table.radix_bits
+                )
                 and (
                     (table.digit_chunk, table.digit_warps)
                     == (base.table.digit_chunk, base.table.digit_warps)
