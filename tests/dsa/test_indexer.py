@@ -166,6 +166,40 @@ def test_topk_select_entries(select_entries, warps, rows, cols, k, ties):
     assert torch.equal(out.cpu(), R.topk_reference(logits, lengths, k))
 
 
+@pytest.mark.skipif(not (HAS_CUDA or INTERPRETED), reason="runs the Triton kernels")
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_digits_random_shapes(seed):
+    """The digits path over many small chunks (64 columns, up to 64 a row) on random shapes:
+    k from 1 to past some rows' ends, ties within and across chunks, NaN and infinities, empty and
+    short rows, start columns; the positions the reference gives."""
+    from dataclasses import replace
+
+    from fp8mla.dsa import indexer_launch as L
+
+    g = gen(1000 + seed)
+    rows = int(torch.randint(1, 5, (), generator=g))
+    cols = int(torch.randint(2100, 4000, (), generator=g))
+    k = [1, 7, 100, 333, 700, 1000][seed]
+    if seed % 2:
+        logits = (torch.randint(-4, 5, (rows, cols), generator=g) * 0.25).float()
+    else:
+        logits = torch.randn(rows, cols, generator=g)
+    logits[0, int(torch.randint(0, cols, (), generator=g))] = float("nan")
+    logits[-1, :30] = float("inf")
+    starts = torch.randint(0, 200, (rows,), dtype=torch.int32, generator=g)
+    ends = torch.randint(0, cols + 1, (rows,), dtype=torch.int32, generator=g)
+    ends[0] = cols
+    if rows > 1:
+        ends[1] = starts[1]  # an empty row
+    base = L.launch_for(torch.device(DEVICE))
+    table = replace(base.table, topk_path="digits", select_entries=512, digit_chunk=64)
+    launch = replace(base, table=table)
+    assert topk_plan(rows, cols, k, launch.sms, 512).path(table, rows, launch.sms) == "digits"
+    out = torch.empty(rows, k, dtype=torch.int32, device=DEVICE)
+    L.topk(logits.to(DEVICE), starts.to(DEVICE), ends.to(DEVICE), k, out, launch)
+    assert torch.equal(out.cpu(), R.topk_reference(logits, ends, k, starts))
+
+
 def test_topk_path_choice():
     """ "auto" takes the digits where the levels' first grid would not fill the GPU's SMs
     (one stream over a long context), the levels where it would; one-program rows and a
