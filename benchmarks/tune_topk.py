@@ -1,10 +1,13 @@
 """The indexer's top-k selection (``fp8mla.dsa`` two-pass path, its second pass) timed over its
-table's knobs on a GPU: the path (``topk_path``: the levels, or the histogram threshold and
-one gathering program a row), the candidates one program selects from (``select_entries``:
-the first level's chunk and a merge's input, so the number of levels), the warps such a
-program takes (``entries_per_warp``) and how it finds its k-th key (``radix_bits``: 0, two
-bits a step; 5 or 8, a histogram of that many bits a step), every variant checked against ``topk_reference`` on the same
-logits (the positions must be equal: the selection is exact, ties to the lower position).
+table's knobs on a GPU: the path (``topk_path``: the levels, the histogram threshold and one
+gathering program a row, or the digits), the candidates one program selects from
+(``select_entries``: the first level's chunk and a merge's input, so the number of levels),
+the warps such a program takes (``entries_per_warp``), how it finds its k-th key
+(``radix_bits``: 0, two bits a step; 5 or 8, a histogram of that many bits a step), and for
+the digits path its chunk and warps (``digit_chunk``, ``digit_warps``: a variant's
+SELECT_ENTRIES and WARPS name them). Every variant is checked against ``topk_reference`` on
+the same logits (the positions must be equal: the selection is exact, ties to the lower
+position).
 
     python benchmarks/tune_topk.py [--json OUT.json] [--reps 30] [--cases rows1_cols131072_k2048]
                                    [--variants histogram:8192:16:0,levels:8192:16:8]
@@ -12,8 +15,9 @@ logits (the positions must be equal: the selection is exact, ties to the lower p
 Cases: one row of 131,072 positions (GLM-5 decode at 128K, one stream: latency-bound, one
 program per chunk) and 64 rows of 32,768 (DeepSeek-V3.2 decode, 64 streams), k = 2,048,
 random float32 logits. Each variant is timed in a CUDA graph (median of the replays); the
-table's current choice is marked. Prints one line per variant and a summary per case. Each
-variant compiles its kernels first: about 15 s a variant on the H200, ~4 minutes in all.
+table's choice for the case is marked. Prints one line per variant and a summary per case.
+Each variant compiles its kernels first (5-15 s on an H200 or H100): run a few at a time with
+``--variants`` where a call's time is short.
 """
 
 from __future__ import annotations
