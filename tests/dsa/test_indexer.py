@@ -211,6 +211,7 @@ def test_topk_path_choice():
     fp8 = INDEXER_TABLES["fp8"]
     assert fp8.topk_path == "auto"
     assert topk_plan(1, 131072, 2048, 132).path(fp8, 1, 132) == "digits"
+    assert topk_plan(1, 1 << 20, 2048, 132).path(fp8, 1, 132) == "levels"  # 256 chunks
     assert topk_plan(64, 32768, 2048, 132).path(fp8, 64, 132) == "levels"
     assert topk_plan(8, 4000, 2048, 132).path(fp8, 8, 132) == "levels"  # one program a row
     hist = replace(fp8, topk_path="histogram", select_entries=4096)

@@ -37,6 +37,7 @@ class LogitsTile:
 
 
 TOPK_PATHS = ("levels", "histogram", "digits", "auto")
+DIGIT_MAX_CHUNKS = 64  # chunks a row the "auto" path gives the digits path at most
 
 
 @dataclass(frozen=True)
@@ -164,8 +165,11 @@ class TopkPlan:
         take the levels' single grid whatever the table says)."""
         if self.single:
             return "levels"
-        if table.topk_path == "auto":
-            return "digits" if rows * self.regions < sms else "levels"
+        if table.topk_path == "auto":  # the digits' programs sum every chunk's histograms:
+            # up to DIGIT_MAX_CHUNKS a row (256K columns in chunks of 4,096)
+            few_programs = rows * self.regions < sms
+            chunks = -(-self.regions * self.chunk // table.digit_chunk)
+            return "digits" if few_programs and chunks <= DIGIT_MAX_CHUNKS else "levels"
         if table.topk_path == "histogram" and not self.histogram_serves(table.select_entries):
             return "levels"
         return table.topk_path
