@@ -57,8 +57,9 @@ class IndexerTable:
     # selection over the keys above it), "digits" (the k-th key's four 8-bit digits, a grid
     # each over the row's chunks of digit_chunk columns, digit_warps warps a program, then
     # each chunk writes its share; all in kernels/portable/indexer_topk.py) or "auto" (the
-    # digits where the levels' first grid has fewer programs than the GPU has SMs: its later
-    # levels have fewer still, each a long selection; else the levels)
+    # digits where the levels' first grid has fewer programs than the GPU has SMs -- its later
+    # levels have fewer still, each a long selection -- and a row has at most
+    # DIGIT_MAX_CHUNKS chunks; else the levels: TopkPlan.path)
     topk_path: str = "levels"
     # how a top-k program finds its k-th key (kernels/portable/indexer_topk.kth_key): 0, two
     # bits a step (16 block-wide sums); else this many bits a step (a block-wide histogram of
