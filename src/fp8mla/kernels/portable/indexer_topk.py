@@ -151,21 +151,36 @@ def threshold_key(hist_ptr, row, chunks, k, NB_BITS: tl.constexpr):
 
 
 @triton.jit
-def write_output(out_row, slot_row, bt_row, pos, chosen, place, count, k, num_pages,
-                 KP: tl.constexpr, PAGE_SIZE: tl.constexpr, WRITE_SLOTS: tl.constexpr):  # fmt: skip
-    """The row's output: chosen positions at their places, -1 from ``count`` to ``k``; with
-    ``WRITE_SLOTS`` also each position's cache slot through the block-table row (-1 for a page
-    id outside ``[0, num_pages)``)."""
+def write_output(out_ptr, slot_ptr, bt_ptr, row, stride_out_row, stride_bt_b, rows_per_request,
+                 pos, chosen, place, count, k, num_pages, KP: tl.constexpr,
+                 PAGE_SIZE: tl.constexpr, WRITE_SLOTS: tl.constexpr):  # fmt: skip
+    """Row ``row``'s output: chosen positions at their places, -1 from ``count`` to ``k``; with
+    ``WRITE_SLOTS`` also each position's cache slot through the row's block-table row (``row
+    // rows_per_request``; -1 for a page id outside ``[0, num_pages)``)."""
+    out_row = out_ptr + row.to(tl.int64) * stride_out_row
     tl.store(out_row + place, pos, mask=chosen)
     j = tl.arange(0, KP)
     pad = (j >= count) & (j < k)
     tl.store(out_row + j, tl.full([KP], -1, tl.int32), mask=pad)
     if WRITE_SLOTS:
+        slot_row = slot_ptr + row.to(tl.int64) * stride_out_row
+        bt_row = bt_ptr + (row // rows_per_request).to(tl.int64) * stride_bt_b
         page = tl.load(bt_row + pos // PAGE_SIZE, mask=chosen, other=-1)
         slot = page * PAGE_SIZE + pos % PAGE_SIZE
         slot = tl.where((page >= 0) & (page < num_pages), slot, NEG_ONE)
         tl.store(slot_row + place, slot, mask=chosen)
         tl.store(slot_row + j, tl.full([KP], -1, tl.int32), mask=pad)
+
+
+@triton.jit
+def store_region(pos_ptr, key_ptr, count_ptr, region, pos, keys, chosen, place, count,
+                 KP: tl.constexpr):  # fmt: skip
+    """A chosen list as region ``region`` (of ``[rows, regions, KP]``): positions and keys at
+    their places, and its size."""
+    at = region.to(tl.int64) * KP + place
+    tl.store(pos_ptr + at, pos, mask=chosen)
+    tl.store(key_ptr + at, keys.to(tl.int32, bitcast=True), mask=chosen)
+    tl.store(count_ptr + region, count)
 
 
 @triton.jit(do_not_specialize=["k", "num_pages"])
@@ -202,16 +217,13 @@ def _topk_chunk_kernel(
 
     # -- the row's output, or the chunk's region --
     if FINAL:
-        out_row = out_ptr + row.to(tl.int64) * stride_out_row
-        slot_row = slot_ptr + row.to(tl.int64) * stride_out_row
-        bt_row = bt_ptr + (row // rows_per_request).to(tl.int64) * stride_bt_b
-        write_output(out_row, slot_row, bt_row, rel, chosen, place, count, k, num_pages,
+        write_output(out_ptr, slot_ptr, bt_ptr, row, stride_out_row, stride_bt_b, rows_per_request,
+                     rel, chosen, place, count, k, num_pages,
                      KP, PAGE_SIZE, WRITE_SLOTS)  # fmt: skip
     else:
-        region = (row * chunks + c).to(tl.int64) * KP
-        tl.store(out_ptr + region + place, rel, mask=chosen)
-        tl.store(key_ptr + region + place, keys.to(tl.int32, bitcast=True), mask=chosen)
-        tl.store(count_ptr + row * chunks + c, count)
+        store_region(
+            out_ptr, key_ptr, count_ptr, row * chunks + c, rel, keys, chosen, place, count, KP
+        )
 
 
 @triton.jit(do_not_specialize=["k", "num_pages", "regions_in"])
@@ -257,16 +269,13 @@ def _topk_merge_kernel(
     chosen, place, count, _ = select_top(keys, live, k, RADIX_BITS)
 
     if FINAL:
-        out_row = out_ptr + row.to(tl.int64) * stride_out_row
-        slot_row = slot_ptr + row.to(tl.int64) * stride_out_row
-        bt_row = bt_ptr + (row // rows_per_request).to(tl.int64) * stride_bt_b
-        write_output(out_row, slot_row, bt_row, pos, chosen, place, count, k, num_pages,
+        write_output(out_ptr, slot_ptr, bt_ptr, row, stride_out_row, stride_bt_b, rows_per_request,
+                     pos, chosen, place, count, k, num_pages,
                      KP, PAGE_SIZE, WRITE_SLOTS)  # fmt: skip
     else:
-        region = (row * groups + g).to(tl.int64) * KP
-        tl.store(out_ptr + region + place, pos, mask=chosen)
-        tl.store(key_ptr + region + place, keys.to(tl.int32, bitcast=True), mask=chosen)
-        tl.store(count_ptr + row * groups + g, count)
+        store_region(
+            out_ptr, key_ptr, count_ptr, row * groups + g, pos, keys, chosen, place, count, KP
+        )
 
 
 @triton.jit(do_not_specialize=["num_cols"])
@@ -328,10 +337,7 @@ def _topk_prune_kernel(
         chosen, place, n, _ = select_top(keys, chosen, k, RADIX_BITS)
     else:
         place = tl.cumsum(chosen.to(tl.int32), axis=0) - chosen.to(tl.int32)
-    region = (row * chunks + c).to(tl.int64) * KP
-    tl.store(out_ptr + region + place, rel, mask=chosen)
-    tl.store(key_ptr + region + place, keys.to(tl.int32, bitcast=True), mask=chosen)
-    tl.store(count_ptr + row * chunks + c, n)
+    store_region(out_ptr, key_ptr, count_ptr, row * chunks + c, rel, keys, chosen, place, n, KP)
 
 
 @triton.jit(do_not_specialize=["k", "num_pages", "regions"])
@@ -379,10 +385,8 @@ def _topk_gather_kernel(
     _, n = shrink_list(stage_pos_ptr, stage_key_ptr, base, n, k, STAGE, RADIX_BITS)
     kept = j < n
     pos = tl.load(stage_pos_ptr + base + j, mask=kept, other=0)
-    out_row = out_ptr + row.to(tl.int64) * stride_out_row
-    slot_row = slot_ptr + row.to(tl.int64) * stride_out_row
-    bt_row = bt_ptr + (row // rows_per_request).to(tl.int64) * stride_bt_b
-    write_output(out_row, slot_row, bt_row, pos, kept, j, n, k, num_pages, KP, PAGE_SIZE,
+    write_output(out_ptr, slot_ptr, bt_ptr, row, stride_out_row, stride_bt_b, rows_per_request,
+                 pos, kept, j, n, k, num_pages, KP, PAGE_SIZE,
                  WRITE_SLOTS)  # fmt: skip
 
 
@@ -535,8 +539,6 @@ def _topk_digit_kernel(
         ch = chosen.to(tl.int32)
         place = base + tl.cumsum(ch, axis=0) - ch
         count = tl.where(c == 0, tl.minimum(total, k), k)  # chunk 0 writes the -1 padding
-        out_row = out_ptr + row.to(tl.int64) * stride_out_row
-        slot_row = slot_ptr + row.to(tl.int64) * stride_out_row
-        bt_row = bt_ptr + (row // rows_per_request).to(tl.int64) * stride_bt_b
-        write_output(out_row, slot_row, bt_row, rel, chosen, place, count, k, num_pages, KP,
+        write_output(out_ptr, slot_ptr, bt_ptr, row, stride_out_row, stride_bt_b, rows_per_request,
+                     rel, chosen, place, count, k, num_pages, KP,
                      PAGE_SIZE, WRITE_SLOTS)  # fmt: skip
