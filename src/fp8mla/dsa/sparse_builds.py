@@ -111,7 +111,8 @@ def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
     compact = (("indices_ptr", "i32"), ("topk_length_ptr", "i32"), ("out_ptr", "i32"),
                ("count_ptr", "i32"))  # fmt: skip
     for paged in (False, True):  # token rows that follow each other; pages with a gap
-        consts = (("HAS_TOPK_LENGTH", True), ("PAGED", paged), ("BLOCK", 1024))
+        consts = (("HAS_TOPK_LENGTH", True), ("PAGED", paged), ("BLOCK", 1024),
+                  ("LAUNCH_NEXT", target.dependent_launch))  # fmt: skip
         label = "compact, pages with a gap" if paged else "compact"
         builds.append((label, Build(COMPACT, compact, consts, 4), ""))
     builds += [(label, build, "rope16") for label, build in fp8qk_rope16_builds(target)]

@@ -165,7 +165,8 @@ def run_fp8qk_sparse(
         indices, topk_length if topk_length is not None else indices, s.compacted, s.counts,
         indices.shape[0], s.topk, indices.stride(0), c.num_slots, c.page_size, c.rows_per_page,
         HAS_TOPK_LENGTH=topk_length is not None, PAGED=c.paged,
-        BLOCK=min(COMPACT_BLOCK, triton.next_power_of_2(s.topk)), num_warps=4,
+        BLOCK=min(COMPACT_BLOCK, triton.next_power_of_2(s.topk)),
+        LAUNCH_NEXT=s.plan.attention_waits, num_warps=4,
     )  # fmt: skip
     s.launch(q_nope, q_pe, c.ckv, c.kpe, out, lse, Scales(ckv=1.0, kpe=1.0, ckv_arr=c.scales))
     if lse is not None:  # base 2 → natural log; a token that saw nothing: +inf

@@ -16,6 +16,8 @@ kernels read none of them).
 import triton
 import triton.language as tl
 
+from fp8mla.kernels.portable.grid_dependency import launch_next_grid
+
 
 @triton.jit(do_not_specialize=["num_tokens", "num_slots", "page_size", "rows_per_page"])
 def _sparse_compact_kernel(
@@ -32,7 +34,12 @@ def _sparse_compact_kernel(
     HAS_TOPK_LENGTH: tl.constexpr,
     PAGED: tl.constexpr,  # False: slot ids are row ids
     BLOCK: tl.constexpr,  # entries per step
+    # the attention grid (launched as this one's programmatic dependent, SM90+) may be
+    # scheduled from the start: its programs set up their barriers and wait for this grid
+    LAUNCH_NEXT: tl.constexpr = False,
 ):
+    if LAUNCH_NEXT:
+        launch_next_grid()
     t = tl.program_id(0).to(tl.int64)
     if t >= num_tokens:  # a row past this call (a CUDA graph's capacity): nothing to attend to
         tl.store(count_ptr + t, 0)
