@@ -355,6 +355,10 @@ class AttentionLaunch:
         cs_ptr = isinstance(cs, torch.Tensor)  # a 1-element device tensor the kernel reads
         ks_ptr = isinstance(ks, torch.Tensor)
         group = sa is not None
+        if group and (sa.stride(0) | sa.stride(1)) % 4:
+            # the SM90 copier reads a token's four scales as one 16-byte row: strides of
+            # whole rows (any layout the wrapper accepts has them but a hand-made view)
+            sa = sa.contiguous()
         write_lse = lse is not None
         # the call's pointer arguments (CALL_ARGS' first seven), each address read once
         a_qn, a_qp, a_ckv, a_kpe = (q_nope.data_ptr(), q_pe.data_ptr(), ckv.data_ptr(),

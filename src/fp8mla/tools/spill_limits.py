@@ -72,8 +72,8 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
         "the ping-pong kernel on FP8 tiles: both consumer warpgroups at 232 registers hold a "
         "64 × 256 accumulator, S [64, 64], a scores part and two value operands; Triton 3.6 "
         "(the H200 runs) spills 76-208 B with per-tensor scales (the fastest 128-head FP8 "
-        "decode there) and 1,668 B with token-group scales (a few percent slower there than the "
-        "32-row FP8 × FP8 tiles); Triton 3.9 768-780 B and 2,376 B, and its ptxas serializes "
+        "decode there) and 1,356 B with token-group scales (a few percent slower there than the "
+        "32-row FP8 × FP8 tiles); Triton 3.9 768-780 B and 2,556 B, and its ptxas serializes "
         "the wgmma there (the H200's Triton 3.6 per-tensor builds do not; "
         "docs/design/sm90-pingpong8.md)",
     ),

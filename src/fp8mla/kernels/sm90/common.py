@@ -38,8 +38,15 @@ CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
 HALF_N = gl.constexpr(32)  # tokens per P·V step of the FP8 value path (fp8_values.py)
 E4M3_MAX = gl.constexpr(448.0)
 LO_GAIN = gl.constexpr(16.0)  # lo = (q·s − hi) × 16: e4m3's 3 mantissa bits, one step down
-# a tile's token-group scales [64 tokens, 4] (fp32): 8 bytes per thread
-SC_L = gl.constexpr(gl.BlockedLayout([1, 2], [16, 2], [4, 1], [1, 0]))
+
+
+@gluon.jit
+def group_scales(sc_stages, st, g: gl.constexpr, col_l: gl.constexpr):
+    """Stage ``st``'s 64 token scales of group ``g`` (latent columns ``[128g, 128g + 128)``)
+    from its ``[64 tokens, 4]`` scales, in ``SliceLayout(1, col_l)``: ``col_l`` is a layout of
+    ``[64, 1]``; one that places each token where the scores' layout holds it needs no
+    exchange between threads."""
+    return gl.sum(sc_stages.index(st).slice(g, 1, dim=1).load(col_l), axis=1)
 
 
 # -- programmatic dependent launch (SM90+) --

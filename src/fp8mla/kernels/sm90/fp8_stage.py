@@ -18,7 +18,6 @@ from fp8mla.kernels.sm90.common import (
     BLOCK_N,
     LO_GAIN,
     REINTERPRET_PUBLIC,
-    SC_L,
     async_load,
     cache_rows,
     check_entries,
@@ -51,6 +50,24 @@ def fp8_copier(
     else:
         pe_ld: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [P_WARPS, 1], [1, 0])  # [64, 64] B
     rows_l: gl.constexpr = gl.SliceLayout(1, ld)
+    # A tile's token-group scales, [64 tokens, 4] float32: 16 bytes a token, one 16-byte copy
+    # a thread. In ``ld`` token 16k + 4w + r is register k of warp w's lanes with row bits r
+    # (lane bits 3-4), the same in all 8 of their column lanes c (lane bits 0-2). Lane c < 4
+    # picks its register k = c in registers (``sel3``: no exchange between threads) and copies
+    # token 16c + 4w + r (``cp3``; lanes c >= 4 repeat lanes c - 4 and copy nothing). Four
+    # copies a thread (one per register), or an exchange of the addresses through shared
+    # memory, made the scales a third of the copier's time.
+    gl.static_assert(P_WARPS == 4, "the copier's layouts assume 4 warps")
+    sel3: gl.constexpr = gl.DistributedLinearLayout(  # [k, 4w + r, c]
+        reg_bases=[[1, 0, 0], [2, 0, 0]],
+        lane_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 0], [0, 1, 0], [0, 2, 0]],
+        warp_bases=[[0, 4, 0], [0, 8, 0]], block_bases=[], shape=[4, 16, 4],
+    )  # fmt: skip
+    cp3: gl.constexpr = gl.DistributedLinearLayout(  # [4w + r, c, group]
+        reg_bases=[[0, 0, 1], [0, 0, 2]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [0, 0, 0], [1, 0, 0], [2, 0, 0]],
+        warp_bases=[[4, 0, 0], [8, 0, 0]], block_bases=[], shape=[16, 4, 4],
+    )  # fmt: skip
     pe_rows_l: gl.constexpr = gl.SliceLayout(1, pe_ld)
     C8: gl.constexpr = 128  # bytes per copy step: one 128-byte row chunk
     d = gl.arange(0, C8, layout=gl.SliceLayout(0, ld))
@@ -82,13 +99,26 @@ def fp8_copier(
         async_load(pe_stages.index(s), kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None])
         if TOKEN_GROUP:  # a bad entry's token: page 0's scales (its K and V are NaN anyway)
             sa_rows = slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
-            sa_rows = gl.convert_layout(sa_rows, gl.SliceLayout(1, SC_L))
-            sa_ok = gl.convert_layout(ok, gl.SliceLayout(1, SC_L))
-            g = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_L))
-            async_load(
-                sc_stages.index(s), scale_arr_ptr + sa_rows[:, None] + g[None, :],
-                mask=sa_ok[:, None],
-            )  # fmt: skip
+            sa3 = gl.convert_layout(gl.reshape(sa_rows, [4, 16]), gl.SliceLayout(2, sel3),
+                                    assert_trivial=True)[:, :, None]  # fmt: skip
+            ok3 = gl.convert_layout(gl.reshape(ok.to(gl.int32), [4, 16]), gl.SliceLayout(2, sel3),
+                                    assert_trivial=True)[:, :, None]  # fmt: skip
+            k = gl.expand_dims(gl.expand_dims(
+                gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, sel3))), 1), 2)
+            c = gl.expand_dims(gl.expand_dims(
+                gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, sel3))), 0), 0)
+            mine = k == c
+            sa2 = gl.sum(gl.where(mine, sa3, 0), axis=0)  # [4w + r, c]: row 16c + 4w + r
+            ok2 = gl.sum(gl.where(mine, ok3, 0), axis=0) != 0
+            sa2 = gl.convert_layout(sa2, gl.SliceLayout(2, cp3), assert_trivial=True)
+            # the launcher passes scale strides that are multiples of 4 floats: 16-byte rows
+            # (one copy each where the array is 16-byte aligned)
+            sa2 = gl.multiple_of(sa2, [4, 4])
+            ok2 = gl.convert_layout(ok2, gl.SliceLayout(2, cp3), assert_trivial=True)
+            g = gl.expand_dims(gl.expand_dims(
+                gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, cp3))), 0), 0)
+            dst = sc_stages.index(s).reshape([4, 16, 4]).permute((1, 0, 2))
+            async_load(dst, scale_arr_ptr + sa2[:, :, None] + g, mask=ok2[:, :, None])
         async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
 
 

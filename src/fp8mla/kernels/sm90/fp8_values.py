@@ -32,7 +32,17 @@ V_LOAD = gl.constexpr(
 )
 
 
-SC_HALF = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))  # [32 tokens, 4] scales
+# the scales a value warpgroup applies, [32 tokens, 2 groups]: each thread the 8 tokens it
+# holds in V_LOAD, of the group its warp's columns belong to (V_LOAD's warp bit [0, 128])
+SC_HALF = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[1, 0], [8, 0], [16, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, 0], [0, 0], [0, 0]],
+        warp_bases=[[0, 0], [0, 1]],
+        block_bases=[],
+        shape=[32, 2],
+    )
+)
 
 
 @gluon.jit
@@ -45,13 +55,11 @@ def value_operand(
     v8 = k_stages.index(st).slice(H * HALF, HALF, dim=1).slice(kh * HALF_N, HALF_N, dim=0)
     v = fp8_bytes_to_f16(v8.load(V_LOAD).to(gl.uint8, bitcast=True), FP8_CVT)  # exact
     if TOKEN_GROUP:  # this warpgroup's two groups: columns 0-127 and 128-255
-        sc = sc_stages.index(st).slice(kh * HALF_N, HALF_N, dim=0).load(SC_HALF)
-        g = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_HALF))[None, :]
-        tok_v: gl.constexpr = gl.SliceLayout(1, V_LOAD)
-        sc0 = gl.convert_layout(gl.sum(gl.where(g == 2 * H, sc, 0.0), axis=1), tok_v)
-        sc1 = gl.convert_layout(gl.sum(gl.where(g == 2 * H + 1, sc, 0.0), axis=1), tok_v)
-        dl = gl.arange(0, HALF, layout=gl.SliceLayout(0, V_LOAD))[None, :]
-        v = (v.to(gl.float32) * gl.where(dl < 128, sc0[:, None], sc1[:, None])).to(gl.float16)
+        sc = sc_stages.index(st).slice(kh * HALF_N, HALF_N, dim=0).slice(2 * H, 2, dim=1)
+        sc = sc.load(SC_HALF)
+        v3 = gl.reshape(v.to(gl.float32), [HALF_N, 2, 128])  # [token, group, column]
+        sc = gl.convert_layout(sc, gl.SliceLayout(2, v3.type.layout), assert_trivial=True)
+        v = gl.reshape(v3 * sc[:, :, None], [HALF_N, HALF]).to(gl.float16)
     # Vᵀ with its rows permuted: a[m, k] = v[k, π(m)]
     v = gl.reshape(v, [HALF_N, 4, 8, 2, 2, 2])  # [k, w, g, b, a, h]
     v = gl.permute(v, (3, 4, 1, 5, 2, 0))  # [b, a, w, h, g, k]

@@ -20,7 +20,7 @@ from fp8mla.kernels.sm90.common import (
     LO_GAIN,
     NEG_INF,
     REINTERPRET_PUBLIC,
-    SC_L,
+    group_scales,
     launch_dependents,
     mask_scores,
     store_lse,
@@ -46,6 +46,18 @@ S_ROWS = gl.constexpr(
         warp_bases=[[8, 0], [16, 0]],
         block_bases=[],
         shape=[32, 64],
+    )
+)
+
+
+# a [64, 1] column of token scales placed as S_ROWS places the tokens (group_scales)
+SC_COL = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[1, 0], [8, 0], [16, 0], [32, 0]],
+        lane_bases=[[2, 0], [4, 0], [0, 0], [0, 0], [0, 0]],
+        warp_bases=[[0, 0], [0, 0]],
+        block_bases=[],
+        shape=[64, 1],
     )
 )
 
@@ -111,13 +123,11 @@ def _s_pair(a0, a1, s, sc_stages, st, g: gl.constexpr, nope_scale, TOKEN_GROUP: 
     a0, a1 = warpgroup_mma_wait(0, deps=[a0, a1])
     part0 = _add_hi_lo(a0)
     part1 = _add_hi_lo(a1)
-    if TOKEN_GROUP:
-        sc = sc_stages.index(st).load(SC_L)
-        col = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_L))[None, :]
-        sc0 = gl.sum(gl.where(col == g, sc, 0.0), axis=1)
-        sc1 = gl.sum(gl.where(col == g + 1, sc, 0.0), axis=1)
-        part0 = part0 * gl.convert_layout(sc0, tok_l)[None, :]
-        part1 = part1 * gl.convert_layout(sc1, tok_l)[None, :]
+    if TOKEN_GROUP:  # each thread reads its 16 tokens' scales straight from the stage
+        part0 = part0 * gl.convert_layout(group_scales(sc_stages, st, g, SC_COL), tok_l,
+                                          assert_trivial=True)[None, :]  # fmt: skip
+        part1 = part1 * gl.convert_layout(group_scales(sc_stages, st, g + 1, SC_COL), tok_l,
+                                          assert_trivial=True)[None, :]  # fmt: skip
     return s + (part0 + part1) * nope_scale
 
 

@@ -72,7 +72,7 @@ from fp8mla.kernels.sm90.common import (
     BLOCK_N,
     HALF_N,
     NEG_INF,
-    SC_L,
+    group_scales,
     launch_dependents,
     softmax_tile64,
     store_lse,
@@ -115,13 +115,17 @@ def _chain(q_blocks, z, kt, c0: gl.constexpr, W: gl.constexpr, Q_FP8: gl.constex
     return warpgroup_mma(hi, kt.slice(c0, W, dim=0), a, is_async=True)
 
 
+# a [64, 1] column of a stage's token scales, a token per lane (group_scales); read this way
+# and exchanged into the scores' layout, the scores spill less than with each thread reading
+# its own tokens in the accumulator's layout (1,328 against 2,388 bytes, Triton 3.6)
+SC_COL8 = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [4, 1], [1, 0]))
+
+
 @gluon.jit
-def _group_scale(sc_stages, st, g: gl.constexpr, tok_l: gl.constexpr):
+def _group_scale(sc_stages, st, g: gl.constexpr, s_layout: gl.constexpr):
     """The token-group scale of latent columns ``[128g, 128g + 128)`` for the stage's 64
     tokens, along ``S``'s columns."""
-    sc = sc_stages.index(st).load(SC_L)
-    col = gl.arange(0, 4, layout=gl.SliceLayout(0, SC_L))[None, :]
-    return gl.convert_layout(gl.sum(gl.where(col == g, sc, 0.0), axis=1), tok_l)
+    return gl.convert_layout(group_scales(sc_stages, st, g, SC_COL8), gl.SliceLayout(0, s_layout))
 
 
 @gluon.jit
@@ -134,7 +138,6 @@ def _scores8(q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio
     (times its tokens' group scales where ``TOKEN_GROUP``). (A chain started before the one
     before it is added holds a second accumulator: 1.1 KB spilled beside ``Oᵀ``.)"""
     W: gl.constexpr = D_CKV // PARTS
-    tok_l: gl.constexpr = gl.SliceLayout(0, s_layout)
     kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
     pt = pe_stages.index(st).permute((1, 0))
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
@@ -147,7 +150,7 @@ def _scores8(q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio
     for g in gl.static_range(PARTS):
         a = warpgroup_mma_wait(0, deps=[_chain(q_blocks, z, kt, g * W, W, Q_FP8, s_layout)])
         if TOKEN_GROUP:
-            s = s + a * _group_scale(sc_stages, st, (g * W) // 128, tok_l)[None, :]
+            s = s + a * _group_scale(sc_stages, st, (g * W) // 128, s_layout)[None, :]
         else:
             s = s + a
     return s
