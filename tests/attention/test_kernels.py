@@ -6,6 +6,8 @@ variants run on SM90 GPUs only.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -209,6 +211,23 @@ def test_token_group_scales(device, kv_dtype, kernel):
         generator=gen(11),
     )
     out, lse = run_wrapper(batch, config=orientation(kernel, 16))
+    assert_matches_reference(batch, out, lse)
+
+
+@KERNELS
+def test_token_group_scales_strided(device, kernel):
+    """Token-group scales in a view whose slots are 5 floats apart (not whole 16-byte rows, as
+    the SM90 copier reads them), NaN between them: the answer of the contiguous array."""
+    why = REGISTRY[kernel].supports(TARGETS["sm90"], torch.float8_e4m3fn, 16, 64)
+    if REGISTRY[kernel].gluon and why:
+        pytest.skip(f"the {kernel} kernel {why}")
+    batch = make_batch([70, 129], 16, page_size=16, kv_dtype=torch.float8_e4m3fn,
+                       scale_mode="token_group", device=device, generator=gen(14))  # fmt: skip
+    arr = batch.ckv_scale_arr
+    wide = torch.full((*arr.shape[:2], 5), float("nan"), dtype=torch.float32, device=device)
+    wide[..., :4] = arr
+    strided = dataclasses.replace(batch, ckv_scale_arr=wide[..., :4])
+    out, lse = run_wrapper(strided, config=orientation(kernel, 16))
     assert_matches_reference(batch, out, lse)
 
 
