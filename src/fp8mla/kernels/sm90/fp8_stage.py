@@ -68,6 +68,9 @@ def fp8_copier(
         lane_bases=[[0, 1, 0], [0, 2, 0], [0, 0, 0], [1, 0, 0], [2, 0, 0]],
         warp_bases=[[4, 0, 0], [8, 0, 0]], block_bases=[], shape=[16, 4, 4],
     )  # fmt: skip
+    k_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, sel3))  # the register k
+    c_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, sel3))  # the lane's column c
+    g_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, cp3))  # the scale group
     pe_rows_l: gl.constexpr = gl.SliceLayout(1, pe_ld)
     C8: gl.constexpr = 128  # bytes per copy step: one 128-byte row chunk
     d = gl.arange(0, C8, layout=gl.SliceLayout(0, ld))
@@ -103,10 +106,8 @@ def fp8_copier(
                                     assert_trivial=True)[:, :, None]  # fmt: skip
             ok3 = gl.convert_layout(gl.reshape(ok.to(gl.int32), [4, 16]), gl.SliceLayout(2, sel3),
                                     assert_trivial=True)[:, :, None]  # fmt: skip
-            k = gl.expand_dims(gl.expand_dims(
-                gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, sel3))), 1), 2)
-            c = gl.expand_dims(gl.expand_dims(
-                gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, sel3))), 0), 0)
+            k = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=k_l), 1), 2)
+            c = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=c_l), 0), 0)
             mine = k == c
             sa2 = gl.sum(gl.where(mine, sa3, 0), axis=0)  # [4w + r, c]: row 16c + 4w + r
             ok2 = gl.sum(gl.where(mine, ok3, 0), axis=0) != 0
@@ -115,8 +116,7 @@ def fp8_copier(
             # (one copy each where the array is 16-byte aligned)
             sa2 = gl.multiple_of(sa2, [4, 4])
             ok2 = gl.convert_layout(ok2, gl.SliceLayout(2, cp3), assert_trivial=True)
-            g = gl.expand_dims(gl.expand_dims(
-                gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, cp3))), 0), 0)
+            g = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=g_l), 0), 0)
             dst = sc_stages.index(s).reshape([4, 16, 4]).permute((1, 0, 2))
             async_load(dst, scale_arr_ptr + sa2[:, :, None] + g, mask=ok2[:, :, None])
         async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
