@@ -3,11 +3,18 @@ of a change in the same device session: run it once per revision (``PYTHONPATH``
 that revision's ``src``) and compare the JSON files.
 
     python benchmarks/time_revision.py --label after --json OUT/after.json [--triton-tiles]
+    python benchmarks/time_revision.py --sparse [CASES] --label after --json OUT/after.json
 
 ``--triton-tiles`` runs FP8 batches of up to 32 rows in the Triton 16-row tile an older planner
 chose (``kernel_config="rows"``), so that a kernel change is timed on the same tile. Cases are
 timed as ``fp8mla bench`` times them (CUDA-graph replays over rotated token placements for
 small ones), with the same seeds in every revision.
+
+``--sparse`` times sparse MLA instead (``fp8mla.SparseMLAWrapper`` as ``plan()`` chooses, on the
+sparse bench's packed pool and index lists; default cases B128_H16_K2048, B128_H128_K2048,
+B1_H32_K2048): ten calls alternating two index lists per CUDA-graph replay, each row with the
+relative error of its first tokens against the float64 reference, so that a revision that
+times well but answers wrong shows in the same file.
 """
 
 from __future__ import annotations
@@ -60,13 +67,73 @@ def kernel_times(run, calls: int = 20) -> dict[str, float]:
     return out
 
 
+SPARSE_CASES = "B128_H16_K2048,B128_H128_K2048,B1_H32_K2048"
+
+
+def sparse_rows(label: str, names: str, check_tokens: int = 8) -> list[dict]:
+    """Each sparse case of ``names`` (comma-separated bench case names): µs a call, TB/s of
+    packed bytes, TFLOP/s and the relative error of the first ``check_tokens`` tokens."""
+    from fp8mla.bench.sparse_cases import SPARSE_CASES as ALL
+    from fp8mla.bench.sparse_cases import packed_bytes, sparse_flops
+    from fp8mla.bench.sparse_impls import SM_SCALE, WORKSPACE_BYTES
+    from fp8mla.bench.sparse_inputs import packed_pool, sparse_inputs
+    from fp8mla.dsa.reference import sparse_mla_reference
+    from fp8mla.dsa.sparse import SparseMLAWrapper
+    from fp8mla.testing import rel_err
+
+    wanted = names.split(",")
+    cases = [c for c in ALL if c.name in wanted]
+    missing = sorted(set(wanted) - {c.name for c in cases})
+    if missing:
+        raise SystemExit(f"unknown sparse cases {missing}; known: {[c.name for c in ALL]}")
+    dev = torch.device("cuda")
+    pool = packed_pool(cases[0].pool_slots, cases[0].page_size, dev)
+    workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
+    rows = []
+    for case in cases:
+        inp = sparse_inputs(case, pool)
+        other = sparse_inputs(case, pool, seed=7).indices
+        tokens = inp.q.shape[0]
+        w = SparseMLAWrapper(workspace, use_cuda_graph=True)
+        w.plan(tokens, case.heads, case.topk, case.page_size, torch.bfloat16, SM_SCALE)
+        out = torch.empty(tokens, case.heads, 512, dtype=torch.bfloat16, device=dev)
+        _, lse = w.run(inp.q_nope, inp.q_pe, pool, inp.indices, out=out, return_lse=True)
+        n = min(check_tokens, tokens)
+        ref_o, ref_l = sparse_mla_reference(
+            inp.q_nope[:n], inp.q_pe[:n], pool, inp.indices[:n], SM_SCALE
+        )
+        err, lse_err = rel_err(out[:n], ref_o), rel_err(lse[:n], ref_l)
+
+        def calls(w=w, inp=inp, other=other, out=out):
+            for i in range(10):
+                w.run(inp.q_nope, inp.q_pe, pool, other if i % 2 else inp.indices, out=out)
+
+        t = time_graph(calls, reps=30)
+        us = t.us_median / 10
+        rows.append(dict(label=label, case=case.name, us=round(us, 2),
+                         p20=round(t.us_p20 / 10, 2), p80=round(t.us_p80 / 10, 2),
+                         tbps=round(packed_bytes(case) / us / 1e6, 3),
+                         tflops=round(sparse_flops(case) / us / 1e6, 1),
+                         rel_err=float(f"{err:.3g}"), lse_rel_err=float(f"{lse_err:.3g}"),
+                         kernel=w.launch_plan.kernel, splits=w.launch_plan.num_splits))  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--label", required=True)
     ap.add_argument("--json", required=True)
     ap.add_argument("--triton-tiles", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="also each kernel's device time")
+    ap.add_argument("--sparse", nargs="?", const=SPARSE_CASES, default=None, metavar="CASES",
+                    help="time sparse MLA cases instead (default: %(const)s)")  # fmt: skip
     args = ap.parse_args()
+    if args.sparse:
+        rows = sparse_rows(args.label, args.sparse)
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+        return 0
     dev = torch.device("cuda")
     pools: dict[torch.dtype, torch.Tensor] = {}
     rows = []
