@@ -73,8 +73,10 @@ def fp8qk_rope16_builds(target: Target) -> list[tuple[str, Build]]:
         if "group" in v or "rowtiles" in v:
             consts = dict(job.build.constexprs, TOKEN_GROUP=True, ROPE_16BIT=True)
             ptrs = dict(job.build.pointers, scale_arr_ptr="fp32")
+            # the scales are a strided view of the 656-byte rows: 164 floats a row, 4 a slot
             build = Build(job.build.kernel, tuple(ptrs.items()), tuple(consts.items()),
-                          job.build.num_warps, job.build.num_stages, job.build.maxnreg)  # fmt: skip
+                          job.build.num_warps, job.build.num_stages, job.build.maxnreg,
+                          unaligned=("stride_sa_p", "stride_sa_s"))  # fmt: skip
             out.append((f"packed {v.split(' ', 1)[1]} rope16", build))
     return out
 

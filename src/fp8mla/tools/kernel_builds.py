@@ -49,6 +49,10 @@ class Build:
     # arguments declared with a default of None that this build's launch passes (as i32, or
     # fp32 for FLOAT_ARGS): e.g. a Gluon kernel's FP8-query scale arguments
     passed: tuple[str, ...] = ()
+    # stride arguments whose run-time values are not multiples of 16, so Triton does not
+    # specialize them (e.g. the packed sparse cache's scales, 164 floats a row): compiled
+    # without the divisibility the launchers' other strides have
+    unaligned: tuple[str, ...] = ()
 
     def function(self):
         import importlib
@@ -109,7 +113,8 @@ def compile_build(build: Build, target: Target):
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "i32"
-            if name.startswith("stride"):  # the launchers' strides are multiples of 16
+            # the launchers' strides are multiples of 16, but those the build names
+            if name.startswith("stride") and name not in build.unaligned:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     if getattr(fn, "is_gluon", lambda: False)():  # Gluon kernels have their own front end
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
