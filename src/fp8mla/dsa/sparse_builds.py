@@ -17,7 +17,7 @@ import torch
 
 from fp8mla.attention.targets import Target
 from fp8mla.dsa.sparse_plan import MAX_SPLITS, merge_blocks, sparse_table
-from fp8mla.tools.kernel_builds import Build
+from fp8mla.tools.kernel_builds import SCALE_ARR_STRIDES, Build
 
 KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
 COMPACT = "fp8mla.kernels.portable.sparse_compact:_sparse_compact_kernel"
@@ -73,10 +73,9 @@ def fp8qk_rope16_builds(target: Target) -> list[tuple[str, Build]]:
         if "group" in v or "rowtiles" in v:
             consts = dict(job.build.constexprs, TOKEN_GROUP=True, ROPE_16BIT=True)
             ptrs = dict(job.build.pointers, scale_arr_ptr="fp32")
-            # the scales are a strided view of the 656-byte rows: 164 floats a row, 4 a slot
             build = Build(job.build.kernel, tuple(ptrs.items()), tuple(consts.items()),
                           job.build.num_warps, job.build.num_stages, job.build.maxnreg,
-                          unaligned=("stride_sa_p", "stride_sa_s"))  # fmt: skip
+                          unaligned=SCALE_ARR_STRIDES)  # fmt: skip
             out.append((f"packed {v.split(' ', 1)[1]} rope16", build))
     return out
 

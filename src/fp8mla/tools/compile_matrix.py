@@ -38,7 +38,7 @@ from fp8mla.tools.build_runs import (
     die_with_parent,
     progress_lines,
 )
-from fp8mla.tools.kernel_builds import TORCH_TO_TRITON, Build
+from fp8mla.tools.kernel_builds import SCALE_ARR_STRIDES, TORCH_TO_TRITON, Build
 from fp8mla.tools.matrix_report import markdown
 from fp8mla.tools.spill_limits import SPILL_EXCEPTIONS, SPILL_LIMIT
 from fp8mla.tools.support_builds import CVT_NAMES, KV_DTYPES, SHORT
@@ -160,6 +160,7 @@ def attention_jobs(target: Target) -> list[Job]:
                     cfg.num_warps,
                     None if kind.gluon else cfg.num_stages,
                     cfg.max_registers(target.warp_size) if target.backend == "cuda" else None,
+                    unaligned=SCALE_ARR_STRIDES if group else (),
                 )
                 variant = (
                     f"{SHORT[kv]} {tile} w{cfg.num_warps}s{cfg.num_stages} {label} {CVT_NAMES[cvt]}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from fp8mla.attention.targets import Target
-from fp8mla.tools.kernel_builds import TORCH_TO_TRITON, Build
+from fp8mla.tools.kernel_builds import SCALE_ARR_STRIDES, TORCH_TO_TRITON, Build
 
 Q_QUANT = "fp8mla.kernels.portable.q_quant:_q_quant_kernel"
 KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16)
@@ -55,6 +55,7 @@ def attention_builds(target: Target) -> list[tuple[str, Build, str]]:
                 build = Build(
                     REGISTRY[cfg.variant].kernel, tuple(ptrs.items()), tuple(consts.items()),
                     cfg.num_warps, cfg.num_stages, None,
+                    unaligned=SCALE_ARR_STRIDES if group else (),
                 )  # fmt: skip
                 tile = tile_name(cfg)
                 how = "e4m3-dot" if mode == QF8_DOT and not group else "decoded"
@@ -127,8 +128,8 @@ def _on_request(v, cfg, kv: torch.dtype, target: Target) -> list[tuple[str, Buil
         if row_tiles:
             consts["ROW_TILES"] = how.endswith("rowtiles")
         build = Build(v.kernel, tuple(ptrs.items()), tuple(consts.items()),
-                      cfg.num_warps, None, None,
-                      passed=("stride_qs_t", "q_scale_val"))  # fmt: skip
+                      cfg.num_warps, None, None, passed=("stride_qs_t", "q_scale_val"),
+                      unaligned=SCALE_ARR_STRIDES if group else ())  # fmt: skip
         out.append((f"{SHORT[kv]} {tile} w{cfg.num_warps} {how} fp8q", build, tile))
     return out
 

@@ -31,6 +31,9 @@ TORCH_TO_TRITON = {
     "uint8": "u8",
     "uint16": "u16",
 }
+# the strides of a token-group scale array: 4 floats a slot ([pages, page_size, 4]), or 164 a
+# row of the packed sparse cache, so not multiples of 16 at run time (Build.unaligned)
+SCALE_ARR_STRIDES = ("stride_sa_p", "stride_sa_s")
 FLOAT_ARGS = ("sm_scale_log2", "ckv_scale_val", "kpe_scale_val", "ckv_scale", "kpe_scale",
               "q_scale_val", "scale_val")  # fmt: skip
 
