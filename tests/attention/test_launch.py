@@ -11,6 +11,9 @@ from fp8mla.attention import kernel_launcher as KL
 from fp8mla.attention import launch as L
 from fp8mla.attention.variants import REGISTRY
 from fp8mla.attention.workspace import Partials
+from fp8mla.testing import make_batch
+
+from attention_utils import SM_SCALE, assert_matches_reference
 
 
 class _Param:
@@ -306,3 +309,78 @@ def test_unaligned_output_takes_tritons_path_for_the_merge_too(monkeypatch):
     shifted = torch.empty(1 * heads * 512 + 1, dtype=torch.bfloat16)[1:].view(1, heads, 512)
     launch(*args, shifted, None, Scales())
     assert launch.merge.direct_launches == 1 and len(launch.merge.fn.by_name) == 2
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bound", [True, False], ids=["bound", "direct"])
+@pytest.mark.parametrize("heads, qo_len", [(16, 1), (32, 1), (16, 2), (128, 1)])
+def test_direct_launch_matches_tritons_path(monkeypatch, heads, qo_len, bound):
+    """The second and later run() of a plan launch the compiled kernels with their arguments
+    bound at plan() (``attention/native.py``), or call them directly where that is off: same
+    result, and a changed pool, queries, output, LSE or scales are picked up."""
+    from fp8mla import BatchMLAPagedAttentionWrapper
+    from fp8mla.attention import native
+
+    from attention_utils import workspace
+
+    if bound and native.module() is None:
+        pytest.skip("the launcher extension cannot be built here")
+    if not bound:
+        monkeypatch.setattr(native, "bind", lambda *a, **k: None)
+
+    b = make_batch([5, 700, 64], heads, qo_lens=qo_len, page_size=1, device="cuda",
+                   generator=_gen(24))  # fmt: skip
+    w = BatchMLAPagedAttentionWrapper(workspace("cuda"), backend="triton")
+    w.plan(*b.plan_args(), heads, 512, 64, 1, qo_len > 1, SM_SCALE, torch.bfloat16,
+           b.ckv.dtype)  # fmt: skip
+    for step in range(3):
+        if step:
+            fresh = make_batch([5, 700, 64], heads, qo_lens=qo_len, page_size=1, device="cuda",
+                               fill_unused_nan=False, generator=_gen(25 + step))  # fmt: skip
+            b.pool.copy_(fresh.pool)
+            b.q_nope.copy_(fresh.q_nope)
+            b.q_pe.copy_(fresh.q_pe)
+        out, lse = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, return_lse=True, **b.scale_kwargs())
+        assert_matches_reference(b, out, lse, causal=qo_len > 1)
+    fast = w._launch.native_launches if bound else w._launch.kernel.direct_launches
+    assert fast >= 2, "the bound or direct path never engaged"
+    # new tensors on every call: a pool with a wider row (other strides), queries and an output
+    # elsewhere or allocated by run(), no LSE / one returned / one passed in, the scales as
+    # floats, device tensors or one of each (each kind twice: its second call takes the bound
+    # or direct path, the C path for the kinds it takes)
+    kinds = [("none", "tensor", True), ("alloc", "float", True), ("none", "float", False),
+             ("given", "float", True), ("given", "tensor", False), ("none", "mixed", True)]  # fmt: skip
+    for step, (lse_mode, scale_kind, out_given) in enumerate(kinds * 2):
+        fresh = make_batch([5, 700, 64], heads, qo_lens=qo_len, page_size=1, device="cuda",
+                           fill_unused_nan=False, generator=_gen(40 + step))  # fmt: skip
+        wide = torch.zeros(b.pool.shape[0], 1, 576 + 16 * (step + 1), dtype=b.pool.dtype,
+                           device="cuda")  # fmt: skip
+        wide[..., :576] = fresh.pool
+        b.pool, b.ckv = wide, wide[..., :512]
+        b.kpe = wide[..., 512:576]
+        b.q_nope, b.q_pe = fresh.q_nope.clone(), fresh.q_pe.clone()
+        kw = b.scale_kwargs()
+        if scale_kind != "float" and "ckv_scale" in kw:
+            kw["ckv_scale"] = torch.tensor([kw["ckv_scale"]], device="cuda")
+            if scale_kind == "tensor":
+                kw["kpe_scale"] = torch.tensor([kw["kpe_scale"]], device="cuda")
+        out = torch.full_like(b.q_nope, float("nan")) if out_given else None
+        lse_in = torch.full((b.q_nope.shape[0], heads), float("nan"), device="cuda")
+        lse_in = lse_in if lse_mode == "given" else None
+        res = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out, lse_in,
+                    return_lse=lse_mode != "none", **kw)  # fmt: skip
+        out_, lse_ = res if lse_mode != "none" else (res, None)
+        assert out is None or out_ is out
+        assert lse_in is None or lse_ is lse_in
+        assert_matches_reference(b, out_, lse_, causal=qo_len > 1)
+    later = w._launch.native_launches if bound else w._launch.kernel.direct_launches
+    assert later >= fast + 3, "new tensors never took the bound or direct path"
+    # after the fast paths engaged, a bad call still gets the Python path's errors
+    with pytest.raises(ValueError, match="q_nope"):
+        w.run(b.q_nope[:, :1], b.q_pe, b.ckv, b.kpe, out_, **kw)
+    with pytest.raises(ValueError, match="out"):
+        w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, out_.float(), **kw)
