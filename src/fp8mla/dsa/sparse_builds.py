@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from fp8mla.attention.targets import Target
-from fp8mla.dsa.sparse_plan import MAX_SPLITS, merge_blocks, sparse_table
+from fp8mla.dsa.sparse_plan import MAX_SPLITS, MAX_TOPK, merge_blocks, sparse_table
+from fp8mla.dsa.sparse_sm90 import compact_shape
 from fp8mla.tools.kernel_builds import SCALE_ARR_STRIDES, Build
 
 KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
@@ -72,6 +73,8 @@ def fp8qk_rope16_builds(target: Target) -> list[tuple[str, Build]]:
             continue
         if "group" in v or "rowtiles" in v:
             consts = dict(job.build.constexprs, TOKEN_GROUP=True, ROPE_16BIT=True)
+            if consts.get("WAIT_PRIOR"):  # the compaction's dependent (sparse_sm90)
+                consts["WAIT_PRIOR"] = 2
             ptrs = dict(job.build.pointers, scale_arr_ptr="fp32")
             build = Build(job.build.kernel, tuple(ptrs.items()), tuple(consts.items()),
                           job.build.num_warps, job.build.num_stages, job.build.maxnreg,
@@ -112,9 +115,11 @@ def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
     compact = (("indices_ptr", "i32"), ("topk_length_ptr", "i32"), ("out_ptr", "i32"),
                ("count_ptr", "i32"))  # fmt: skip
     for paged in (False, True):  # token rows that follow each other; pages with a gap
-        consts = (("HAS_TOPK_LENGTH", True), ("PAGED", paged), ("BLOCK", 1024),
-                  ("LAUNCH_NEXT", target.dependent_launch))  # fmt: skip
-        label = "compact, pages with a gap" if paged else "compact"
-        builds.append((label, Build(COMPACT, compact, consts, 4), ""))
+        for topk in (2048, MAX_TOPK):  # the models' lists in one step; the longest in four
+            block, warps = compact_shape(topk)
+            consts = (("HAS_TOPK_LENGTH", True), ("PAGED", paged), ("BLOCK", block),
+                      ("LAUNCH_NEXT", target.dependent_launch))  # fmt: skip
+            label = f"compact {block}{', pages with a gap' if paged else ''}"
+            builds.append((label, Build(COMPACT, compact, consts, warps), ""))
     builds += [(label, build, "rope16") for label, build in fp8qk_rope16_builds(target)]
     return list(dict.fromkeys(builds))

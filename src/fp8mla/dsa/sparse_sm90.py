@@ -33,7 +33,15 @@ from fp8mla.attention.workspace import split_capacity, split_partials
 from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, ROPE_OFFSET, SCALE_OFFSET, TOKEN_BYTES
 from fp8mla.formats import Scales
 
-COMPACT_BLOCK = 1024  # index-list entries per step of the compaction
+COMPACT_MAX_BLOCK = 4096  # index-list entries per step of the compaction, at most
+
+
+def compact_shape(topk: int) -> tuple[int, int]:
+    """``(BLOCK, num_warps)`` of the compaction for lists of ``topk`` entries: the whole list
+    in one step up to 4,096 entries (each step is a load, a scan and a store in turn, on the
+    attention's critical path), 16 entries a thread."""
+    block = min(COMPACT_MAX_BLOCK, triton.next_power_of_2(max(1, topk)))
+    return block, max(1, min(8, block // 512))
 LN2 = math.log(2.0)
 
 
@@ -95,9 +103,20 @@ def fp8qk_sparse(
         device=device,
         target=target,
         interpreted=False,
-        kernel_options={"ROPE_16BIT": True},
+        kernel_options=_kernel_options(plan),
     )
     return FP8QKSparse(plan, launch, compacted.view(max(1, num_tokens), -1), counts, topk)
+
+
+def _kernel_options(plan: LaunchPlan) -> dict:
+    """The FP8 × FP8 kernel's options on the sparse path: the RoPE part in bf16; launched as
+    the compaction's programmatic dependent, it stages the query before waiting for the
+    compaction (``WAIT_PRIOR=2``: the compaction writes only the lists and their counts, and
+    every grid before it had ended when it started)."""
+    options = {"ROPE_16BIT": True}
+    if plan.attention_waits:
+        options["WAIT_PRIOR"] = 2
+    return options
 
 
 @dataclass
@@ -161,12 +180,12 @@ def run_fp8qk_sparse(
 
     c = cache_rows(view)
     n = s.counts.shape[0]
+    block, warps = compact_shape(s.topk)
     _sparse_compact_kernel[(n,)](
         indices, topk_length if topk_length is not None else indices, s.compacted, s.counts,
         indices.shape[0], s.topk, indices.stride(0), c.num_slots, c.page_size, c.rows_per_page,
         HAS_TOPK_LENGTH=topk_length is not None, PAGED=c.paged,
-        BLOCK=min(COMPACT_BLOCK, triton.next_power_of_2(s.topk)),
-        LAUNCH_NEXT=s.plan.attention_waits, num_warps=4,
+        BLOCK=block, LAUNCH_NEXT=s.plan.attention_waits, num_warps=warps,
     )  # fmt: skip
     s.launch(q_nope, q_pe, c.ckv, c.kpe, out, lse, Scales(ckv=1.0, kpe=1.0, ckv_arr=c.scales))
     if lse is not None:  # base 2 → natural log; a token that saw nothing: +inf

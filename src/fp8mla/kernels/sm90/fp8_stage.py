@@ -26,6 +26,7 @@ from fp8mla.kernels.sm90.common import (
     thread_barrier,
     tile_rows,
 )
+from fp8mla.kernels.sm90.request import late_span
 
 
 @gluon.jit
@@ -34,7 +35,8 @@ def fp8_copier(
     n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE: gl.constexpr,
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr,
-    P_WARPS: gl.constexpr, ROPE_16BIT: gl.constexpr = False,
+    P_WARPS: gl.constexpr, ROPE_16BIT: gl.constexpr = False, LATE: gl.constexpr = False,
+    late=None, BLOCK_M: gl.constexpr = 0, CAUSAL: gl.constexpr = False,
 ):  # fmt: skip
     """Each tile of ``[n_begin, n_end)`` into stage ``j % STAGES`` by ``cp.async`` (tokens past
     ``n_end`` as 0, a bad page entry's token as the NaN row), with its tokens' four group
@@ -43,7 +45,11 @@ def fp8_copier(
     checked only when their tile is copied, so the copier never waits for a page-table load
     before its own copies (their latency under load is ~2,000 cycles). ``ROPE_16BIT``: the
     RoPE part is 16-bit (the packed ``fp8_ds_mla`` row's bf16 values): its 128 bytes a token are
-    copied as bytes, as a latent chunk is (``kpe_ptr`` and its strides in bytes)."""
+    copied as bytes, as a latent chunk is (``kpe_ptr`` and its strides in bytes). ``LATE``:
+    ``[n_begin, n_end)`` read here, once the grid that writes the lengths and page-table
+    entries has ended (``request.late_span``: ``late``, ``BLOCK_M`` and ``CAUSAL`` for it)."""
+    if LATE:
+        _, n_begin, n_end = late_span(late, BLOCK_M, BLOCK_N, CAUSAL)
     ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])  # [64, 128] B
     if ROPE_16BIT:
         pe_ld: gl.constexpr = ld

@@ -62,7 +62,7 @@ from fp8mla.kernels.sm90.common import (
 from fp8mla.kernels.sm90.fp8_stage import fp8_copier, stage_query_half
 from fp8mla.kernels.sm90.fp8_values import HALF, store_output, value_operand
 from fp8mla.kernels.sm90.fp8qk_score import RQ, score_warpgroup
-from fp8mla.kernels.sm90.request import request_span
+from fp8mla.kernels.sm90.request import late_span, request_span
 
 
 @gluon.jit
@@ -74,12 +74,13 @@ def _value_wg(
     H: gl.constexpr, BLOCK_R: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, FP8_CVT: gl.constexpr,
     HALF_PARTIALS: gl.constexpr, ROW_TILES: gl.constexpr, ROPE_16BIT: gl.constexpr,
-    Q_FP8: gl.constexpr, Q_SCALE: gl.constexpr,
+    Q_FP8: gl.constexpr, Q_SCALE: gl.constexpr, CAUSAL: gl.constexpr, LATE: gl.constexpr, late,
 ):  # fmt: skip
     """Value warpgroup ``H``: its half of the query staging, then output columns
     ``256H + π(m)`` of ``Oᵀ += Vᵀ·Pᵀ`` in two 32-token steps per tile, ``Vᵀ`` read from the
     stage's FP8 bytes into wgmma's register operand (the second step's bytes are read and
-    converted while the first step's products run)."""
+    converted while the first step's products run). ``LATE``: the KV range read after the
+    query staging, once the grid that writes the lengths has ended (``request.late_span``)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_R, 16]
     )
@@ -91,6 +92,8 @@ def _value_wg(
         D_KPE, BLOCK_R, ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE, q_scale_ptr, stride_qs_t,
         q_scale_val,
     )  # fmt: skip
+    if LATE:
+        _, n_begin, n_end = late_span(late, BLOCK_R, BLOCK_N, CAUSAL)
     o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     for j in range(n_tiles):
@@ -196,8 +199,10 @@ def _mla_fp8qk_kernel(
     # grid's end, 1 at the start, 2 after the program's last tile is scored (its programs then
     # land on SMs this grid has left, not piled on the few it never took)
     LAUNCH_DEPENDENTS: gl.constexpr = 2,
-    # launched as a programmatic dependent of the grid before it on the stream: the barriers
-    # are set up, then griddepcontrol.wait before the first global read
+    # launched as a programmatic dependent of the grid before it on the stream: 1 (True) the
+    # barriers are set up, then griddepcontrol.wait before the first global read; 2 that grid
+    # writes only the requests' lengths and page-table entries (the sparse path's compaction):
+    # the query is staged first, each partition waits where it first reads them (late_span)
     WAIT_PRIOR: gl.constexpr = False,
     # the split partials in fp16 without the V scale, which goes to mult_ptr (one fp32) for
     # the merge (attention.workspace.Partials)
@@ -275,8 +280,9 @@ def _mla_fp8qk_kernel(
     fence_async_shared()
     thread_barrier()
 
-    if WAIT_PRIOR:  # a programmatic dependent: no global read before the prior grid ends
+    if WAIT_PRIOR == 1:  # a programmatic dependent: no global read before the prior grid ends
         wait_prior()
+    LATE: gl.constexpr = WAIT_PRIOR == 2
     m_tile = 0
     if ROW_TILES:
         m_tile = gl.program_id(0)
@@ -286,8 +292,9 @@ def _mla_fp8qk_kernel(
      pe_factor, v_scale) = request_span(
         qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
         ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
-        BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
+        BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT, not LATE,
     )  # fmt: skip
+    late = (kv_len_ptr, b, m_tile, split, qo_len, num_heads)  # LATE: read by each partition
 
     gl.warp_specialize(
         [
@@ -298,7 +305,8 @@ def _mla_fp8qk_kernel(
                     a_smem, p_ready, p_free, stat_smem, stat_ready, lse_ptr, q_start, qo_len,
                     rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
                     pe_factor, stride_lse_split, stride_lse_t, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
-                    TOKEN_GROUP, STAGES, QK_PARTS, LAUNCH_DEPENDENTS, BLOCK_M, ROW_TILES,
+                    TOKEN_GROUP, STAGES, QK_PARTS, LAUNCH_DEPENDENTS, BLOCK_M, ROW_TILES, LATE,
+                    late,
                 ),
             ),
             (
@@ -310,7 +318,7 @@ def _mla_fp8qk_kernel(
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
                     stride_o_t, stride_o_h, mult_ptr, q_scale_ptr, stride_qs_t, q_scale_val, 0,
                     BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES, FP8_CVT, HALF_PARTIALS,
-                    ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE,
+                    ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE, CAUSAL, LATE, late,
                 ),
             ),
             (
@@ -322,7 +330,7 @@ def _mla_fp8qk_kernel(
                     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split,
                     stride_o_t, stride_o_h, mult_ptr, q_scale_ptr, stride_qs_t, q_scale_val, 1,
                     BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES, FP8_CVT, HALF_PARTIALS,
-                    ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE,
+                    ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE, CAUSAL, LATE, late,
                 ),
             ),
             (
@@ -332,7 +340,7 @@ def _mla_fp8qk_kernel(
                     page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
                     stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS,
-                    ROPE_16BIT,
+                    ROPE_16BIT, LATE, late, BLOCK_M, CAUSAL,
                 ),
             ),
         ],

@@ -1,11 +1,13 @@
 """What a program of the SM90 Gluon attention kernels works on: its request's rows, its KV
 split and the request's page table (:func:`request_span`), from the portable kernels' split
-arithmetic and scales (``portable/tiles.py``)."""
+arithmetic and scales (``portable/tiles.py``); for a program whose lengths come from the grid
+before it, its KV range read after that grid (:func:`late_span`)."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from fp8mla.kernels.portable import tiles as T
+from fp8mla.kernels.sm90.common import wait_prior
 
 
 @gluon.jit
@@ -14,13 +16,15 @@ def request_span(
     ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
     CKV_SCALE_PTR: gl.constexpr, KPE_SCALE_PTR: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-    FP8_CVT: gl.constexpr,
+    FP8_CVT: gl.constexpr, READ_KV_LEN: gl.constexpr = True,
 ):  # fmt: skip
     """What a Gluon program of request ``b``, row tile ``m_tile`` and KV split ``split``
     works on: ``(q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries,
     qk_scale, pe_factor, v_scale)``. Every partition runs the same number of KV steps: none
     for a tile past the rows or a split past the (causal) end. A negative ``kv_indptr`` start
-    is as bad as a missing entry: every token of the request is then bad."""
+    is as bad as a missing entry: every token of the request is then bad. ``READ_KV_LEN``
+    False: ``kv_len``, ``n_begin`` and ``n_end`` are 0, for partitions that read them later
+    with :func:`kv_span` (the grid before this one writes the lengths)."""
     q_start = gl.load(qo_indptr_ptr + b)
     qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
     rows_total = qo_len * num_heads
@@ -28,14 +32,41 @@ def request_span(
         ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
         CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
-    kv_len = gl.load(kv_len_ptr + b)
-    n_begin, n_end = T.split_range(
-        kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
-    )
-    n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)
+    if READ_KV_LEN:
+        kv_len, n_begin, n_end = kv_span(kv_len_ptr, b, m_tile, split, qo_len, num_heads,
+                                         BLOCK_M, BLOCK_N, CAUSAL)  # fmt: skip
+    else:
+        kv_len = 0
+        n_begin = 0
+        n_end = 0
     kv_start = gl.load(kv_indptr_ptr + b)
     kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
     n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
     page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
     return (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
             pe_factor, v_scale)  # fmt: skip
+
+
+@gluon.jit
+def kv_span(kv_len_ptr, b, m_tile, split, qo_len, num_heads, BLOCK_M: gl.constexpr,
+            BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+    """``(kv_len, n_begin, n_end)`` of request ``b``, row tile ``m_tile`` and KV split
+    ``split``: the request's length and the split's KV range, empty for a tile past the
+    request's rows."""
+    kv_len = gl.load(kv_len_ptr + b)
+    n_begin, n_end = T.split_range(
+        kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    n_end = gl.where(m_tile * BLOCK_M < qo_len * num_heads, gl.maximum(n_end, n_begin), n_begin)
+    return kv_len, n_begin, n_end
+
+
+@gluon.jit
+def late_span(late, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """:func:`kv_span` once the grid this one depends on has ended (``common.wait_prior``),
+    for a partition of a program launched as the dependent of the grid that writes its
+    lengths and page-table entries (the sparse path's compaction): it reads everything else
+    before that. ``late``: ``(kv_len_ptr, b, m_tile, split, qo_len, num_heads)``."""
+    kv_len_ptr, b, m_tile, split, qo_len, num_heads = late
+    wait_prior()
+    return kv_span(kv_len_ptr, b, m_tile, split, qo_len, num_heads, BLOCK_M, BLOCK_N, CAUSAL)
