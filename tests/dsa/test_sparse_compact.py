@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fp8mla.dsa.layout import TOKEN_BYTES, token_view
-from fp8mla.dsa.sparse_sm90 import cache_rows
+from fp8mla.dsa.sparse_sm90 import COMPACT_MAX_BLOCK, cache_rows, compact_shape
 
 from conftest import HAS_CUDA, INTERPRETED
 
@@ -42,14 +42,28 @@ def expected(indices, topk_length, num_tokens, paged, num_slots, page_size, rows
     return rows, counts
 
 
+@pytest.mark.parametrize("topk", [1, 7, 300, 2048, 4096, 5000, 16384])
+def test_compact_shape_one_step_up_to_4096(topk):
+    block, warps = compact_shape(topk)
+    assert block & (block - 1) == 0, "a power of two"
+    assert block >= min(topk, COMPACT_MAX_BLOCK) and block <= max(topk * 2, 1)
+    assert block == min(COMPACT_MAX_BLOCK, block)
+    assert 1 <= warps <= 8 and (block < 512 or warps * 32 * 16 == block)
+
+
 @needs_triton
 @pytest.mark.parametrize("paged", [False, True])
-@pytest.mark.parametrize("topk, block", [(40, 64), (300, 128), (7, 8)])
+@pytest.mark.parametrize(
+    "topk, block", [(40, 64), (300, 128), (7, 8), (300, None), (5000, None)]
+)  # None: the launch's own shape (compact_shape), one step or two of 4,096
 def test_compaction_matches_python(paged, topk, block):
     from fp8mla.kernels.portable.sparse_compact import _sparse_compact_kernel
 
     g = torch.Generator().manual_seed(topk + paged)
     tokens, num_tokens, page_size, rows_per_page, num_slots = 6, 5, 64, 65, 512
+    warps = 4
+    if block is None:
+        block, warps = compact_shape(topk)
     indices = torch.randint(-1, num_slots, (tokens, topk), generator=g, dtype=torch.int32)
     indices[0, ::3] = -1
     indices[1, 2] = num_slots  # past the cache
@@ -61,7 +75,7 @@ def test_compaction_matches_python(paged, topk, block):
     dev = [t.to(DEVICE) for t in (indices, topk_length, out, count)]
     _sparse_compact_kernel[(tokens,)](
         dev[0], dev[1], dev[2], dev[3], num_tokens, topk, topk, num_slots, page_size,
-        rows_per_page, HAS_TOPK_LENGTH=True, PAGED=paged, BLOCK=block,
+        rows_per_page, HAS_TOPK_LENGTH=True, PAGED=paged, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     got_out, got_count = dev[2].cpu(), dev[3].cpu()
     want_rows, want_counts = expected(indices, topk_length, num_tokens, paged, num_slots,

@@ -34,6 +34,7 @@ from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, ROPE_OFFSET, SCALE_OFFSET, TOK
 from fp8mla.formats import Scales
 
 COMPACT_MAX_BLOCK = 4096  # index-list entries per step of the compaction, at most
+LN2 = math.log(2.0)
 
 
 def compact_shape(topk: int) -> tuple[int, int]:
@@ -42,7 +43,6 @@ def compact_shape(topk: int) -> tuple[int, int]:
     attention's critical path), 16 entries a thread."""
     block = min(COMPACT_MAX_BLOCK, triton.next_power_of_2(max(1, topk)))
     return block, max(1, min(8, block // 512))
-LN2 = math.log(2.0)
 
 
 @dataclass
