@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 
 def code_hash(text: str, name: str) -> str:
-    """Hash of a build's code without names, locations and debug sections."""
+    """Hash of a build's code without names, locations, debug labels and sections."""
     if ".entry" in text:  # PTX: the entry function's body
         text = text[text.index(".entry") :]
         if "// -- End function" in text:
@@ -40,6 +40,10 @@ def code_hash(text: str, name: str) -> str:
                 text = text[: text.index(stop)]
         text = re.sub(r";.*$", "", text, flags=re.M)
     text = re.sub(r"^\s*\.(loc|file)\b.*$", "", text, flags=re.M)
+    # PTX's debug scope labels ($L__tmpN, marking where an inlined function begins and ends):
+    # a helper function split out moves them without changing an instruction
+    text = re.sub(r"^\$L__tmp\d+:\s*$", "", text, flags=re.M)
+    text = re.sub(r"\$L__tmp\d+", "$L__tmp", text)
     text = text.replace(name, "KERNEL")
     text = re.sub(r"[ \t]+", " ", text)
     text = re.sub(r"\n\s*\n+", "\n", text)

@@ -33,8 +33,8 @@ def request_span(
         CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
     if READ_KV_LEN:
-        kv_len, n_begin, n_end = kv_span(kv_len_ptr, b, m_tile, split, qo_len, num_heads,
-                                         BLOCK_M, BLOCK_N, CAUSAL)  # fmt: skip
+        kv_len, n_begin, n_end = kv_span(kv_len_ptr, b, m_tile, split, qo_len, rows_total,
+                                         num_heads, BLOCK_M, BLOCK_N, CAUSAL)  # fmt: skip
     else:
         kv_len = 0
         n_begin = 0
@@ -48,16 +48,16 @@ def request_span(
 
 
 @gluon.jit
-def kv_span(kv_len_ptr, b, m_tile, split, qo_len, num_heads, BLOCK_M: gl.constexpr,
+def kv_span(kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads, BLOCK_M: gl.constexpr,
             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
     """``(kv_len, n_begin, n_end)`` of request ``b``, row tile ``m_tile`` and KV split
     ``split``: the request's length and the split's KV range, empty for a tile past the
-    request's rows."""
+    request's ``rows_total`` rows."""
     kv_len = gl.load(kv_len_ptr + b)
     n_begin, n_end = T.split_range(
         kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
     )
-    n_end = gl.where(m_tile * BLOCK_M < qo_len * num_heads, gl.maximum(n_end, n_begin), n_begin)
+    n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)
     return kv_len, n_begin, n_end
 
 
@@ -69,4 +69,5 @@ def late_span(late, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.con
     before that. ``late``: ``(kv_len_ptr, b, m_tile, split, qo_len, num_heads)``."""
     kv_len_ptr, b, m_tile, split, qo_len, num_heads = late
     wait_prior()
-    return kv_span(kv_len_ptr, b, m_tile, split, qo_len, num_heads, BLOCK_M, BLOCK_N, CAUSAL)
+    return kv_span(kv_len_ptr, b, m_tile, split, qo_len, qo_len * num_heads, num_heads,
+                   BLOCK_M, BLOCK_N, CAUSAL)  # fmt: skip
