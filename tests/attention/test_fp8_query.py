@@ -263,7 +263,8 @@ def test_errors(device):
         ("sm90", "rows", None, True, QF8_DOT),  # forced: the portable FP8 build
         ("sm90", "pingpong8", None, False, 0),  # its FP8-query build runs on request only
         ("sm90", "pingpong8", QF8_DOT, True, QF8_DOT),
-        ("sm90", "fp8qk", None, False, 0),
+        ("sm90", "fp8qk", None, True, QF8_DOT),  # its FP8-query build is the planner's route
+        ("sm90", "fp8qk", 0, False, 0),  # named off: converted
         ("sm90", "fp8qk", QF8_DOT, True, QF8_DOT),
         ("sm90", "fp8qk", QF8_CVT, True, QF8_DOT),  # a Gluon kernel has one FP8-query build
         ("sm90", "pingpong8", 0, False, 0),
@@ -286,6 +287,28 @@ def test_routing_rule(target, config, forced, direct, mode):
     assert (q.direct, q.mode) == (direct, mode)
 
 
+@pytest.mark.parametrize(
+    "batch,heads,qo_len,variant,direct",
+    [
+        (32, 32, 1, "fp8qk", True),  # the FP8 × FP8 kernel reads the codes itself
+        (64, 16, 1, "fp8qk", True),
+        (64, 64, 1, "fp8qk", True),  # 32-row tiles
+        (8, 16, 4, "fp8qk", True),  # speculative rows
+        (1, 32, 1, "fewrows", False),  # no FP8-query build: converted
+        (64, 128, 1, "pingpong8", False),  # its build runs on request only
+    ],
+)
+def test_sm90_planner_routes(batch, heads, qo_len, variant, direct):
+    """FP8 queries on SM90 as the planner sends them, unasked: to the FP8 × FP8 kernel's own
+    FP8-query build where the planner chooses that kernel, converted for the others."""
+    t = TARGETS["sm90"]
+    plan = make_launch_plan(batch=batch, num_heads=heads, max_qo_len=qo_len, max_kv_len=4096,
+                            sms=132, max_splits_by_workspace=64, target=t)  # fmt: skip
+    q = route_queries(QueryPlan(E4M3, False, True, 0), plan.config, t, E4M3, torch.bfloat16)
+    assert plan.config.variant == variant
+    assert (q.direct, q.mode) == (direct, QF8_DOT if direct else 0)
+
+
 def test_fp16_output_plans_the_portable_kernels():
     """FP8 queries with ``o_data_type=fp16``: the Gluon kernels write bf16 only, so the SM90
     planner takes the portable kernels (row tiles, the value split above 64 rows)."""
@@ -299,8 +322,9 @@ def test_fp16_output_plans_the_portable_kernels():
 
 
 def test_flashinfer_lengths(device):
-    """FlashInfer's test lengths (0 … 1,024), page size 64, the default route (converted on
-    SM90, whose bf16 rounding of ``q × q_scale`` moves the LSE by up to ~1e-2)."""
+    """FlashInfer's test lengths (0 … 1,024), page size 64, the default route (on SM90 the
+    FP8 × FP8 kernel's FP8-query build; a converted route's bf16 rounding of ``q × q_scale``
+    would move the LSE by up to ~1e-2)."""
     b = make_batch([0, 1, 17, 33, 96, 97, 114, 514, 1024], 16, page_size=64, device=device,
                    generator=gen(12))  # fmt: skip
     qn, qp, s, values = fp8_queries(b, "tensor", device)

@@ -7,10 +7,11 @@ The query's true value is ``q_fp8 × q_scale``: one scale for the tensor (a floa
 
 Two routes, fixed at ``plan()`` by the registry (``Variant.fp8_queries``):
 
-- **direct**: the chosen kernel has an FP8-query build (the portable ``rows`` kernel) and reads
-  the e4m3 codes and their scale itself; with ``quantize_q`` one fused kernel
+- **direct**: the chosen kernel has an FP8-query build (the portable ``rows`` kernel; on SM90
+  the FP8 × FP8 Gluon kernel ``fp8qk``, ``Variant.fp8_queries_planned``) and reads the e4m3
+  codes and their scale itself; with ``quantize_q`` one fused kernel
   (``kernels/portable/q_quant.py``) first writes codes and row scales into buffers the plan owns.
-- **converted**: every other kernel (the SM90 Gluon kernels) reads bf16 queries: the same
+- **converted**: every other kernel (the other SM90 Gluon kernels) reads bf16 queries: the same
   fused kernel writes ``q_fp8 × q_scale`` in bf16 (``quantize_q``: the 16-bit queries rounded
   through e4m3 first, the function the direct route computes) and the kernel reads those.
 """
@@ -275,7 +276,8 @@ def route_queries(
 ) -> QueryPlan:
     """The route of FP8 queries to the kernel the planner chose (``config``): direct where
     its variant has an FP8-query build (``Variant.fp8_queries``), in :func:`fp8_query_mode`'s
-    build; else converted to bf16 (the Gluon kernels, which write bf16 outputs). ``forced``:
+    build, or a Gluon one the planner takes (``Variant.fp8_queries_planned``); else converted
+    to bf16 (the other Gluon kernels, which write bf16 outputs). ``forced``:
     ``plan(kernel_options={"Q_FP8": ...})`` names the build (``QF8_NONE``: converted), also
     of a kernel whose FP8-query build runs on request only (``Variant.fp8_queries_on_request``;
     a Gluon kernel reads the codes in FP8 wgmma whichever nonzero build is named)."""
@@ -287,6 +289,8 @@ def route_queries(
         mode = int(forced)
     elif forced is not None and variant.fp8_queries_on_request:  # its one build: FP8 wgmma
         mode = QF8_DOT if forced else QF8_NONE
+    elif variant.fp8_queries_planned:
+        mode = QF8_DOT
     if variant.gluon and out_dtype != torch.bfloat16:
         raise ValueError(
             f"expected o_data_type bf16 for the {variant.name} kernel, got {out_dtype}"

@@ -88,10 +88,13 @@ class Variant:
     # path (the portable kernel is ~2.5x slower than they are at 128 heads on the H200)
     # until a Gluon FP8-query build is measured (docs/design/fp8-queries.md)
     fp8_queries: bool = False
-    # the kernel has an FP8-query build that runs only where the plan names it
-    # (``plan(kernel_options={"Q_FP8": 2})``): built and compiled, not yet the planner's
-    # choice (docs/design/fp8-queries.md says what its GPU run must show first)
+    # the kernel has a Gluon FP8-query build that a plan can name
+    # (``plan(kernel_options={"Q_FP8": 2})``): it reads the codes in FP8 wgmma
     fp8_queries_on_request: bool = False
+    # ... and the planner sends FP8 queries to that build unasked: it was measured faster
+    # than converting them to bf16 for the kernel (docs/design/fp8-queries.md); without
+    # this, FP8 queries for the kernel are converted unless a plan names the build
+    fp8_queries_planned: bool = False
 
     def load(self):
         """The ``@triton.jit`` / ``@gluon.jit`` function (imported on first use)."""
@@ -377,6 +380,9 @@ FP8QK = register(
         launches_dependents=True,
         half_partials=True,
         fp8_queries_on_request=True,
+        # s6b (H100): 39.6 / 64.6 / 40.3 / 89.2 us against the converted route's 44.7 / 70.2
+        # / 45.0 / 98.1 at 32x32x4K, 64x16x4K, 8x32x16K, 64x64x4K, at the same error
+        fp8_queries_planned=True,
         refine=_fp8qk_refine,
         alternatives=_fp8qk_alternatives,
     )
