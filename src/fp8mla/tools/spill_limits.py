@@ -32,7 +32,8 @@ SPILL_EXCEPTIONS: list[tuple[tuple[str, ...], str, str, int, str]] = [
         "",
         1280,
         "the portable kernels' FP8-query builds on SM90, which runs FP8 queries through the "
-        "Gluon kernels (converted to bf16) unless kernel_config names rows or vsplit: "
+        "Gluon kernels (fp8qk's own FP8-query build, the others' converted to bf16) unless "
+        "kernel_config names rows or vsplit: "
         "Triton 3.9 spills 288-324 B in 16-row tiles and 1,096 B in the 128-row value-split "
         "tile; not timed yet (docs/design/fp8-queries.md)",
     ),
