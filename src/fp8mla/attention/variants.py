@@ -380,8 +380,8 @@ FP8QK = register(
         launches_dependents=True,
         half_partials=True,
         fp8_queries_on_request=True,
-        # s6b (H100): 39.6 / 64.6 / 40.3 / 89.2 us against the converted route's 44.7 / 70.2
-        # / 45.0 / 98.1 at 32x32x4K, 64x16x4K, 8x32x16K, 64x64x4K, at the same error
+        # faster than the converted route at every case the planner gives it, at the same
+        # error (docs/design/fp8-queries.md, run s6b)
         fp8_queries_planned=True,
         refine=_fp8qk_refine,
         alternatives=_fp8qk_alternatives,

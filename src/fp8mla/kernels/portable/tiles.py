@@ -111,6 +111,21 @@ def split_range(
 
 
 @triton.jit
+def request_kv_span(span, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """``(kv_len, n_begin, n_end)`` of one program of a split-KV grid (the splits along its
+    third axis): its request's length read at ``kv_len_ptr[b]`` and its split's KV range
+    (:func:`split_range`), empty for a row tile past the request's ``rows_total`` rows.
+    ``span``: ``(kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads)``."""
+    kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads = span
+    kv_len = tl.load(kv_len_ptr + b)
+    n_begin, n_end = split_range(
+        kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
+    )
+    n_end = tl.where(m_tile * BLOCK_M < rows_total, tl.maximum(n_end, n_begin), n_begin)
+    return kv_len, n_begin, n_end
+
+
+@triton.jit
 def load_kv_tile(
     ckv_ptr,
     kpe_ptr,

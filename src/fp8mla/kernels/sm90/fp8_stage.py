@@ -14,6 +14,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
+from fp8mla.kernels.portable import tiles as TL
 from fp8mla.kernels.sm90.common import (
     BLOCK_N,
     LO_GAIN,
@@ -25,8 +26,8 @@ from fp8mla.kernels.sm90.common import (
     pow2_scale,
     thread_barrier,
     tile_rows,
+    wait_prior,
 )
-from fp8mla.kernels.sm90.request import late_span
 
 
 @gluon.jit
@@ -47,9 +48,11 @@ def fp8_copier(
     RoPE part is 16-bit (the packed ``fp8_ds_mla`` row's bf16 values): its 128 bytes a token are
     copied as bytes, as a latent chunk is (``kpe_ptr`` and its strides in bytes). ``LATE``:
     ``[n_begin, n_end)`` read here, once the grid that writes the lengths and page-table
-    entries has ended (``request.late_span``: ``late``, ``BLOCK_M`` and ``CAUSAL`` for it)."""
+    entries has ended (``common.wait_prior``; ``late``, ``BLOCK_M`` and ``CAUSAL``: the
+    arguments of ``tiles.request_kv_span``)."""
     if LATE:
-        _, n_begin, n_end = late_span(late, BLOCK_M, BLOCK_N, CAUSAL)
+        wait_prior()
+        _, n_begin, n_end = TL.request_kv_span(late, BLOCK_M, BLOCK_N, CAUSAL)
     ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [P_WARPS, 1], [1, 0])  # [64, 128] B
     if ROPE_16BIT:
         pe_ld: gl.constexpr = ld

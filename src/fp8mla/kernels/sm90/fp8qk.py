@@ -52,6 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels.portable import fp8_decode as T
+from fp8mla.kernels.portable import tiles as TL
 from fp8mla.kernels.sm90.common import (
     BLOCK_N,
     HALF_N,
@@ -62,7 +63,7 @@ from fp8mla.kernels.sm90.common import (
 from fp8mla.kernels.sm90.fp8_stage import fp8_copier, stage_query_half
 from fp8mla.kernels.sm90.fp8_values import HALF, store_output, value_operand
 from fp8mla.kernels.sm90.fp8qk_score import RQ, score_warpgroup
-from fp8mla.kernels.sm90.request import late_span, request_span
+from fp8mla.kernels.sm90.request import request_span
 
 
 @gluon.jit
@@ -80,7 +81,7 @@ def _value_wg(
     ``256H + π(m)`` of ``Oᵀ += Vᵀ·Pᵀ`` in two 32-token steps per tile, ``Vᵀ`` read from the
     stage's FP8 bytes into wgmma's register operand (the second step's bytes are read and
     converted while the first step's products run). ``LATE``: the KV range read after the
-    query staging, once the grid that writes the lengths has ended (``request.late_span``)."""
+    query staging, once the grid that writes the lengths has ended (``common.wait_prior``)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_R, 16]
     )
@@ -92,8 +93,9 @@ def _value_wg(
         D_KPE, BLOCK_R, ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE, q_scale_ptr, stride_qs_t,
         q_scale_val,
     )  # fmt: skip
-    if LATE:
-        _, n_begin, n_end = late_span(late, BLOCK_R, BLOCK_N, CAUSAL)
+    if LATE:  # the compaction's lists and counts, from here on
+        wait_prior()
+        _, n_begin, n_end = TL.request_kv_span(late, BLOCK_R, BLOCK_N, CAUSAL)
     o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     for j in range(n_tiles):
@@ -294,7 +296,8 @@ def _mla_fp8qk_kernel(
         ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
         BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT, not LATE,
     )  # fmt: skip
-    late = (kv_len_ptr, b, m_tile, split, qo_len, num_heads)  # LATE: read by each partition
+    # LATE: each partition reads its length and KV range after wait_prior, from these
+    late = (kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads)
 
     gl.warp_specialize(
         [

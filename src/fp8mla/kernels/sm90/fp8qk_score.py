@@ -14,6 +14,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from fp8mla.kernels.portable import tiles as TL
 from fp8mla.kernels.sm90.common import (
     BLOCK_N,
     HALF_N,
@@ -27,8 +28,8 @@ from fp8mla.kernels.sm90.common import (
     thread_barrier,
     tile_rows,
     unmasked_end,
+    wait_prior,
 )
-from fp8mla.kernels.sm90.request import late_span
 
 RQ = gl.constexpr(32)  # query rows of the score warpgroup (hi and lo: wgmma's M of 64)
 # the accumulator of a 16-bit RoPE product (K steps of 16; the FP8 products' take 32): the
@@ -233,14 +234,16 @@ def score_warpgroup(
     rescale factor to the value warpgroups, the row statistics and the LSE. Software
     pipelined: tile ``j + 1``'s first products run on the tensor cores while tile ``j``'s
     softmax runs on the warpgroup. ``LATE``: the request's length and KV range read here, once
-    the grid that writes them has ended (``request.late_span``)."""
+    the grid that writes them has ended (``common.wait_prior``; ``late``: the arguments of
+    ``tiles.request_kv_span``)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
     )
     PARTS: gl.constexpr = 4 if TOKEN_GROUP else QK_PARTS
     row_l: gl.constexpr = gl.SliceLayout(1, S_ROWS)  # along the query rows
     if LATE:
-        kv_len, n_begin, n_end = late_span(late, BLOCK_M, BLOCK_N, CAUSAL)
+        wait_prior()
+        kv_len, n_begin, n_end = TL.request_kv_span(late, BLOCK_M, BLOCK_N, CAUSAL)
     mbarrier.wait(q_ready, 0)  # the query operands, staged by the value warpgroups
     inv_s = stat_smem.index(0).load(row_l)
     inv_s_pe = stat_smem.index(1).load(row_l)

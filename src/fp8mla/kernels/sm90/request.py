@@ -1,13 +1,11 @@
 """What a program of the SM90 Gluon attention kernels works on: its request's rows, its KV
 split and the request's page table (:func:`request_span`), from the portable kernels' split
-arithmetic and scales (``portable/tiles.py``); for a program whose lengths come from the grid
-before it, its KV range read after that grid (:func:`late_span`)."""
+arithmetic and scales (``portable/tiles.py``)."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from fp8mla.kernels.portable import tiles as T
-from fp8mla.kernels.sm90.common import wait_prior
 
 
 @gluon.jit
@@ -24,7 +22,7 @@ def request_span(
     for a tile past the rows or a split past the (causal) end. A negative ``kv_indptr`` start
     is as bad as a missing entry: every token of the request is then bad. ``READ_KV_LEN``
     False: ``kv_len``, ``n_begin`` and ``n_end`` are 0, for partitions that read them later
-    with :func:`kv_span` (the grid before this one writes the lengths)."""
+    with ``tiles.request_kv_span`` (the grid before this one writes the lengths)."""
     q_start = gl.load(qo_indptr_ptr + b)
     qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
     rows_total = qo_len * num_heads
@@ -33,8 +31,8 @@ def request_span(
         CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
     if READ_KV_LEN:
-        kv_len, n_begin, n_end = kv_span(kv_len_ptr, b, m_tile, split, qo_len, rows_total,
-                                         num_heads, BLOCK_M, BLOCK_N, CAUSAL)  # fmt: skip
+        span = (kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads)
+        kv_len, n_begin, n_end = T.request_kv_span(span, BLOCK_M, BLOCK_N, CAUSAL)
     else:
         kv_len = 0
         n_begin = 0
@@ -45,29 +43,3 @@ def request_span(
     page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
     return (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
             pe_factor, v_scale)  # fmt: skip
-
-
-@gluon.jit
-def kv_span(kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads, BLOCK_M: gl.constexpr,
-            BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
-    """``(kv_len, n_begin, n_end)`` of request ``b``, row tile ``m_tile`` and KV split
-    ``split``: the request's length and the split's KV range, empty for a tile past the
-    request's ``rows_total`` rows."""
-    kv_len = gl.load(kv_len_ptr + b)
-    n_begin, n_end = T.split_range(
-        kv_len, qo_len, m_tile, split, gl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
-    )
-    n_end = gl.where(m_tile * BLOCK_M < rows_total, gl.maximum(n_end, n_begin), n_begin)
-    return kv_len, n_begin, n_end
-
-
-@gluon.jit
-def late_span(late, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """:func:`kv_span` once the grid this one depends on has ended (``common.wait_prior``),
-    for a partition of a program launched as the dependent of the grid that writes its
-    lengths and page-table entries (the sparse path's compaction): it reads everything else
-    before that. ``late``: ``(kv_len_ptr, b, m_tile, split, qo_len, num_heads)``."""
-    kv_len_ptr, b, m_tile, split, qo_len, num_heads = late
-    wait_prior()
-    return kv_span(kv_len_ptr, b, m_tile, split, qo_len, qo_len * num_heads, num_heads,
-                   BLOCK_M, BLOCK_N, CAUSAL)  # fmt: skip
