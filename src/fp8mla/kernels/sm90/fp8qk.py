@@ -204,7 +204,7 @@ def _mla_fp8qk_kernel(
     # launched as a programmatic dependent of the grid before it on the stream: 1 (True) the
     # barriers are set up, then griddepcontrol.wait before the first global read; 2 that grid
     # writes only the requests' lengths and page-table entries (the sparse path's compaction):
-    # the query is staged first, each partition waits where it first reads them (late_span)
+    # the query is staged first, each partition waits where it first reads them
     WAIT_PRIOR: gl.constexpr = False,
     # the split partials in fp16 without the V scale, which goes to mult_ptr (one fp32) for
     # the merge (attention.workspace.Partials)
