@@ -17,7 +17,7 @@ import torch
 
 from fp8mla.attention.targets import Target
 from fp8mla.dsa.sparse_plan import MAX_SPLITS, MAX_TOPK, merge_blocks, sparse_table
-from fp8mla.dsa.sparse_sm90 import compact_shape
+from fp8mla.dsa.sparse_sm90 import compact_shape, fp8qk_options
 from fp8mla.tools.kernel_builds import SCALE_ARR_STRIDES, Build
 
 KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
@@ -72,9 +72,8 @@ def fp8qk_rope16_builds(target: Target) -> list[tuple[str, Build]]:
         if not job.build.kernel.endswith(":_mla_fp8qk_kernel") or not v.startswith("e4m3"):
             continue
         if "group" in v or "rowtiles" in v:
-            consts = dict(job.build.constexprs, TOKEN_GROUP=True, ROPE_16BIT=True)
-            if consts.get("WAIT_PRIOR"):  # the compaction's dependent (sparse_sm90)
-                consts["WAIT_PRIOR"] = 2
+            consts = dict(job.build.constexprs, TOKEN_GROUP=True)
+            consts.update(fp8qk_options(bool(consts.get("WAIT_PRIOR"))))
             ptrs = dict(job.build.pointers, scale_arr_ptr="fp32")
             build = Build(job.build.kernel, tuple(ptrs.items()), tuple(consts.items()),
                           job.build.num_warps, job.build.num_stages, job.build.maxnreg,

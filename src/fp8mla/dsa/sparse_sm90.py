@@ -54,6 +54,7 @@ class FP8QKSparse:
     compacted: torch.Tensor  # [num_tokens, topk] int32
     counts: torch.Tensor  # [num_tokens] int32
     topk: int
+    compact: tuple[int, int]  # the compaction's (BLOCK, num_warps): compact_shape(topk)
 
 
 def fp8qk_sparse(
@@ -103,18 +104,20 @@ def fp8qk_sparse(
         device=device,
         target=target,
         interpreted=False,
-        kernel_options=_kernel_options(plan),
+        kernel_options=fp8qk_options(plan.attention_waits),
     )
-    return FP8QKSparse(plan, launch, compacted.view(max(1, num_tokens), -1), counts, topk)
+    compacted = compacted.view(max(1, num_tokens), -1)
+    return FP8QKSparse(plan, launch, compacted, counts, topk, compact_shape(topk))
 
 
-def _kernel_options(plan: LaunchPlan) -> dict:
-    """The FP8 × FP8 kernel's options on the sparse path: the RoPE part in bf16; launched as
-    the compaction's programmatic dependent, it stages the query before waiting for the
-    compaction (``WAIT_PRIOR=2``: the compaction writes only the lists and their counts, and
-    every grid before it had ended when it started)."""
+def fp8qk_options(waits: bool) -> dict:
+    """The FP8 × FP8 kernel's options on the sparse path (the launch and the compile
+    matrix's builds): the RoPE part in bf16; launched as the compaction's programmatic
+    dependent (``waits``), it stages the query before waiting for the compaction
+    (``WAIT_PRIOR=2``: the compaction writes only the lists and their counts, and every grid
+    before it had ended when it started)."""
     options = {"ROPE_16BIT": True}
-    if plan.attention_waits:
+    if waits:
         options["WAIT_PRIOR"] = 2
     return options
 
@@ -180,7 +183,7 @@ def run_fp8qk_sparse(
 
     c = cache_rows(view)
     n = s.counts.shape[0]
-    block, warps = compact_shape(s.topk)
+    block, warps = s.compact
     _sparse_compact_kernel[(n,)](
         indices, topk_length if topk_length is not None else indices, s.compacted, s.counts,
         indices.shape[0], s.topk, indices.stride(0), c.num_slots, c.page_size, c.rows_per_page,
