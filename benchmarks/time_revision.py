@@ -14,7 +14,9 @@ small ones), with the same seeds in every revision.
 sparse bench's packed pool and index lists; default cases B128_H16_K2048, B128_H128_K2048,
 B1_H32_K2048): ten calls alternating two index lists per CUDA-graph replay, each row with the
 relative error of its first tokens against the float64 reference, so that a revision that
-times well but answers wrong shows in the same file.
+times well but answers wrong shows in the same file. ``--sparse-lists in-place|compacted``
+forces how the SM90 path reads the index lists (``sparse_sm90.plans_lists``; default: as the
+plan decides), for revisions that have the choice.
 """
 
 from __future__ import annotations
@@ -128,7 +130,14 @@ def main() -> int:
     ap.add_argument("--kernels", action="store_true", help="also each kernel's device time")
     ap.add_argument("--sparse", nargs="?", const=SPARSE_CASES, default=None, metavar="CASES",
                     help="time sparse MLA cases instead (default: %(const)s)")  # fmt: skip
+    ap.add_argument("--sparse-lists", choices=("plan", "in-place", "compacted"), default="plan",
+                    help="how the SM90 sparse path reads the index lists")  # fmt: skip
     args = ap.parse_args()
+    if args.sparse_lists != "plan":
+        from fp8mla.dsa import sparse_sm90
+
+        forced = args.sparse_lists == "in-place"
+        sparse_sm90.plans_lists = lambda topk, num_splits: forced
     if args.sparse:
         rows = sparse_rows(args.label, args.sparse)
         with open(args.json, "w") as f:

@@ -127,12 +127,13 @@ def assert_matches_reference(batch: PagedBatch, out, lse, *, causal=False) -> fl
 
 def sm90_launch(
     variant: str, splits: int, heads: int = 16, merge_waits: bool = False,
-    attention_waits: bool = False,
+    attention_waits: bool = False, index_lists: bool = False,
 ):  # fmt: skip
     """An attention launch of ``variant`` built for SM90 on the CPU (nothing runs): two
     requests of one query token over 5 and 4 tokens in pages of 2, FP8 e4m3 (bf16 for a
     variant of 16-bit pools: :func:`pool_dtype_for`), ``splits`` KV splits (with their
-    partials). For tests of the launch path with stand-in kernels."""
+    partials); with ``index_lists`` the sparse path's launch (page size 1, the page table and
+    lengths given at each call). For tests of the launch path with stand-in kernels."""
     from fp8mla.attention.config import LaunchPlan
     from fp8mla.attention.launch import AttentionLaunch
     from fp8mla.attention.planner import tile_for_variant
@@ -155,9 +156,11 @@ def sm90_launch(
         workspace = torch.zeros(splits * 513 * 2 * heads, dtype=torch.float32)
         partials = split_partials(workspace, splits, 2 * heads, 512, half)
     return AttentionLaunch(
-        plan, batch=2, heads=heads, head_dim_kpe=64, page_size=2, causal=False,
-        sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,
+        plan, batch=2, heads=heads, head_dim_kpe=64, page_size=1 if index_lists else 2,
+        causal=False, sm_scale=0.1, indices=idx, partials=partials, kv_dtype=fp8,
         device=torch.device("cpu"), target=TARGETS["sm90"], interpreted=False,
+        kernel_options={"SPARSE_LISTS": True} if index_lists else None,
+        index_lists=index_lists,
     )  # fmt: skip
 
 

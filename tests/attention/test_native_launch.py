@@ -89,7 +89,7 @@ class _Recorder:
         return launch
 
 
-def _recorded_launch(monkeypatch, variant: str, splits: int):
+def _recorded_launch(monkeypatch, variant: str, splits: int, index_lists: bool = False):
     """An SM90 launch (``attention_utils.sm90_launch``, its merge a programmatic dependent)
     whose kernels record Triton-path launches, and whose bound launches record the parameter
     blocks they would hand the driver (in ``sent``) instead of launching."""
@@ -98,7 +98,8 @@ def _recorded_launch(monkeypatch, variant: str, splits: int):
     monkeypatch.setattr(KL, "current_stream", lambda device: 0)
     monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: True))
     waits = get_variant(variant).launches_dependents  # as the planner launches it on SM90
-    launch = sm90_launch(variant, splits, merge_waits=splits > 1, attention_waits=waits)
+    launch = sm90_launch(variant, splits, merge_waits=splits > 1, attention_waits=waits,
+                         index_lists=index_lists)  # fmt: skip
     kernels = [launch.kernel] + ([launch.merge] if launch.merge else [])
     fns = [_jit(k.fn) for k in kernels]
     for k, fn in zip(kernels, fns):
@@ -141,27 +142,46 @@ def _expected(compiled: _Compiled, named: dict, defaults: dict) -> list:
 
 @pytest.mark.parametrize("variant, splits", [(v, s) for v in sorted(REGISTRY) for s in (1, 4)])
 def test_native_parameter_block_matches_tritons_path(monkeypatch, variant, splits):
+    _check_blocks(monkeypatch, variant, splits, False)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_native_parameter_block_of_index_lists(monkeypatch, splits):
+    """The sparse path's launch, whose page table and lengths each call gives
+    (``index_lists``): the bound launch passes that call's two arrays where Triton's path
+    does."""
+    _check_blocks(monkeypatch, "fp8qk", splits, True)
+
+
+def _check_blocks(monkeypatch, variant: str, splits: int, index_lists: bool) -> None:
+    """Two calls bind the launch; three later calls' parameter blocks, parameter by
+    parameter, against what Triton's path passes for the same calls."""
     from attention_utils import pool_dtype_for, sm90_launch_inputs
 
     heads = 16
-    launch, kernels, fns, sent = _recorded_launch(monkeypatch, variant, splits)
+    launch, kernels, fns, sent = _recorded_launch(monkeypatch, variant, splits, index_lists)
 
     def make(pool_slots, lse, scale):
-        return sm90_launch_inputs(heads, pool_slots, lse, scale, pool_dtype_for(variant))
+        x = sm90_launch_inputs(heads, pool_slots, lse, scale, pool_dtype_for(variant))
+        if not index_lists:
+            return x, {}
+        i32 = dict(dtype=torch.int32)  # the call's own lists and lengths
+        return x, {"lists": (torch.arange(pool_slots, pool_slots + 9, **i32),
+                             torch.tensor([5, pool_slots % 5], **i32))}  # fmt: skip
 
-    for x in [make(16, False, 0.5), make(32, True, torch.full((1,), 2.0))]:
-        launch(*x)  # each specialization's first call: Triton's path, then bound
+    for x, kw in [make(16, False, 0.5), make(32, True, torch.full((1,), 2.0))]:
+        launch(*x, **kw)  # each specialization's first call: Triton's path, then bound
     assert launch.native_launches == 0
     later = [make(48, False, 0.25), make(64, True, torch.full((1,), 3.0)), make(80, False, 0.75)]
-    for x in later:
-        launch(*x)
+    for x, kw in later:
+        launch(*x, **kw)
     assert launch.native_launches == len(later) == len(sent)
     # the same calls through Triton's path: what each parameter must be
     monkeypatch.setattr(KL.KernelLauncher, "_direct_ok", staticmethod(lambda: False))
     for k in kernels:
         k.fn.by_name.clear()
-    for x in later:
-        launch(*x)
+    for x, kw in later:
+        launch(*x, **kw)
     for j, blocks in enumerate(sent):
         for k, fn, block in zip(kernels, fns, blocks):
             named = k.fn.by_name[j]
@@ -174,6 +194,10 @@ def test_native_parameter_block_matches_tritons_path(monkeypatch, variant, split
             if launch.q_fp16 and k is launch.kernel:  # a fresh fp16 copy of q per call
                 got, want = got[1:], want[1:]
             assert got == want, f"{variant}: {fn.__name__} parameter block differs"
+            if index_lists and k is launch.kernel:  # the call's lists, not the plan's
+                lists = later[j][1]["lists"]
+                assert named["kv_indices_ptr"] is lists[0]
+                assert named["kv_len_ptr"] is lists[1]
 
 
 def test_kinds_and_ranges():

@@ -38,3 +38,37 @@ def test_auto_keeps_the_portable_kernel_elsewhere(target, q, kv, interp):
 def test_fp8qk_asked_where_it_cannot_serve_says_why(target, q, kv, why):
     with pytest.raises(ValueError, match=why):
         fp8qk_serves("fp8qk", target, 32, q, kv, interpreted=False)
+
+
+@pytest.mark.parametrize(
+    "pages, rows_per_page, lists_apart, tokens, reads",
+    [(8, 64, 64, 4, True), (8, 64, 72, 4, False), (8, 64, 72, 1, True), (8, 65, 64, 4, False),
+     (0, 64, 64, 0, True)],
+)  # fmt: skip
+def test_fp8qk_reads_the_lists_in_place_where_slots_are_rows(
+    pages, rows_per_page, lists_apart, tokens, reads
+):
+    """The SM90 path reads the index lists as the caller gives them when a slot is a cache row
+    and token ``t``'s list starts at entry ``t · topk``; pages with a gap after them (65 rows
+    for 64 slots) or lists further apart go through the compaction."""
+    from fp8mla.dsa.layout import token_view
+    from fp8mla.dsa.sparse_sm90 import cache_rows, reads_lists
+
+    topk = 64
+    store = torch.zeros(max(pages, 1), rows_per_page, 656, dtype=U8)
+    cache = store[:pages, :64]
+    wide = torch.zeros(tokens, lists_apart, dtype=torch.int32)
+    assert reads_lists(cache_rows(token_view(cache)), wide[:, :topk], topk) == reads
+
+
+@pytest.mark.parametrize(
+    "topk, splits, in_place",
+    [(2048, 32, True), (2048, 64, True), (2048, 16, False), (2048, 1, False), (64, 1, True),
+     (1, 1, True), (100, 2, True), (130, 2, False)],
+)  # fmt: skip
+def test_fp8qk_plans_the_lists_in_place_where_each_split_is_one_tile(topk, splits, in_place):
+    """The in-place lists where a split reads one 64-token tile (one token's decode over the
+    GPU's splits); the compaction where a program reads several."""
+    from fp8mla.dsa.sparse_sm90 import plans_lists
+
+    assert plans_lists(topk, splits) == in_place

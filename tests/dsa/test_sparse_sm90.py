@@ -58,13 +58,16 @@ def _reference(q_nope, q_pe, cache, indices, topk_length):
     return out, lse
 
 
-def _run(q_nope, q_pe, cache, indices, topk_length, graph=False):
+def _run(q_nope, q_pe, cache, indices, topk_length, planned=None, lists=None):
+    """The SM90 path's output and LSE, planned for ``planned`` tokens (default: the call's),
+    the index lists read in place where ``lists`` (None: as the plan decides)."""
     from fp8mla.dsa.layout import token_view
     from fp8mla.dsa.sparse_sm90 import fp8qk_sparse, run_fp8qk_sparse
 
     t_n, h_n, _ = q_nope.shape
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    s = fp8qk_sparse(t_n, h_n, indices.shape[1], SM_SCALE, ws, torch.device("cuda"))
+    s = fp8qk_sparse(planned or t_n, h_n, indices.shape[1], SM_SCALE, ws, torch.device("cuda"),
+                     lists)  # fmt: skip
     out = torch.empty_like(q_nope)
     lse = torch.empty(t_n, h_n, dtype=torch.float32, device="cuda")
     view = token_view(cache)
@@ -100,6 +103,46 @@ def test_matches_float64(tokens, heads, topk, slots, page):
     empty = torch.isinf(ref_lse)
     assert torch.equal(torch.isinf(lse.cpu()), empty)
     assert (out.cpu()[empty] == 0).all()
+
+
+@pytest.mark.parametrize("tokens, heads, topk", [(1, 32, 2048), (5, 128, 300), (64, 16, 517)])
+def test_lists_in_place_and_compacted_agree_with_float64(tokens, heads, topk):
+    """The index lists read as the caller gives them (-1 masked in the kernel) and compacted
+    first (by the plan, or for lists further apart than topk) all match float64: -1 anywhere,
+    a whole 64-entry tile of -1, a token with none, lengths past topk and below 0, a plan for
+    more tokens than the call has."""
+    from fp8mla.dsa.layout import token_view
+    from fp8mla.dsa.sparse_sm90 import cache_rows, reads_lists
+
+    torch.manual_seed(tokens + heads)
+    cache, used = _cache(1 << 16, 64, tokens + 11)
+    indices = used[torch.randint(0, used.numel(), (tokens, topk), device="cuda")].to(torch.int32)
+    indices[:, 1::5] = -1
+    indices[0, 64:128] = -1
+    lengths = torch.randint(-2, topk + 40, (tokens,), dtype=torch.int32, device="cuda")
+    lengths[0] = topk + 7
+    if tokens > 2:
+        indices[2] = -1
+        lengths[1] = -3
+    wide = torch.full((tokens, topk + 8), -5, dtype=torch.int32, device="cuda")
+    wide[:, :topk] = indices
+    apart = wide[:, :topk]  # entries past topk are never read (they would poison the row)
+    q_nope = torch.randn(tokens, heads, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(tokens, heads, 64, device="cuda", dtype=torch.bfloat16)
+    rows = cache_rows(token_view(cache))
+    assert reads_lists(rows, indices, topk) and reads_lists(rows, apart, topk) == (tokens == 1)
+    refs = {id(lengths): _reference(q_nope, q_pe, cache, indices.cpu(), lengths.cpu()),
+            id(None): _reference(q_nope, q_pe, cache, indices.cpu(), None)}  # fmt: skip
+    empty = torch.isinf(refs[id(lengths)][1])
+    for lists, in_place in ((indices, True), (apart, True), (indices, False)):
+        for length in (lengths, None):
+            want, want_lse = refs[id(length)]
+            out, lse, _ = _run(q_nope, q_pe, cache, lists, length, tokens + 3, in_place)
+            assert _rel(out, want) <= 3e-3
+            assert _rel(lse, want_lse) <= 1e-4
+            if length is not None:
+                assert torch.equal(torch.isinf(lse.cpu()), empty)
+                assert (out.cpu()[empty] == 0).all()
 
 
 def test_bad_ids_poison_only_their_token():
@@ -144,14 +187,16 @@ def test_pages_with_a_gap_read_the_same_rows():
     assert got[2].isnan().all() and got_lse[2].isnan().all()
 
 
-def test_cuda_graph_replays_new_indices():
+@pytest.mark.parametrize("lists", [True, False])
+def test_cuda_graph_replays_new_indices(lists):
     from fp8mla.dsa.layout import token_view
     from fp8mla.dsa.sparse_sm90 import fp8qk_sparse, run_fp8qk_sparse
 
     cache, used = _cache(1 << 15, 64, 9)
     t_n, h_n, topk = 8, 32, 512
     ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-    s = fp8qk_sparse(t_n, h_n, topk, SM_SCALE, ws, torch.device("cuda"))
+    s = fp8qk_sparse(t_n, h_n, topk, SM_SCALE, ws, torch.device("cuda"), lists)
+    assert (s.lists is not None) == lists
     q_nope = torch.randn(t_n, h_n, 512, device="cuda", dtype=torch.bfloat16)
     q_pe = torch.randn(t_n, h_n, 64, device="cuda", dtype=torch.bfloat16)
     indices = torch.empty(t_n, topk, dtype=torch.int32, device="cuda")

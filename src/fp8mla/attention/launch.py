@@ -125,6 +125,8 @@ CACHE_POINTERS = ("ckv_ptr", "kpe_ptr", "scale_arr_ptr", "ckv_scale_ptr", "kpe_s
 MERGE_CALL_ARGS = ("o_ptr", "lse_ptr", "num_tokens", "stride_o_t", "stride_o_h", "stride_lse_t",
                    "WRITE_LSE")  # fmt: skip
 Q_SCALE_ARGS = ("q_scale_ptr", "stride_qs_t", "q_scale_val", "Q_SCALE")  # FP8-query builds
+# a launch whose page table and lengths each call gives (index_lists: the sparse index lists)
+LIST_ARGS = ("kv_indices_ptr", "kv_len_ptr")
 
 
 def _partial_outputs(plan: LaunchPlan, partials: Partials, heads: int) -> dict[str, Any]:
@@ -195,6 +197,8 @@ class AttentionLaunch:
         interpreted: Triton's interpreter runs the kernels.
         kernel_options: compile-time options the kernel declares with defaults (tuning).
         q_fp8: the kernel's FP8-query build (``query.QF8_*``; 0: 16-bit queries).
+        index_lists: each call passes the page table and the lengths (``lists``: the sparse
+            path's index lists as they are); ``indices``' two give their sizes only.
     """
 
     def __init__(
@@ -215,6 +219,7 @@ class AttentionLaunch:
         interpreted: bool,
         kernel_options: dict[str, Any] | None = None,
         q_fp8: int = 0,
+        index_lists: bool = False,
     ) -> None:
         cfg = plan.config
         self.plan = plan
@@ -313,7 +318,11 @@ class AttentionLaunch:
             + (() if self.split else OUT_ARGS)
             + (NAN_ARGS if self.nan_row is not None else ())
             + (Q_SCALE_ARGS if self.q_call else ())
+            + (LIST_ARGS if index_lists else ())
         )
+        self.index_lists = index_lists
+        for name in LIST_ARGS if index_lists else ():
+            del self.fixed[name]
         self._bind = ArgumentBinder(self.kernel, self.fixed, call)
         self._call = call
         # (attention key, merge key) -> the two kernels bound for native.launch (None: not
@@ -335,14 +344,16 @@ class AttentionLaunch:
         lse: torch.Tensor | None,
         scales: Scales,
         q_scale: Any = None,
+        lists: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """Attention of ``q [T, H, 512|64]`` over the paged cache into ``out [T, H, 512]``
-        and ``lse [T, H]`` (checked by the caller); FP8 queries with ``query.QueryScale``."""
+        and ``lse [T, H]`` (checked by the caller); FP8 queries with ``query.QueryScale``;
+        an ``index_lists`` launch with ``lists``, its page table and lengths (int32)."""
         if self.interpreted and out.dtype == torch.bfloat16:
             # Triton's interpreter rounds fp32 → bf16 toward zero (twice the error of rounding
             # to nearest): under it the kernels write fp32 and PyTorch rounds, as a GPU would
             wide = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-            self(q_nope, q_pe, ckv, kpe, wide, lse, scales, q_scale)
+            self(q_nope, q_pe, ckv, kpe, wide, lse, scales, q_scale, lists)
             out.copy_(wide)
             return
         if self.q_call:  # e4m3 codes as bytes (SM80/86 Triton has no e4m3 pointers)
@@ -401,6 +412,9 @@ class AttentionLaunch:
             qs_tensor = q_scale.tensor if q_scale.tensor is not None else self.qo_indptr
             vals += [qs_tensor.data_ptr(), q_scale.stride, q_scale.value, q_scale.mode]
             ptrs, qkey = ptrs | vals[-4], (q_scale.mode,)
+        if self.index_lists:
+            vals += [lists[0].data_ptr(), lists[1].data_ptr()]
+            ptrs |= vals[-2] | vals[-1]
         key = mkey = mvals = None
         if self.fast and ptrs & 15 == 0 and all16(strides):
             key = (cs_ptr, ks_ptr, group, write_lse, wide) + qkey
@@ -421,7 +435,7 @@ class AttentionLaunch:
             # Triton's path: the tensors themselves, in the addresses' places
             tensors = [q_nope, q_pe, ckv, kpe, sa if group else ckv, cs if cs_ptr else ckv,
                        ks if ks_ptr else ckv, out, lse if write_lse else out]  # fmt: skip
-            self.kernel.launch(self._args(vals, tensors, qs_tensor), key)
+            self.kernel.launch(self._args(vals, tensors, qs_tensor, lists), key)
         if self.merge is not None:
             if mkey is None or not self.merge.launch_direct(self._merge_bind(mvals), mkey):
                 mvals[:2] = [out, lse if write_lse else self.partials.lse]
@@ -485,11 +499,12 @@ class AttentionLaunch:
         self._nan_offsets[a_ckv, a_kpe] = offsets = (nc, nk, wide)
         return offsets
 
-    def _args(self, vals: list[Any], tensors: list[torch.Tensor], q_scale: Any = None) -> dict:
+    def _args(self, vals: list[Any], tensors: list[torch.Tensor], q_scale: Any = None,
+              lists: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:  # fmt: skip
         """The call's arguments by name, for Triton's path (which specializes on them): the
         direct launch's ``vals`` with ``tensors`` in place of the addresses (CALL_POINTERS'
-        seven, then the output and LSE, which a split plan's call does not pass, and the
-        query scale's)."""
+        seven, then the output and LSE, which a split plan's call does not pass, the query
+        scale's and the index lists')."""
         vals = vals.copy()
         vals[: len(CALL_POINTERS)] = tensors[: len(CALL_POINTERS)]
         if not self.split:  # o_ptr, lse_ptr: OUT_ARGS' first two
@@ -498,6 +513,8 @@ class AttentionLaunch:
         args = dict(zip(self._call, vals), **self.fixed)
         if q_scale is not None:
             args["q_scale_ptr"] = q_scale
+        if self.index_lists:
+            args.update(zip(LIST_ARGS, lists))
         if self.fp8_cvt:  # integer decoding reads bytes: SM80/86 Triton rejects FP8 pointers
             views = {id(t): t.view(torch.uint8) for t in (args["ckv_ptr"], args["kpe_ptr"])}
             for name in CACHE_POINTERS:

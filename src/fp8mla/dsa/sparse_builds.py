@@ -60,7 +60,8 @@ def _attention_build(tile, packed: bool, split: bool, cvt: int, target: Target) 
 
 def fp8qk_rope16_builds(target: Target) -> list[tuple[str, Build]]:
     """The SM90 FP8 × FP8 kernel as the sparse path launches it: the dense matrix's e4m3
-    token-group and row-tile builds with the scales as float32 and ``ROPE_16BIT``."""
+    token-group and row-tile builds with the scales as float32 and ``ROPE_16BIT``, over
+    compacted lists and over the index lists as they are (``SPARSE_LISTS``, page size 1)."""
     from fp8mla.dsa.sparse_plan import fp8qk_serves
     from fp8mla.tools.compile_matrix import attention_jobs
 
@@ -71,14 +72,19 @@ def fp8qk_rope16_builds(target: Target) -> list[tuple[str, Build]]:
         v = job.variant
         if not job.build.kernel.endswith(":_mla_fp8qk_kernel") or not v.startswith("e4m3"):
             continue
-        if "group" in v or "rowtiles" in v:
+        if "group" not in v and "rowtiles" not in v:
+            continue
+        for lists in (False, True):
             consts = dict(job.build.constexprs, TOKEN_GROUP=True)
-            consts.update(fp8qk_options(bool(consts.get("WAIT_PRIOR"))))
+            consts.update(fp8qk_options(bool(consts.get("WAIT_PRIOR")), lists))
+            if lists:
+                consts["PAGE_SIZE"] = 1
             ptrs = dict(job.build.pointers, scale_arr_ptr="fp32")
             build = Build(job.build.kernel, tuple(ptrs.items()), tuple(consts.items()),
                           job.build.num_warps, job.build.num_stages, job.build.maxnreg,
                           unaligned=SCALE_ARR_STRIDES)  # fmt: skip
-            out.append((f"packed {v.split(' ', 1)[1]} rope16", build))
+            label = f"packed {v.split(' ', 1)[1]} rope16{' lists' if lists else ''}"
+            out.append((label, build))
     return out
 
 

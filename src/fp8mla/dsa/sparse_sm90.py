@@ -1,9 +1,13 @@
 """Sparse MLA attention on SM90 through the FP8 × FP8 decode kernel (``kernels/sm90/fp8qk.py``).
 
 A sparse query token is a paged-attention request of page size 1 whose page table is its own
-index list: once each list is compacted (``kernels/portable/sparse_compact.py``: the entries it
-attends to at the front, their count as the request's length), the dense SM90 kernel reads the
-packed ``fp8_ds_mla`` rows in place -- the latent part's e4m3 bytes as its FP8 pool, the four
+index list. Where each split of a list is one 64-token tile (one token's decode: the plan
+decides, :func:`plans_lists`), the cache's token rows follow each other and the lists are
+``topk`` entries apart, the dense SM90 kernel reads the lists as the caller wrote them
+(``SPARSE_LISTS``: a -1 entry is no token, ``topk_length`` the request's length); otherwise
+they are compacted first (``kernels/portable/sparse_compact.py``: the entries a token attends
+to at the front, turned into rows, their count as the request's length). The kernel reads the packed ``fp8_ds_mla``
+rows in place -- the latent part's e4m3 bytes as its FP8 pool, the four
 float32 scales as its per-token, per-128-channel scales, the bf16 RoPE part in its 16-bit RoPE
 mode (``ROPE_16BIT``). Rows of 16 to 32 heads run as one tile a token, more heads as 32-row
 tiles; long lists split over the GPU with the dense split merge. The dense path's conventions
@@ -34,6 +38,8 @@ from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, ROPE_OFFSET, SCALE_OFFSET, TOK
 from fp8mla.formats import Scales
 
 COMPACT_MAX_BLOCK = 4096  # index-list entries per step of the compaction, at most
+# 64-token tiles a split of a token's list may read for the plan to read the lists in place
+LIST_TILES_MAX = 1
 LN2 = math.log(2.0)
 
 
@@ -45,9 +51,21 @@ def compact_shape(topk: int) -> tuple[int, int]:
     return block, max(1, min(8, block // 512))
 
 
+def plans_lists(topk: int, num_splits: int) -> bool:
+    """Whether a plan reads the index lists in place, without the compaction's launch: where
+    each split of a token's list is at most ``LIST_TILES_MAX`` tiles. There the compaction
+    is a fixed cost beside little work (one token's decode), and reading the lists in place
+    measured faster; with many tiles a program the in-place kernel's per-tile cost (it loads
+    each tile's entries again, to mask the -1 ones) measured more than the compaction saves
+    (``docs/design/sparse.md``)."""
+    return triton.cdiv(triton.cdiv(topk, num_splits), 64) <= LIST_TILES_MAX
+
+
 @dataclass
 class FP8QKSparse:
-    """The compaction buffers and the attention launch of one sparse plan on SM90."""
+    """The attention launches of one sparse plan on SM90: over the compacted lists
+    (``launch``) with the compaction's buffers, and where the plan reads the index lists as
+    they are (:func:`plans_lists`) over those (``lists``)."""
 
     plan: LaunchPlan
     launch: AttentionLaunch
@@ -55,6 +73,8 @@ class FP8QKSparse:
     counts: torch.Tensor  # [num_tokens] int32
     topk: int
     compact: tuple[int, int]  # the compaction's (BLOCK, num_warps): compact_shape(topk)
+    lists: AttentionLaunch | None
+    full: torch.Tensor | None  # [num_tokens] int32 of topk: ``lists``' lengths by default
 
 
 def fp8qk_sparse(
@@ -64,9 +84,11 @@ def fp8qk_sparse(
     sm_scale: float,
     workspace: torch.Tensor,
     device: torch.device,
+    lists: bool | None = None,
 ) -> FP8QKSparse:
     """Plan ``num_tokens`` query tokens of ``num_heads`` heads, each over its own ``topk``
-    slots, on the FP8 × FP8 kernel: one request of page size 1 per token."""
+    slots, on the FP8 × FP8 kernel: one request of page size 1 per token; the index lists
+    read in place where :func:`plans_lists` (``lists``: True or False in its place)."""
     tokens = torch.arange(num_tokens + 1, dtype=torch.int32, device=device)
     qo_indptr = tokens
     kv_indptr = tokens * topk
@@ -90,36 +112,58 @@ def fp8qk_sparse(
     partials = None
     if plan.num_splits > 1:
         partials = split_partials(workspace, plan.num_splits, rows, NOPE_DIM, plan.half_partials)
-    launch = AttentionLaunch(
-        plan,
-        batch=num_tokens,
-        heads=num_heads,
-        head_dim_kpe=ROPE_DIM,
-        page_size=1,
-        causal=False,
-        sm_scale=sm_scale,
-        indices=(qo_indptr, kv_indptr, compacted, counts),
-        partials=partials,
-        kv_dtype=torch.float8_e4m3fn,
-        device=device,
-        target=target,
-        interpreted=False,
-        kernel_options=fp8qk_options(plan.attention_waits),
-    )
+
+    def attention(lists: bool, lengths: torch.Tensor) -> AttentionLaunch:
+        return AttentionLaunch(
+            plan,
+            batch=num_tokens,
+            heads=num_heads,
+            head_dim_kpe=ROPE_DIM,
+            page_size=1,
+            causal=False,
+            sm_scale=sm_scale,
+            indices=(qo_indptr, kv_indptr, compacted, lengths),
+            partials=partials,
+            kv_dtype=torch.float8_e4m3fn,
+            device=device,
+            target=target,
+            interpreted=False,
+            kernel_options=fp8qk_options(plan.attention_waits, lists),
+            index_lists=lists,
+        )
+
+    if lists is None:
+        lists = plans_lists(topk, plan.num_splits)
+    full = in_place = None
+    if lists:
+        full = torch.full((max(1, num_tokens),), topk, dtype=torch.int32, device=device)
+        in_place = attention(True, full)
     compacted = compacted.view(max(1, num_tokens), -1)
-    return FP8QKSparse(plan, launch, compacted, counts, topk, compact_shape(topk))
+    return FP8QKSparse(plan, attention(False, counts), compacted, counts, topk,
+                       compact_shape(topk), in_place, full)  # fmt: skip
 
 
-def fp8qk_options(waits: bool) -> dict:
-    """The FP8 × FP8 kernel's options on the sparse path (the launch and the compile
-    matrix's builds): the RoPE part in bf16; launched as the compaction's programmatic
-    dependent (``waits``), it stages the query before waiting for the compaction
+def fp8qk_options(waits: bool, lists: bool = False) -> dict:
+    """The FP8 × FP8 kernel's options on the sparse path (the launches and the compile
+    matrix's builds): the RoPE part in bf16. Over the index lists as they are (``lists``,
+    ``SPARSE_LISTS``), a programmatic dependent (``waits``) waits for the grid before it
+    before its first global read, as the dense launches do; over compacted lists, launched as
+    the compaction's dependent, it stages the query before waiting for the compaction
     (``WAIT_PRIOR=2``: the compaction writes only the lists and their counts, and every grid
     before it had ended when it started)."""
     options = {"ROPE_16BIT": True}
-    if waits:
+    if lists:
+        options["SPARSE_LISTS"] = True
+    elif waits:
         options["WAIT_PRIOR"] = 2
     return options
+
+
+def reads_lists(rows: CacheRows, indices: torch.Tensor, topk: int) -> bool:
+    """Whether the attention reads ``indices`` as they are (no compaction): a slot is a row
+    (the cache's token rows follow each other) and token ``t``'s list starts at entry
+    ``t · topk`` (the kernel's page-table offsets, fixed at plan())."""
+    return not rows.paged and (indices.shape[0] <= 1 or indices.stride(0) == topk)
 
 
 @dataclass
@@ -177,11 +221,18 @@ def run_fp8qk_sparse(
     out: torch.Tensor,
     lse: torch.Tensor | None,
 ) -> None:
-    """Compact the index lists, then the attention (and the split merge) into ``out`` and, when
-    given, ``lse`` in natural log (+inf for a token with nothing to attend to)."""
+    """The attention (and the split merge) over the index lists as they are where the plan
+    reads them so and :func:`reads_lists`, else over the lists compacted first, into ``out``
+    and, when given, ``lse`` in natural log (+inf for a token with nothing to attend to)."""
     from fp8mla.kernels.portable.sparse_compact import _sparse_compact_kernel
 
     c = cache_rows(view)
+    scales = Scales(ckv=1.0, kpe=1.0, ckv_arr=c.scales)
+    if s.lists is not None and reads_lists(c, indices, s.topk):
+        lengths = topk_length if topk_length is not None else s.full
+        s.lists(q_nope, q_pe, c.ckv, c.kpe, out, lse, scales, lists=(indices, lengths))
+        _natural_lse(lse)
+        return
     n = s.counts.shape[0]
     block, warps = s.compact
     _sparse_compact_kernel[(n,)](
@@ -190,8 +241,13 @@ def run_fp8qk_sparse(
         HAS_TOPK_LENGTH=topk_length is not None, PAGED=c.paged,
         BLOCK=block, LAUNCH_NEXT=s.plan.attention_waits, num_warps=warps,
     )  # fmt: skip
-    s.launch(q_nope, q_pe, c.ckv, c.kpe, out, lse, Scales(ckv=1.0, kpe=1.0, ckv_arr=c.scales))
-    if lse is not None:  # base 2 → natural log; a token that saw nothing: +inf
+    s.launch(q_nope, q_pe, c.ckv, c.kpe, out, lse, scales)
+    _natural_lse(lse)
+
+
+def _natural_lse(lse: torch.Tensor | None) -> None:
+    """The kernels' base-2 LSE in natural log; a token that saw nothing: +inf."""
+    if lse is not None:
         lse.mul_(LN2).nan_to_num_(nan=float("nan"), posinf=float("inf"), neginf=float("inf"))
 
 

@@ -3,7 +3,9 @@ token attends to (within ``topk_length``, not ``-1``) moved to the front of its 
 order, and their count.
 
 The SM90 kernels read a request's page table as ``kv_len`` tokens of ``kv_indices``; a sparse
-token is such a request of page size 1 whose entries are rows of the cache. Where the cache's
+token is such a request of page size 1 whose entries are rows of the cache. The SM90 path reads
+the lists as the caller gives them where a slot is a row and the lists are ``topk`` entries
+apart (``dsa/sparse_sm90.reads_lists``); it compacts them for any other layout. Where the cache's
 token rows follow each other a slot is its row (``PAGED=False``: the ids are copied as they
 are, and entries below ``-1`` or past the cache stay in the list for the attention kernel to
 find). Pages of ``page_size`` slots whose stride is ``rows_per_page`` token rows (pages with a

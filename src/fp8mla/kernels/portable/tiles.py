@@ -116,13 +116,21 @@ def request_kv_span(span, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: 
     third axis): its request's length read at ``kv_len_ptr[b]`` and its split's KV range
     (:func:`split_range`), empty for a row tile past the request's ``rows_total`` rows.
     ``span``: ``(kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads)``."""
-    kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads = span
-    kv_len = tl.load(kv_len_ptr + b)
+    kv_len = tl.load(span[0] + span[1])
+    n_begin, n_end = kv_span(kv_len, span, BLOCK_M, BLOCK_N, CAUSAL)
+    return kv_len, n_begin, n_end
+
+
+@triton.jit
+def kv_span(kv_len, span, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """``(n_begin, n_end)`` of one program of a split-KV grid over a request of ``kv_len``
+    tokens (:func:`request_kv_span`'s range, the length given)."""
+    _, b, m_tile, split, qo_len, rows_total, num_heads = span
     n_begin, n_end = split_range(
         kv_len, qo_len, m_tile, split, tl.num_programs(2), num_heads, BLOCK_M, BLOCK_N, CAUSAL
     )
     n_end = tl.where(m_tile * BLOCK_M < rows_total, tl.maximum(n_end, n_begin), n_begin)
-    return kv_len, n_begin, n_end
+    return n_begin, n_end
 
 
 @triton.jit

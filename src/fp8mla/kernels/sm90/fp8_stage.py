@@ -38,6 +38,7 @@ def fp8_copier(
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr,
     P_WARPS: gl.constexpr, ROPE_16BIT: gl.constexpr = False, LATE: gl.constexpr = False,
     late=None, BLOCK_M: gl.constexpr = 0, CAUSAL: gl.constexpr = False,
+    LISTS: gl.constexpr = False,
 ):  # fmt: skip
     """Each tile of ``[n_begin, n_end)`` into stage ``j % STAGES`` by ``cp.async`` (tokens past
     ``n_end`` as 0, a bad page entry's token as the NaN row), with its tokens' four group
@@ -49,7 +50,9 @@ def fp8_copier(
     copied as bytes, as a latent chunk is (``kpe_ptr`` and its strides in bytes). ``LATE``:
     ``[n_begin, n_end)`` read here, once the grid that writes the lengths and page-table
     entries has ended (``common.wait_prior``; ``late``, ``BLOCK_M`` and ``CAUSAL``: the
-    arguments of ``tiles.request_kv_span``)."""
+    arguments of ``tiles.request_kv_span``). ``LISTS``: the page table is a sparse token's
+    index list (page size 1), whose ``-1`` entries are no token: their bytes are never read
+    (copied as 0, so that the values the score warpgroup masks out stay finite)."""
     if LATE:
         wait_prior()
         _, n_begin, n_end = TL.request_kv_span(late, BLOCK_M, BLOCK_N, CAUSAL)
@@ -92,11 +95,16 @@ def fp8_copier(
         pos = base + j * BLOCK_N
         ok = pos < n_end
         pages, bad = check_entries(raw, in_list, ok, num_pages)
+        if LISTS:  # a -1 entry is no token: not bad, not read
+            live = ok & (raw != -1)
+            bad = bad & live
+        else:
+            live = ok
         slot = pages.to(gl.int64)
         rows = cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
         pe_rows = cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
         pe_rows = gl.convert_layout(pe_rows, pe_rows_l)
-        pe_ok = gl.convert_layout(ok, pe_rows_l)
+        pe_ok = gl.convert_layout(live, pe_rows_l)
         # the next tile's page entries, requested before this tile's copies
         nxt = pos + BLOCK_N
         raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
@@ -106,15 +114,15 @@ def fp8_copier(
         for c in gl.static_range(D_CKV // C8):
             async_load(
                 k_dst.slice(c * C8, C8, dim=1), ckv_ptr + rows[:, None] + (c * C8 + d)[None, :],
-                mask=ok[:, None],
+                mask=live[:, None],
             )  # fmt: skip
         async_load(pe_stages.index(s), kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None])
         if TOKEN_GROUP:  # a bad entry's token: page 0's scales (its K and V are NaN anyway)
             sa_rows = slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
             sa3 = gl.convert_layout(gl.reshape(sa_rows, [4, 16]), gl.SliceLayout(2, sel3),
                                     assert_trivial=True)[:, :, None]  # fmt: skip
-            ok3 = gl.convert_layout(gl.reshape(ok.to(gl.int32), [4, 16]), gl.SliceLayout(2, sel3),
-                                    assert_trivial=True)[:, :, None]  # fmt: skip
+            ok3 = gl.convert_layout(gl.reshape(live.to(gl.int32), [4, 16]),
+                                    gl.SliceLayout(2, sel3), assert_trivial=True)[:, :, None]  # fmt: skip
             k = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=k_l), 1), 2)
             c = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=c_l), 0), 0)
             mine = k == c

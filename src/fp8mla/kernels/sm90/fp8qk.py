@@ -216,6 +216,11 @@ def _mla_fp8qk_kernel(
     # models) while the latent part is FP8: kpe_ptr and its strides in bytes, its product with
     # the query's RoPE part in bf16; False: the RoPE part is FP8 as the latent part
     ROPE_16BIT: gl.constexpr = False,
+    # each request is a sparse query token whose page table is its own index list, as the
+    # caller gives it (page size 1, token-group scales): a -1 entry is no token (never read,
+    # its scores masked), the request's length at kv_len_ptr is clamped to its list, and
+    # requests past num_tokens have none (dsa/sparse_sm90.py)
+    SPARSE_LISTS: gl.constexpr = False,
     mult_ptr=None,
     # nonzero: e4m3 queries, their codes as bytes, times a scale per row
     # (``fp8_stage.stage_query_half``: Q_SCALE 0 ``q_scale_val``, 1 ``q_scale_ptr[0]``, 2
@@ -285,6 +290,10 @@ def _mla_fp8qk_kernel(
     if WAIT_PRIOR == 1:  # a programmatic dependent: no global read before the prior grid ends
         wait_prior()
     LATE: gl.constexpr = WAIT_PRIOR == 2
+    gl.static_assert(
+        not SPARSE_LISTS or (PAGE_SIZE == 1 and TOKEN_GROUP and not LATE),
+        "index lists: page size 1, token-group scales, lengths read at the start",
+    )
     m_tile = 0
     if ROW_TILES:
         m_tile = gl.program_id(0)
@@ -295,6 +304,7 @@ def _mla_fp8qk_kernel(
         qo_indptr_ptr, kv_indptr_ptr, kv_indices_ptr, kv_len_ptr, ckv_scale_ptr, kpe_scale_ptr,
         ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
         BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT, not LATE,
+        SPARSE_LISTS, num_tokens,
     )  # fmt: skip
     # LATE: each partition reads its length and KV range after wait_prior, from these
     late = (kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads)
@@ -309,7 +319,7 @@ def _mla_fp8qk_kernel(
                     rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
                     pe_factor, stride_lse_split, stride_lse_t, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
                     TOKEN_GROUP, STAGES, QK_PARTS, LAUNCH_DEPENDENTS, BLOCK_M, ROW_TILES, LATE,
-                    late,
+                    late, SPARSE_LISTS, page_base,
                 ),
             ),
             (
@@ -343,7 +353,7 @@ def _mla_fp8qk_kernel(
                     page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
                     stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS,
-                    ROPE_16BIT, LATE, late, BLOCK_M, CAUSAL,
+                    ROPE_16BIT, LATE, late, BLOCK_M, CAUSAL, SPARSE_LISTS,
                 ),
             ),
         ],

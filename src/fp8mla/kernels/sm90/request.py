@@ -14,7 +14,8 @@ def request_span(
     ckv_scale_val, kpe_scale_val, sm_scale_log2, b, m_tile, split, num_heads, num_indices,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
     CKV_SCALE_PTR: gl.constexpr, KPE_SCALE_PTR: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-    FP8_CVT: gl.constexpr, READ_KV_LEN: gl.constexpr = True,
+    FP8_CVT: gl.constexpr, READ_KV_LEN: gl.constexpr = True, LISTS: gl.constexpr = False,
+    num_tokens=None,
 ):  # fmt: skip
     """What a Gluon program of request ``b``, row tile ``m_tile`` and KV split ``split``
     works on: ``(q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries,
@@ -22,7 +23,10 @@ def request_span(
     for a tile past the rows or a split past the (causal) end. A negative ``kv_indptr`` start
     is as bad as a missing entry: every token of the request is then bad. ``READ_KV_LEN``
     False: ``kv_len``, ``n_begin`` and ``n_end`` are 0, for partitions that read them later
-    with ``tiles.request_kv_span`` (the grid before this one writes the lengths)."""
+    with ``tiles.request_kv_span`` (the grid before this one writes the lengths). ``LISTS``:
+    each request is a sparse query token whose page table is its index list (page size 1):
+    its length, read at ``kv_len_ptr[b]``, is clamped into ``[0, n_entries]``, and a request
+    past the call's ``num_tokens`` rows has none (its length is not read)."""
     q_start = gl.load(qo_indptr_ptr + b)
     qo_len = gl.load(qo_indptr_ptr + b + 1) - q_start
     rows_total = qo_len * num_heads
@@ -30,8 +34,8 @@ def request_span(
         ckv_scale_ptr, kpe_scale_ptr, ckv_scale_val, kpe_scale_val, sm_scale_log2,
         CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT,
     )  # fmt: skip
-    if READ_KV_LEN:
-        span = (kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads)
+    span = (kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads)
+    if READ_KV_LEN and not LISTS:
         kv_len, n_begin, n_end = T.request_kv_span(span, BLOCK_M, BLOCK_N, CAUSAL)
     else:
         kv_len = 0
@@ -40,6 +44,10 @@ def request_span(
     kv_start = gl.load(kv_indptr_ptr + b)
     kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
     n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
+    if LISTS:
+        kv_len = gl.load(kv_len_ptr + b, mask=q_start < num_tokens, other=0)
+        kv_len = gl.minimum(gl.maximum(kv_len, 0), n_entries)
+        n_begin, n_end = T.kv_span(kv_len, span, BLOCK_M, BLOCK_N, CAUSAL)
     page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
     return (q_start, qo_len, rows_total, kv_len, n_begin, n_end, page_base, n_entries, qk_scale,
             pe_factor, v_scale)  # fmt: skip
