@@ -145,6 +145,14 @@ def test_native_parameter_block_matches_tritons_path(monkeypatch, variant, split
     _check_blocks(monkeypatch, variant, splits, False)
 
 
+@pytest.mark.parametrize("variant, splits", [(v, s) for v in sorted(REGISTRY) for s in (1, 4)])
+def test_native_parameter_block_with_token_group_scales(monkeypatch, variant, splits):
+    """Token-group scales whose strides are no multiple of 16 (the packed sparse row's 164
+    floats): their specialization is part of the key, so such calls are bound too, and pass
+    what Triton's path passes."""
+    _check_blocks(monkeypatch, variant, splits, False, group=True)
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 def test_native_parameter_block_of_index_lists(monkeypatch, splits):
     """The sparse path's launch, whose page table and lengths each call gives
@@ -153,9 +161,13 @@ def test_native_parameter_block_of_index_lists(monkeypatch, splits):
     _check_blocks(monkeypatch, "fp8qk", splits, True)
 
 
-def _check_blocks(monkeypatch, variant: str, splits: int, index_lists: bool) -> None:
+def _check_blocks(monkeypatch, variant: str, splits: int, index_lists: bool,
+                  group: bool = False) -> None:  # fmt: skip
     """Two calls bind the launch; three later calls' parameter blocks, parameter by
-    parameter, against what Triton's path passes for the same calls."""
+    parameter, against what Triton's path passes for the same calls (``group``: with
+    token-group scales, four floats a token in rows of 164)."""
+    from fp8mla.formats import Scales
+
     from attention_utils import pool_dtype_for, sm90_launch_inputs
 
     heads = 16
@@ -163,6 +175,9 @@ def _check_blocks(monkeypatch, variant: str, splits: int, index_lists: bool) -> 
 
     def make(pool_slots, lse, scale):
         x = sm90_launch_inputs(heads, pool_slots, lse, scale, pool_dtype_for(variant))
+        if group:
+            rows = torch.zeros(pool_slots, 2, 164)[..., 128:132]
+            x = x[:6] + (Scales(ckv=scale, kpe=scale, ckv_arr=rows),)
         if not index_lists:
             return x, {}
         i32 = dict(dtype=torch.int32)  # the call's own lists and lengths

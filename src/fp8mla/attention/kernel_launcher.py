@@ -151,6 +151,13 @@ def aligned16(*tensors: torch.Tensor) -> bool:
     return acc & 15 == 0
 
 
+def int_class(value: int) -> tuple[bool, bool, bool]:
+    """What Triton's specialization makes of an int argument: whether it equals 1 (compiled
+    as a constant), is divisible by 16, fits 32 bits. Calls alike in all three run the same
+    compiled kernel."""
+    return value == 1, value % 16 == 0, -(2**31) <= value < 2**31
+
+
 def all16(values: Sequence[int]) -> bool:
     """All values divisible by 16 (Triton's integer specialization; 0 and 1 are not)."""
     return 0 not in values and reduce(operator.or_, values) & 15 == 0

@@ -23,7 +23,13 @@ import triton.language as tl
 
 from fp8mla.attention import kernel_launcher, native
 from fp8mla.attention.config import LaunchPlan
-from fp8mla.attention.kernel_launcher import ArgumentBinder, KernelLauncher, aligned16, all16
+from fp8mla.attention.kernel_launcher import (
+    ArgumentBinder,
+    KernelLauncher,
+    aligned16,
+    all16,
+    int_class,
+)
 from fp8mla.attention.planner import merge_block_s
 from fp8mla.attention.targets import Target, current_target
 from fp8mla.attention.variants import get_variant
@@ -388,11 +394,11 @@ class AttentionLaunch:
         ]  # fmt: skip
         # the specialization a direct launch needs: 16-byte aligned pointers (fixed arrays were
         # checked at plan(); the output is the attention kernel's or the merge's), strides
-        # divisible by 16
+        # divisible by 16; the token-group scales' two strides as Triton specializes them, in
+        # the key (the packed sparse row's 164 floats is no multiple of 16)
         ptrs = a_qn | a_qp | a_ckv | a_kpe | a_sa | a_cs | a_ks | a_out | a_lse
         strides = [qs[0], qs[1], ps[0], ps[1], cks[0], cks[1], kps[0], kps[1]]
-        if group:
-            strides += sas
+        skey = (int_class(sas[0]), int_class(sas[1])) if group else ()
         os = out.stride()
         lse_t = lse.stride(0) if write_lse else 0
         if not self.split:
@@ -417,7 +423,7 @@ class AttentionLaunch:
             ptrs |= vals[-2] | vals[-1]
         key = mkey = mvals = None
         if self.fast and ptrs & 15 == 0 and all16(strides):
-            key = (cs_ptr, ks_ptr, group, write_lse, wide) + qkey
+            key = (cs_ptr, ks_ptr, group, write_lse, wide) + qkey + skey
         if self.merge is not None:
             mvals = [a_out, a_lse if write_lse else self._partial_lse_address, out.shape[0],
                      os[0], os[1], lse_t, write_lse]  # fmt: skip
