@@ -16,7 +16,8 @@ B1_H32_K2048): ten calls alternating two index lists per CUDA-graph replay, each
 relative error of its first tokens against the float64 reference, so that a revision that
 times well but answers wrong shows in the same file. ``--sparse-lists in-place|compacted``
 forces how the SM90 path reads the index lists (``sparse_sm90.plans_lists``; default: as the
-plan decides), for revisions that have the choice.
+plan decides), for revisions that have the choice; ``--sparse-kernel`` names ``plan()``'s
+kernel (``pingpong8``: the SM90 FP8 ping-pong kernel's route, which the table does not choose).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def kernel_times(run, calls: int = 20) -> dict[str, float]:
 SPARSE_CASES = "B128_H16_K2048,B128_H128_K2048,B1_H32_K2048"
 
 
-def sparse_rows(label: str, names: str, check_tokens: int = 8) -> list[dict]:
+def sparse_rows(label: str, names: str, check_tokens: int = 8, kernel: str = "auto") -> list[dict]:
     """Each sparse case of ``names`` (comma-separated bench case names): µs a call, TB/s of
     packed bytes, TFLOP/s and the relative error of the first ``check_tokens`` tokens."""
     from fp8mla.bench.sparse_cases import SPARSE_CASES as ALL
@@ -97,7 +98,9 @@ def sparse_rows(label: str, names: str, check_tokens: int = 8) -> list[dict]:
         other = sparse_inputs(case, pool, seed=7).indices
         tokens = inp.q.shape[0]
         w = SparseMLAWrapper(workspace, use_cuda_graph=True)
-        w.plan(tokens, case.heads, case.topk, case.page_size, torch.bfloat16, SM_SCALE)
+        w.plan(
+            tokens, case.heads, case.topk, case.page_size, torch.bfloat16, SM_SCALE, kernel=kernel
+        )
         out = torch.empty(tokens, case.heads, 512, dtype=torch.bfloat16, device=dev)
         _, lse = w.run(inp.q_nope, inp.q_pe, pool, inp.indices, out=out, return_lse=True)
         n = min(check_tokens, tokens)
@@ -132,6 +135,11 @@ def main() -> int:
                     help="time sparse MLA cases instead (default: %(const)s)")  # fmt: skip
     ap.add_argument("--sparse-lists", choices=("plan", "in-place", "compacted"), default="plan",
                     help="how the SM90 sparse path reads the index lists")  # fmt: skip
+    ap.add_argument(
+        "--sparse-kernel",
+        default="auto",
+        help="plan()'s kernel for the sparse cases (auto, portable, fp8qk, pingpong8)",
+    )
     args = ap.parse_args()
     if args.sparse_lists != "plan":
         from fp8mla.dsa import sparse_sm90
@@ -139,7 +147,7 @@ def main() -> int:
         forced = args.sparse_lists == "in-place"
         sparse_sm90.plans_lists = lambda topk, num_splits: forced
     if args.sparse:
-        rows = sparse_rows(args.label, args.sparse)
+        rows = sparse_rows(args.label, args.sparse, kernel=args.sparse_kernel)
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
         return 0

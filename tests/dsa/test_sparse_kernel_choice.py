@@ -1,6 +1,8 @@
-"""Which kernel a sparse plan takes (``sparse_plan.fp8qk_serves``): the SM90 FP8 × FP8 kernel for
-bf16 queries over the packed cache where the target's table says so, the portable kernel
-elsewhere, and a ValueError naming the reason when ``kernel="fp8qk"`` cannot serve."""
+"""Which kernel a sparse plan takes (``sparse_plan.sm90_kernel``, ``fp8qk_serves``): the SM90
+FP8 × FP8 kernel for bf16 queries over the packed cache where the target's table says so, the
+FP8 ping-pong kernel where a plan names it (or a table takes it from some head count on), the
+portable kernel elsewhere, and a ValueError naming the reason when a named SM90 kernel cannot
+serve."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 import torch
 
 from fp8mla.attention.targets import TARGETS
-from fp8mla.dsa.sparse_plan import fp8qk_serves
+from fp8mla.dsa.sparse_plan import SPARSE_TABLES, fp8qk_serves, sm90_kernel
 
 SM90 = TARGETS["sm90"]
 BF16, FP16, U8 = torch.bfloat16, torch.float16, torch.uint8
@@ -35,9 +37,57 @@ def test_auto_keeps_the_portable_kernel_elsewhere(target, q, kv, interp):
     [(SM90, FP16, U8, "bf16 queries"), (SM90, BF16, BF16, "packed FP8 cache"),
      (TARGETS["sm120"], BF16, U8, "SM90")],
 )  # fmt: skip
-def test_fp8qk_asked_where_it_cannot_serve_says_why(target, q, kv, why):
-    with pytest.raises(ValueError, match=why):
-        fp8qk_serves("fp8qk", target, 32, q, kv, interpreted=False)
+@pytest.mark.parametrize("kernel", ["fp8qk", "pingpong8"])
+def test_sm90_kernel_asked_where_it_cannot_serve_says_why(target, q, kv, why, kernel):
+    with pytest.raises(ValueError, match=f'"{kernel}".*{why}'):
+        sm90_kernel(kernel, target, 32, q, kv, interpreted=False)
+
+
+@pytest.mark.parametrize("heads", [1, 16, 64, 128])
+def test_pingpong8_only_where_named_on_the_sm90_table(heads):
+    """The ping-pong kernel's sparse route is taken when a plan names it; the SM90 table's
+    automatic choice stays the FP8 × FP8 kernel (``pingpong8_from_heads`` None)."""
+    assert SPARSE_TABLES["sm90"].pingpong8_from_heads is None
+    assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == "fp8qk"
+    assert sm90_kernel("pingpong8", SM90, heads, BF16, U8, interpreted=False) == "pingpong8"
+    assert sm90_kernel("portable", SM90, heads, BF16, U8, interpreted=False) is None
+
+
+@pytest.mark.parametrize("heads, want", [(32, "fp8qk"), (63, "fp8qk"), (64, "pingpong8"),
+                                         (128, "pingpong8")])  # fmt: skip
+def test_a_table_takes_pingpong8_from_its_head_count_on(monkeypatch, heads, want):
+    import dataclasses
+
+    table = dataclasses.replace(SPARSE_TABLES["sm90"], pingpong8_from_heads=64)
+    monkeypatch.setitem(SPARSE_TABLES, "sm90", table)
+    assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == want
+    assert sm90_kernel("fp8qk", SM90, heads, BF16, U8, interpreted=False) == "fp8qk"
+
+
+def test_pingpong8_plans_compacted_lists_and_16bit_rope():
+    """The ping-pong kernel has no in-place lists build: a plan asking for one is refused
+    before anything is allocated, and its options are the 16-bit RoPE mode alone (the launch
+    adds ``WAIT_PRIOR`` where it is the compaction's dependent)."""
+    from fp8mla.dsa.sparse_sm90 import fp8qk_options, fp8qk_sparse, sparse_options
+
+    with pytest.raises(ValueError, match="compacted lists"):
+        fp8qk_sparse(1, 128, 2048, 0.1, torch.empty(0, dtype=U8), torch.device("cpu"),
+                     lists=True, config="pingpong8")  # fmt: skip
+    with pytest.raises(ValueError, match="fp8qk or pingpong8"):
+        fp8qk_sparse(1, 128, 2048, 0.1, torch.empty(0, dtype=U8), torch.device("cpu"),
+                     config="rows")  # fmt: skip
+    for waits in (False, True):
+        assert sparse_options("pingpong8", waits) == {"ROPE_16BIT": True}
+        for lists in (False, True):
+            assert sparse_options("fp8qk", waits, lists) == fp8qk_options(waits, lists)
+
+
+def test_the_wrapper_names_the_sm90_kernels_in_its_error():
+    import fp8mla
+
+    w = fp8mla.SparseMLAWrapper(torch.empty(1 << 20, dtype=U8))
+    with pytest.raises(ValueError, match="fp8qk or pingpong8"):
+        w.plan(1, 16, 64, 64, BF16, 0.1, kernel="pingpong")
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""Sparse MLA attention through the SM90 FP8 × FP8 kernel (``fp8mla.dsa.sparse_sm90``) against
-float64 on the same packed bytes, on an H200: one token to a prefill chunk, 16 to 128 heads,
+"""Sparse MLA attention through the SM90 Gluon kernels (``fp8mla.dsa.sparse_sm90``: the FP8 × FP8
+kernel, and the FP8 ping-pong kernel where named) against float64 on the same packed bytes, on
+an H200: one token to a prefill chunk, 16 to 128 heads,
 -1 padding, ``topk_length``, tokens with nothing to attend to (out 0, LSE +inf), ids outside
 the cache (that token's rows NaN, the others exact), duplicates, both vLLM's and SGLang's cache
 shapes, and a CUDA graph replayed with new indices."""
@@ -58,16 +59,17 @@ def _reference(q_nope, q_pe, cache, indices, topk_length):
     return out, lse
 
 
-def _run(q_nope, q_pe, cache, indices, topk_length, planned=None, lists=None):
-    """The SM90 path's output and LSE, planned for ``planned`` tokens (default: the call's),
-    the index lists read in place where ``lists`` (None: as the plan decides)."""
+def _run(q_nope, q_pe, cache, indices, topk_length, planned=None, lists=None, config="fp8qk"):
+    """The SM90 path's output and LSE on kernel ``config``, planned for ``planned`` tokens
+    (default: the call's), the index lists read in place where ``lists`` (None: as the plan
+    decides)."""
     from fp8mla.dsa.layout import token_view
     from fp8mla.dsa.sparse_sm90 import fp8qk_sparse, run_fp8qk_sparse
 
     t_n, h_n, _ = q_nope.shape
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     s = fp8qk_sparse(planned or t_n, h_n, indices.shape[1], SM_SCALE, ws, torch.device("cuda"),
-                     lists)  # fmt: skip
+                     lists, config)  # fmt: skip
     out = torch.empty_like(q_nope)
     lse = torch.empty(t_n, h_n, dtype=torch.float32, device="cuda")
     view = token_view(cache)
@@ -86,7 +88,8 @@ def _rel(a, b):
     [(1, 32, 2048, 1 << 16, 64), (4, 16, 64, 4096, 1), (3, 64, 300, 8192, 64),
      (2, 128, 2048, 1 << 16, 64), (64, 16, 517, 1 << 15, 64), (512, 128, 128, 1 << 14, 64)],
 )  # fmt: skip
-def test_matches_float64(tokens, heads, topk, slots, page):
+@pytest.mark.parametrize("config", ["fp8qk", "pingpong8"])
+def test_matches_float64(tokens, heads, topk, slots, page, config):
     torch.manual_seed(tokens * 7 + heads)
     cache, used = _cache(slots, page, tokens)
     pick = torch.randint(0, used.numel(), (tokens, topk), device="cuda")
@@ -96,7 +99,8 @@ def test_matches_float64(tokens, heads, topk, slots, page):
     topk_length[0] = topk
     q_nope = torch.randn(tokens, heads, 512, device="cuda", dtype=torch.bfloat16)
     q_pe = torch.randn(tokens, heads, 64, device="cuda", dtype=torch.bfloat16)
-    out, lse, _ = _run(q_nope, q_pe, cache, indices, topk_length)
+    out, lse, s = _run(q_nope, q_pe, cache, indices, topk_length, config=config)
+    assert s.plan.config.variant == config
     ref, ref_lse = _reference(q_nope, q_pe, cache, indices.cpu(), topk_length.cpu())
     assert _rel(out, ref) <= 3e-3
     assert _rel(lse, ref_lse) <= 1e-4
@@ -145,15 +149,16 @@ def test_lists_in_place_and_compacted_agree_with_float64(tokens, heads, topk):
                 assert (out.cpu()[empty] == 0).all()
 
 
-def test_bad_ids_poison_only_their_token():
+@pytest.mark.parametrize("config, heads", [("fp8qk", 32), ("pingpong8", 128)])
+def test_bad_ids_poison_only_their_token(config, heads):
     cache, used = _cache(4096, 64, 3)
     indices = used[torch.randint(0, used.numel(), (4, 96), device="cuda")].to(torch.int32)
     indices[1, 5] = 4096  # past the cache
     indices[2, 9] = -5  # below -1
     indices[3, :] = -1  # nothing to attend to
-    q_nope = torch.randn(4, 32, 512, device="cuda", dtype=torch.bfloat16)
-    q_pe = torch.randn(4, 32, 64, device="cuda", dtype=torch.bfloat16)
-    out, lse, _ = _run(q_nope, q_pe, cache, indices, None)
+    q_nope = torch.randn(4, heads, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(4, heads, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse, _ = _run(q_nope, q_pe, cache, indices, None, config=config)
     assert out[1:3].isnan().all() and lse[1:3].isnan().all()
     assert (out[3] == 0).all() and torch.isinf(lse[3]).all() and (lse[3] > 0).all()
     ref, _ = _reference(q_nope[:1], q_pe[:1], cache, indices[:1].cpu(), None)
@@ -187,15 +192,16 @@ def test_pages_with_a_gap_read_the_same_rows():
     assert got[2].isnan().all() and got_lse[2].isnan().all()
 
 
-@pytest.mark.parametrize("lists", [True, False])
-def test_cuda_graph_replays_new_indices(lists):
+@pytest.mark.parametrize("config, lists, h_n", [("fp8qk", True, 32), ("fp8qk", False, 32),
+                                               ("pingpong8", False, 128)])  # fmt: skip
+def test_cuda_graph_replays_new_indices(config, lists, h_n):
     from fp8mla.dsa.layout import token_view
     from fp8mla.dsa.sparse_sm90 import fp8qk_sparse, run_fp8qk_sparse
 
     cache, used = _cache(1 << 15, 64, 9)
-    t_n, h_n, topk = 8, 32, 512
+    t_n, topk = 8, 512
     ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-    s = fp8qk_sparse(t_n, h_n, topk, SM_SCALE, ws, torch.device("cuda"), lists)
+    s = fp8qk_sparse(t_n, h_n, topk, SM_SCALE, ws, torch.device("cuda"), lists, config)
     assert (s.lists is not None) == lists
     q_nope = torch.randn(t_n, h_n, 512, device="cuda", dtype=torch.bfloat16)
     q_pe = torch.randn(t_n, h_n, 64, device="cuda", dtype=torch.bfloat16)
@@ -225,3 +231,23 @@ def test_cuda_graph_replays_new_indices(lists):
         ref, ref_lse = _reference(q_nope, q_pe, cache, indices.cpu(), lengths.cpu())
         assert _rel(out, ref) <= 3e-3
         assert _rel(lse, ref_lse) <= 1e-4
+
+
+@pytest.mark.parametrize("heads", [64, 128])
+def test_the_wrapper_runs_pingpong8_where_named(heads):
+    """``SparseMLAWrapper.plan(kernel="pingpong8")``: the plan names the kernel, the call
+    matches float64 (the public route to the ping-pong kernel's sparse build)."""
+    import fp8mla
+
+    cache, used = _cache(1 << 15, 64, 13)
+    indices = used[torch.randint(0, used.numel(), (3, 700), device="cuda")].to(torch.int32)
+    indices[:, ::5] = -1
+    q_nope = torch.randn(3, heads, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(3, heads, 64, device="cuda", dtype=torch.bfloat16)
+    w = fp8mla.SparseMLAWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(3, heads, 700, 64, torch.bfloat16, SM_SCALE, kernel="pingpong8")
+    assert w._plan.kernel == "pingpong8"
+    out, lse = w.run(q_nope, q_pe, cache, indices, return_lse=True)
+    ref, ref_lse = _reference(q_nope, q_pe, cache, indices.cpu(), None)
+    assert _rel(out, ref) <= 3e-3
+    assert _rel(lse, ref_lse) <= 1e-4

@@ -44,11 +44,17 @@ def fp8mla_sparse(
     inp: SparseInputs, cache: torch.Tensor | None = None, kernel: str = "auto"
 ) -> Runner:
     """fp8mla on ``cache`` (the packed pool, or its bf16 twin), in ``kernel`` (``plan()``'s:
-    the planner's choice, ``"portable"`` or ``"fp8qk"``)."""
+    the planner's choice, ``"portable"``, ``"fp8qk"`` or ``"pingpong8"``; an SM90 kernel on a
+    GPU it does not serve is :class:`Unavailable`)."""
     case, cache = inp.case, inp.pool if cache is None else cache
     w = SparseMLAWrapper(shared_workspace(inp.q.device, WORKSPACE_BYTES))
-    w.plan(case.tokens, case.heads, case.topk, case.page_size if cache.dim() == 3 else 1,
-           torch.bfloat16, SM_SCALE, kv_data_type=cache.dtype, kernel=kernel)  # fmt: skip
+    try:
+        w.plan(case.tokens, case.heads, case.topk, case.page_size if cache.dim() == 3 else 1,
+               torch.bfloat16, SM_SCALE, kv_data_type=cache.dtype, kernel=kernel)  # fmt: skip
+    except ValueError as e:
+        if kernel in ("auto", "portable"):
+            raise
+        raise Unavailable(str(e)) from None
     out = torch.empty(case.tokens, case.heads, NOPE_DIM, dtype=torch.bfloat16, device=inp.q.device)
     q_nope, q_pe, idx = inp.q_nope, inp.q_pe, inp.indices
     return lambda: w.run(q_nope, q_pe, cache, idx, out=out)

@@ -37,9 +37,10 @@ from fp8mla.dsa.layout import NOPE_DIM
 from fp8mla.dsa.reference import sparse_mla_reference
 from fp8mla.testing import rel_err
 
-# fp8mla-portable: the portable kernel on the packed pool where the planner takes another
-SPARSE_IMPLS = ("fp8mla", "fp8mla-portable", "fp8mla-bf16", "flashmla-sparse-fp8",
-                "vllm-triton-sparse", "gather-dequant")  # fmt: skip
+# fp8mla-portable: the portable kernel on the packed pool where the planner takes another;
+# fp8mla-pingpong8: the SM90 FP8 ping-pong kernel's sparse route (a plan names it)
+SPARSE_IMPLS = ("fp8mla", "fp8mla-portable", "fp8mla-pingpong8", "fp8mla-bf16",
+                "flashmla-sparse-fp8", "vllm-triton-sparse", "gather-dequant")  # fmt: skip
 GRAPH_BYTES = 64 << 20  # cases reading less than this cycle through ROTATIONS index lists
 ROTATIONS = 16  # index lists a small case's graph cycles through (a larger case's: 2)
 CHECK_TOKENS = 4  # query tokens compared with the float64 reference per case
@@ -87,6 +88,8 @@ def make_sparse_runner(name: str, inp: SparseInputs, ctx: SparseContext) -> S.Ru
         return S.fp8mla_sparse(inp)
     if name == "fp8mla-portable":
         return S.fp8mla_sparse(inp, kernel="portable")
+    if name == "fp8mla-pingpong8":
+        return S.fp8mla_sparse(inp, kernel="pingpong8")
     if name == "fp8mla-bf16":
         return S.fp8mla_sparse(inp, ctx.bf16())
     if name == "flashmla-sparse-fp8":

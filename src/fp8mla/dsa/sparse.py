@@ -41,10 +41,11 @@ from fp8mla.dsa.sparse_cache import DTYPES_16BIT, PACKED_DTYPES, SparseCache, sp
 from fp8mla.dsa.sparse_launch import SparseLaunch
 from fp8mla.dsa.sparse_plan import (
     MAX_TOPK,
+    SM90_KERNELS,
     SparsePlan,
     SparseTile,
-    fp8qk_serves,
     make_sparse_plan,
+    sm90_kernel,
 )
 from fp8mla.dsa.sparse_sm90 import FP8QKSparseLaunch
 from fp8mla.formats import Q_DTYPES
@@ -118,11 +119,12 @@ class SparseMLAWrapper:
         float8_e4m3fn) for the packed cache, bf16/fp16 for a 16-bit one. ``num_splits`` and
         ``tile`` override the planner (tuning, tests); ``fp8_cvt`` the e4m3 decoding (auto,
         ptx, int, portable, native). ``kernel``: ``"auto"`` (the target's table), ``"portable"``
-        (the Triton kernel every target runs) or ``"fp8qk"`` (SM90, bf16 queries, the packed
-        cache with its token rows following each other: the FP8 × FP8 decode kernel of the dense
-        path, ``fp8mla.dsa.sparse_sm90``)."""
-        if kernel not in ("auto", "portable", "fp8qk"):
-            raise ValueError(f"expected kernel auto, portable or fp8qk, got {kernel!r}")
+        (the Triton kernel every target runs), ``"fp8qk"`` or ``"pingpong8"`` (SM90, bf16
+        queries, the packed cache with its token rows following each other: the dense path's
+        FP8 × FP8 decode kernel, or its FP8 ping-pong kernel of 64-row tiles for many heads;
+        ``fp8mla.dsa.sparse_sm90``)."""
+        if kernel not in ("auto", "portable", *SM90_KERNELS):
+            raise ValueError(f"expected kernel auto, portable, fp8qk or pingpong8, got {kernel!r}")
         for name, value, lo, hi in (
             ("num_tokens", num_tokens, 1, None),
             ("num_heads", num_heads, 1, MAX_HEADS),
@@ -164,21 +166,21 @@ class SparseMLAWrapper:
                 tile=tile,
             )
             overrides = tile is not None or num_splits is not None or fp8_cvt != "auto"
-            if kernel == "fp8qk" and overrides:
+            if kernel in SM90_KERNELS and overrides:
                 raise ValueError(
-                    'expected no tile, num_splits or fp8_cvt override with kernel="fp8qk" '
+                    f'expected no tile, num_splits or fp8_cvt override with kernel="{kernel}" '
                     "(the dense kernel's planner chooses its own), got one"
                 )
             # the overrides tune the portable kernel: they choose it
             asked = "portable" if overrides else kernel
-            fp8qk = fp8qk_serves(asked, target, num_heads, q_data_type, kv_data_type, interp)
-            if fp8qk:
+            sm90 = sm90_kernel(asked, target, num_heads, q_data_type, kv_data_type, interp)
+            if sm90 is not None:
                 launch = FP8QKSparseLaunch(num_tokens, num_heads, topk, scale, self._workspace,
-                                           self.device)  # fmt: skip
+                                           self.device, sm90)  # fmt: skip
                 dense = launch.sparse.plan
                 plan = dataclasses.replace(
                     plan, tile=SparseTile(dense.config.block_m, dense.config.block_n, 4, 1),
-                    head_groups=dense.m_tiles, num_splits=dense.num_splits, kernel="fp8qk",
+                    head_groups=dense.m_tiles, num_splits=dense.num_splits, kernel=sm90,
                 )  # fmt: skip
             else:
                 partials = None

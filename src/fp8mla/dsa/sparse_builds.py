@@ -1,8 +1,8 @@
 """The sparse MLA kernels as the compile matrix builds them: every tile a target's table can
 choose (``sparse_plan.SPARSE_TABLES``), for the packed cache (with its FP8 decoding there) and a
 bf16 cache, writing split partials and the output directly, and the split merge; the index
-lists' compaction; on SM90 the FP8 × FP8 decode kernel in its 16-bit RoPE mode over the packed
-cache (``sparse_sm90.py``), split and in row tiles.
+lists' compaction; on SM90 the FP8 × FP8 decode kernel and the FP8 ping-pong kernel in their
+16-bit RoPE mode over the packed cache (``sparse_sm90.py``), split and in row tiles.
 
 ``sparse_builds(target)`` returns ``(label, Build, tile)`` triples (``tile``: the spill limits'
 key) for
@@ -17,7 +17,7 @@ import torch
 
 from fp8mla.attention.targets import Target
 from fp8mla.dsa.sparse_plan import MAX_SPLITS, MAX_TOPK, merge_blocks, sparse_table
-from fp8mla.dsa.sparse_sm90 import compact_shape, fp8qk_options
+from fp8mla.dsa.sparse_sm90 import compact_shape, fp8qk_options, sparse_options
 from fp8mla.tools.kernel_builds import SCALE_ARR_STRIDES, Build
 
 KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
@@ -58,10 +58,12 @@ def _attention_build(tile, packed: bool, split: bool, cvt: int, target: Target) 
                  tile.num_stages, cap)  # fmt: skip
 
 
-def fp8qk_rope16_builds(target: Target) -> list[tuple[str, Build]]:
-    """The SM90 FP8 × FP8 kernel as the sparse path launches it: the dense matrix's e4m3
-    token-group and row-tile builds with the scales as float32 and ``ROPE_16BIT``, over
-    compacted lists and over the index lists as they are (``SPARSE_LISTS``, page size 1)."""
+def sm90_rope16_builds(target: Target) -> list[tuple[str, Build, str]]:
+    """The SM90 Gluon kernels as the sparse path launches them, ``(label, Build, tile)``: the
+    dense matrix's e4m3 builds with the scales as float32 token-group scales and the RoPE
+    part in bf16 -- the FP8 × FP8 kernel's token-group and row-tile builds over compacted lists
+    and over the index lists as they are (``SPARSE_LISTS``, page size 1), and the FP8 ping-pong
+    kernel's split and direct builds (page size 1, compacted lists; named by a plan)."""
     from fp8mla.dsa.sparse_plan import fp8qk_serves
     from fp8mla.tools.compile_matrix import attention_jobs
 
@@ -70,22 +72,33 @@ def fp8qk_rope16_builds(target: Target) -> list[tuple[str, Build]]:
     out = []
     for job in attention_jobs(target):
         v = job.variant
-        if not job.build.kernel.endswith(":_mla_fp8qk_kernel") or not v.startswith("e4m3"):
+        if not v.startswith("e4m3"):
             continue
-        if "group" not in v and "rowtiles" not in v:
-            continue
-        for lists in (False, True):
-            consts = dict(job.build.constexprs, TOKEN_GROUP=True)
-            consts.update(fp8qk_options(bool(consts.get("WAIT_PRIOR")), lists))
-            if lists:
-                consts["PAGE_SIZE"] = 1
-            ptrs = dict(job.build.pointers, scale_arr_ptr="fp32")
-            build = Build(job.build.kernel, tuple(ptrs.items()), tuple(consts.items()),
-                          job.build.num_warps, job.build.num_stages, job.build.maxnreg,
-                          unaligned=SCALE_ARR_STRIDES)  # fmt: skip
-            label = f"packed {v.split(' ', 1)[1]} rope16{' lists' if lists else ''}"
-            out.append((label, build))
+        consts = dict(job.build.constexprs, TOKEN_GROUP=True)
+        waits = bool(consts.get("WAIT_PRIOR"))
+        if job.build.kernel.endswith(":_mla_fp8qk_kernel") and ("group" in v or "rowtiles" in v):
+            for lists in (False, True):
+                opts = dict(consts, **fp8qk_options(waits, lists))
+                if lists:
+                    opts["PAGE_SIZE"] = 1
+                label = f"packed {v.split(' ', 1)[1]} rope16{' lists' if lists else ''}"
+                out.append((label, _packed_scales(job.build, opts), "rope16"))
+        elif job.build.kernel.endswith(":_mla_pingpong8_kernel") and (
+            "split+group" in v or "direct" in v
+        ):
+            opts = dict(consts, PAGE_SIZE=1, **sparse_options("pingpong8", waits))
+            label = v.split(" ", 1)[1].replace("direct", "direct+group")
+            out.append((f"packed {label} rope16", _packed_scales(job.build, opts),
+                        "pingpong8-rope16"))  # fmt: skip
     return out
+
+
+def _packed_scales(build: Build, consts: dict) -> Build:
+    """``build`` with ``consts`` and the packed rows' float32 scales (a row stride of 164
+    floats, which Triton does not specialize as a multiple of 16)."""
+    ptrs = dict(build.pointers, scale_arr_ptr="fp32")
+    return Build(build.kernel, tuple(ptrs.items()), tuple(consts.items()), build.num_warps,
+                 build.num_stages, build.maxnreg, unaligned=SCALE_ARR_STRIDES)  # fmt: skip
 
 
 def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
@@ -126,5 +139,5 @@ def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
                       ("LAUNCH_NEXT", target.dependent_launch))  # fmt: skip
             label = f"compact {block}{', pages with a gap' if paged else ''}"
             builds.append((label, Build(COMPACT, compact, consts, warps), ""))
-    builds += [(label, build, "rope16") for label, build in fp8qk_rope16_builds(target)]
+    builds += sm90_rope16_builds(target)
     return list(dict.fromkeys(builds))

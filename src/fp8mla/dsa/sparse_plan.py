@@ -65,6 +65,9 @@ class SparseTable:
     # (``sparse_sm90.py``: the Gluon kernel of the dense path, each token a request of its own
     # index list) from this many heads on (None: never), the tiles above the rest
     fp8qk_from_heads: int | None = None
+    # ... and the FP8 ping-pong kernel (64-row tiles, ``kernels/sm90/pingpong8.py``) from this
+    # many heads on (None: only when a plan names it)
+    pingpong8_from_heads: int | None = None
 
     def pick(self, num_heads: int) -> SparseTile:
         if num_heads <= 16:
@@ -169,7 +172,9 @@ class SparsePlan:
     split_len: int
     merge_block_d: int = 512
     merge_block_s: int = 1
-    kernel: str = "portable"  # "portable" (kernels/portable/sparse_mla.py) or "fp8qk" (SM90)
+    # "portable" (kernels/portable/sparse_mla.py), or on SM90 "fp8qk" or "pingpong8"
+    # (sparse_sm90.py)
+    kernel: str = "portable"
 
     @property
     def programs(self) -> int:
@@ -207,18 +212,21 @@ def merge_blocks(rows: int, splits: int, sms: int) -> tuple[int, int]:
     return block_d, block_s
 
 
-def fp8qk_serves(
+SM90_KERNELS = ("fp8qk", "pingpong8")  # the dense path's Gluon kernels a sparse plan can take
+
+
+def sm90_kernel(
     kernel: str,
     target: Target | None,
     num_heads: int,
     q_dtype: torch.dtype,
     kv_dtype: torch.dtype,
     interpreted: bool,
-) -> bool:
-    """Whether a plan takes the SM90 FP8 × FP8 kernel (``sparse_sm90.py``): asked for
-    (``kernel="fp8qk"``, ``ValueError`` where it cannot serve) or, with ``"auto"``, where the
-    target's table takes it for these heads; it needs SM90 with Gluon, bf16 queries and the
-    packed cache."""
+) -> str | None:
+    """The SM90 Gluon kernel of the dense path a plan takes (``sparse_sm90.py``), or None for
+    the portable kernel: the one asked for (``kernel`` in :data:`SM90_KERNELS`; ``ValueError``
+    where it cannot serve) or, with ``"auto"``, the target's table's choice for these heads.
+    Both need SM90 with Gluon, bf16 queries and the packed cache."""
     from fp8mla.attention.variants import get_variant
 
     why = None
@@ -230,14 +238,32 @@ def fp8qk_serves(
         why = f"its query split is exact for bf16 queries only, got {q_dtype}"
     elif kv_dtype.itemsize != 1:
         why = f"it reads the packed FP8 cache, got a {kv_dtype} cache"
-    if kernel == "fp8qk":
+    if kernel in SM90_KERNELS:
         if why is not None:
             raise ValueError(
-                f'expected a batch the kernel "fp8qk" serves, got one it does not: {why}'
+                f'expected a batch the kernel "{kernel}" serves, got one it does not: {why}'
             )
-        return True
-    first = sparse_table(target).fp8qk_from_heads if target is not None else None
-    return kernel == "auto" and why is None and first is not None and num_heads >= first
+        return kernel
+    if kernel != "auto" or why is not None:
+        return None
+    table = sparse_table(target)
+    for name, first in (("pingpong8", table.pingpong8_from_heads),
+                        ("fp8qk", table.fp8qk_from_heads)):  # fmt: skip
+        if first is not None and num_heads >= first:
+            return name
+    return None
+
+
+def fp8qk_serves(
+    kernel: str,
+    target: Target | None,
+    num_heads: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    interpreted: bool,
+) -> bool:
+    """Whether a plan takes one of the SM90 kernels (:func:`sm90_kernel`)."""
+    return sm90_kernel(kernel, target, num_heads, q_dtype, kv_dtype, interpreted) is not None
 
 
 def make_sparse_plan(

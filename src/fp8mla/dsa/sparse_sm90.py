@@ -1,4 +1,6 @@
-"""Sparse MLA attention on SM90 through the FP8 × FP8 decode kernel (``kernels/sm90/fp8qk.py``).
+"""Sparse MLA attention on SM90 through the dense path's Gluon kernels: the FP8 × FP8 decode
+kernel (``kernels/sm90/fp8qk.py``) or, named by the plan, the FP8 ping-pong kernel of 64-row
+tiles (``kernels/sm90/pingpong8.py``, many heads).
 
 A sparse query token is a paged-attention request of page size 1 whose page table is its own
 index list. Where each split of a list is one 64-token tile (one token's decode: the plan
@@ -9,8 +11,9 @@ they are compacted first (``kernels/portable/sparse_compact.py``: the entries a 
 to at the front, turned into rows, their count as the request's length). The kernel reads the packed ``fp8_ds_mla``
 rows in place -- the latent part's e4m3 bytes as its FP8 pool, the four
 float32 scales as its per-token, per-128-channel scales, the bf16 RoPE part in its 16-bit RoPE
-mode (``ROPE_16BIT``). Rows of 16 to 32 heads run as one tile a token, more heads as 32-row
-tiles; long lists split over the GPU with the dense split merge. The dense path's conventions
+mode (``ROPE_16BIT``). On the FP8 × FP8 kernel rows of 16 to 32 heads run as one tile a token,
+more heads as 32-row tiles; on the ping-pong kernel as 64-row tiles (two a token at 128
+heads), over compacted lists only. Long lists split over the GPU with the dense split merge. The dense path's conventions
 (base-2 LSE, -inf for a token with nothing to attend to) are turned into the sparse API's
 (natural log, +inf) here.
 
@@ -85,10 +88,19 @@ def fp8qk_sparse(
     workspace: torch.Tensor,
     device: torch.device,
     lists: bool | None = None,
+    config: str = "fp8qk",
 ) -> FP8QKSparse:
     """Plan ``num_tokens`` query tokens of ``num_heads`` heads, each over its own ``topk``
-    slots, on the FP8 × FP8 kernel: one request of page size 1 per token; the index lists
-    read in place where :func:`plans_lists` (``lists``: True or False in its place)."""
+    slots, on the dense kernel ``config`` (``"fp8qk"`` or ``"pingpong8"``): one request of
+    page size 1 per token. The FP8 × FP8 kernel reads the index lists in place where
+    :func:`plans_lists` (``lists``: True or False in its place); the ping-pong kernel reads
+    compacted lists only."""
+    if config == "pingpong8":
+        if lists:
+            raise ValueError('expected compacted lists (lists=None or False) for "pingpong8"')
+        lists = False
+    elif config != "fp8qk":
+        raise ValueError(f"expected config fp8qk or pingpong8, got {config!r}")
     tokens = torch.arange(num_tokens + 1, dtype=torch.int32, device=device)
     qo_indptr = tokens
     kv_indptr = tokens * topk
@@ -105,7 +117,7 @@ def fp8qk_sparse(
         max_splits_by_workspace=max(1, split_capacity(workspace, 1, NOPE_DIM) // max(1, rows)),
         target=target,
         kv_dtype=torch.float8_e4m3fn,
-        config="fp8qk",
+        config=config,
         head_dim_kpe=ROPE_DIM,
         q_dtype=torch.bfloat16,
     )
@@ -128,7 +140,7 @@ def fp8qk_sparse(
             device=device,
             target=target,
             interpreted=False,
-            kernel_options=fp8qk_options(plan.attention_waits, lists),
+            kernel_options=sparse_options(config, plan.attention_waits, lists),
             index_lists=lists,
         )
 
@@ -141,6 +153,16 @@ def fp8qk_sparse(
     compacted = compacted.view(max(1, num_tokens), -1)
     return FP8QKSparse(plan, attention(False, counts), compacted, counts, topk,
                        compact_shape(topk), in_place, full)  # fmt: skip
+
+
+def sparse_options(config: str, waits: bool, lists: bool = False) -> dict:
+    """The sparse path's options of the dense kernel ``config``: :func:`fp8qk_options`, or
+    for the ping-pong kernel the RoPE part in bf16 (a programmatic dependent of the
+    compaction waits for it at its start, as the dense launches do: ``WAIT_PRIOR``, set by
+    the launch)."""
+    if config == "pingpong8":
+        return {"ROPE_16BIT": True}
+    return fp8qk_options(waits, lists)
 
 
 def fp8qk_options(waits: bool, lists: bool = False) -> dict:
@@ -252,12 +274,15 @@ def _natural_lse(lse: torch.Tensor | None) -> None:
 
 
 class FP8QKSparseLaunch:
-    """The launch ``SparseMLAWrapper`` keeps for an ``fp8qk`` plan: :func:`fp8qk_sparse` once,
-    :func:`run_fp8qk_sparse` per call."""
+    """The launch ``SparseMLAWrapper`` keeps for a plan on an SM90 kernel (``config``:
+    ``"fp8qk"`` or ``"pingpong8"``): :func:`fp8qk_sparse` once, :func:`run_fp8qk_sparse` per
+    call."""
 
     def __init__(self, num_tokens: int, num_heads: int, topk: int, sm_scale: float,
-                 workspace: torch.Tensor, device: torch.device) -> None:  # fmt: skip
-        self.sparse = fp8qk_sparse(num_tokens, num_heads, topk, sm_scale, workspace, device)
+                 workspace: torch.Tensor, device: torch.device,
+                 config: str = "fp8qk") -> None:  # fmt: skip
+        self.sparse = fp8qk_sparse(num_tokens, num_heads, topk, sm_scale, workspace, device,
+                                   config=config)  # fmt: skip
 
     def __call__(self, q_nope, q_pe, view, indices, topk_length, out, lse) -> None:
         run_fp8qk_sparse(self.sparse, q_nope, q_pe, view, indices, topk_length, out, lse)

@@ -32,6 +32,11 @@ async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_gl
 # later
 REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
+# the RoPE part of a stage of bf16 RoPE values (``ROPE_16BIT``): 128 bytes a token, staged as
+# bytes in the latent part's 128-byte swizzle, read by wgmma as bf16 [tokens, 64] in the same
+# swizzle for 16-bit elements
+ROPE16_SH = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+
 NEG_INF = gl.constexpr(float("-inf"))
 BLOCK_N = gl.constexpr(64)  # KV tokens per tile of the 64-token kernels: wgmma's M or N
 CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
@@ -50,6 +55,16 @@ def group_scales(sc_stages, st, g: gl.constexpr, col_l: gl.constexpr):
 
 
 # -- programmatic dependent launch (SM90+) --
+
+
+@gluon.jit
+def rope16_view(pe_stage, D_KPE: gl.constexpr):
+    """A stage's RoPE bytes ``[tokens, 2 · D_KPE]`` (``ROPE_16BIT``) as bf16 ``[tokens, D_KPE]``
+    in :data:`ROPE16_SH`."""
+    if REINTERPRET_PUBLIC:
+        return pe_stage.reinterpret(gl.bfloat16, [pe_stage.shape[0], D_KPE], ROPE16_SH)
+    else:
+        return pe_stage._reinterpret(gl.bfloat16, [pe_stage.shape[0], D_KPE], ROPE16_SH)
 
 
 @gluon.jit

@@ -250,7 +250,8 @@ def stage_query_half(
 @gluon.jit
 def stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0, rows_end,
                   num_heads, num_tokens, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-                  D_CKV: gl.constexpr, D_KPE: gl.constexpr, ROLE: gl.constexpr):  # fmt: skip
+                  D_CKV: gl.constexpr, D_KPE: gl.constexpr, ROLE: gl.constexpr,
+                  ROPE_16BIT: gl.constexpr = False):  # fmt: skip
     """Consumer ``ROLE``'s half of the query staging: slabs ``4·ROLE … 4·ROLE + 3`` of eight
     rows (the program's rows ``row0 + …``; rows from ``rows_end`` on as 0), per row and part a
     power of two ``s`` (``common.pow2_scale``), ``hi = e4m3(q·s)`` into the hi operand's
@@ -263,19 +264,26 @@ def stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_sta
     program and so fetched cold (``docs/design/sm90-pingpong8.md``). A run-time slab is stored
     through the operands' swizzle atoms (8 rows × 128 bytes, 1 KB each and in order within a
     column block of ``q_blocks``), each column block loaded and stored apart (a reshape and
-    split of one ``[8, 4, 128]`` slab put hi values into the lo blocks)."""
+    split of one ``[8, 4, 128]`` slab put hi values into the lo blocks).
+
+    ``ROPE_16BIT``: the RoPE part is not staged here (the consumers hold it in registers as it
+    is, 16-bit: ``qpe_smem`` is not read) and its ``1 / s`` is 1."""
     gl.static_assert(D_CKV == 512, "four column blocks of 128")
     # 8 rows x 128 columns, 8 a thread (the RoPE part's 64 columns: each element held by two)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     # the operands as swizzle atoms of 8 rows x 128 bytes: block b's rows 8w ... at 8b + w
     if REINTERPRET_PUBLIC:
         atoms = q_blocks.reinterpret(gl.float8e4nv, [8 * 8, 8, 128], q_blocks.type.layout)
-        pe_atoms = qpe_smem.reinterpret(gl.float8e4nv, [2 * 8, 8, D_KPE], qpe_smem.type.layout)
         inv8 = inv_smem.reinterpret(gl.float32, [2 * 8, 8], inv_smem.type.layout)
     else:
         atoms = q_blocks._reinterpret(gl.float8e4nv, [8 * 8, 8, 128], q_blocks.type.layout)
-        pe_atoms = qpe_smem._reinterpret(gl.float8e4nv, [2 * 8, 8, D_KPE], qpe_smem.type.layout)
         inv8 = inv_smem._reinterpret(gl.float32, [2 * 8, 8], inv_smem.type.layout)
+    if not ROPE_16BIT:
+        pe_l: gl.constexpr = qpe_smem.type.layout
+        if REINTERPRET_PUBLIC:
+            pe_atoms = qpe_smem.reinterpret(gl.float8e4nv, [2 * 8, 8, D_KPE], pe_l)
+        else:
+            pe_atoms = qpe_smem._reinterpret(gl.float8e4nv, [2 * 8, 8, D_KPE], pe_l)
     a = (q_nope_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_qn_t, stride_qn_h)
     pa = (q_pe_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_qp_t, stride_qp_h)
     w = 4 * ROLE
@@ -283,13 +291,15 @@ def stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_sta
     x1 = _rows8(a, w, 128, 128, ld)
     x2 = _rows8(a, w, 256, 128, ld)
     x3 = _rows8(a, w, 384, 128, ld)
-    p = _rows8(pa, w, 0, D_KPE, ld)
+    if not ROPE_16BIT:
+        p = _rows8(pa, w, 0, D_KPE, ld)
     for w in range(4 * ROLE, 4 * ROLE + 4):
         n0 = _rows8(a, w + 1, 0, 128, ld)
         n1 = _rows8(a, w + 1, 128, 128, ld)
         n2 = _rows8(a, w + 1, 256, 128, ld)
         n3 = _rows8(a, w + 1, 384, 128, ld)
-        pn = _rows8(pa, w + 1, 0, D_KPE, ld)
+        if not ROPE_16BIT:
+            pn = _rows8(pa, w + 1, 0, D_KPE, ld)
         x0 = x0.to(gl.float32)
         x1 = x1.to(gl.float32)
         x2 = x2.to(gl.float32)
@@ -302,15 +312,18 @@ def stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_sta
         _stage_block(atoms, x2, s, 16 + w)
         _stage_block(atoms, x3, s, 24 + w)
         inv8.index(w).store(1.0 / s)
-        p = p.to(gl.float32)
-        s = pow2_scale(gl.max(gl.abs(p), axis=1))
-        _stage_block(pe_atoms, p, s, w)
-        inv8.index(8 + w).store(1.0 / s)
+        if ROPE_16BIT:
+            inv8.index(8 + w).store(gl.full([8], 1.0, gl.float32, gl.SliceLayout(1, ld)))
+        else:
+            p = p.to(gl.float32)
+            s = pow2_scale(gl.max(gl.abs(p), axis=1))
+            _stage_block(pe_atoms, p, s, w)
+            inv8.index(8 + w).store(1.0 / s)
+            p = pn
         x0 = n0
         x1 = n1
         x2 = n2
         x3 = n3
-        p = pn
 
 
 @gluon.jit

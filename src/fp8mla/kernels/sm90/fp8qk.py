@@ -56,6 +56,7 @@ from fp8mla.kernels.portable import tiles as TL
 from fp8mla.kernels.sm90.common import (
     BLOCK_N,
     HALF_N,
+    ROPE16_SH,
     launch_dependents,
     thread_barrier,
     wait_prior,
@@ -260,10 +261,7 @@ def _mla_fp8qk_kernel(
     sc_stages = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], vec2_sh)
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * RQ, D_CKV], k_sh)
     if ROPE_16BIT:
-        qpe_sh: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=16, rank=2
-        )
-        qpe_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * RQ, D_KPE], qpe_sh)
+        qpe_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * RQ, D_KPE], ROPE16_SH)
     else:
         qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * RQ, D_KPE], pe_sh)
     p_smem = gl.allocate_shared_memory(gl.float16, [4, RQ, HALF_N], p_sh)  # 2 tiles × 2 halves

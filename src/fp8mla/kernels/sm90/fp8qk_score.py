@@ -20,10 +20,10 @@ from fp8mla.kernels.sm90.common import (
     HALF_N,
     LO_GAIN,
     NEG_INF,
-    REINTERPRET_PUBLIC,
     group_scales,
     launch_dependents,
     mask_scores,
+    rope16_view,
     store_lse,
     thread_barrier,
     tile_rows,
@@ -92,13 +92,7 @@ def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.conste
     ``PARTS == 1``), in flight on the tensor cores when this returns."""
     kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
     if qpe_smem.dtype.primitive_bitwidth == 16:  # a bf16 RoPE part, staged as its bytes
-        pe16 = pe_stages.index(st)
-        if REINTERPRET_PUBLIC:
-            pe16 = pe16.reinterpret(gl.bfloat16, [BLOCK_N, qpe_smem.shape[1]], qpe_smem.type.layout)
-        else:
-            pe16 = pe16._reinterpret(
-                gl.bfloat16, [BLOCK_N, qpe_smem.shape[1]], qpe_smem.type.layout
-            )
+        pe16 = rope16_view(pe_stages.index(st), qpe_smem.shape[1])
         # wgmma's K step is 16 for bf16 (32 for FP8): an accumulator layout of its own
         pe_zero = gl.zeros([2 * RQ, BLOCK_N], gl.float32, layout=PE_ACC_16BIT)
         acc_pe = warpgroup_mma(qpe_smem, pe16.permute((1, 0)), pe_zero, use_acc=False,

@@ -74,6 +74,7 @@ from fp8mla.kernels.sm90.common import (
     NEG_INF,
     group_scales,
     launch_dependents,
+    rope16_view,
     softmax_tile64,
     store_lse,
     thread_barrier,
@@ -91,6 +92,14 @@ SLOTS = gl.constexpr(2)  # each warpgroup's own tiles whose P and statistics are
 
 
 COPIER_WARPS = gl.constexpr(4)
+
+# ``ROPE_16BIT``: the RoPE product in bf16 (wgmma's K step 16; the FP8 products' 32), its
+# accumulator the same registers as the scores' (converted without moving), the query's RoPE
+# part as its register operand
+PE_ACC16 = gl.constexpr(
+    gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+)
+QPE16 = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=PE_ACC16, k_width=2))
 
 
 CONSUMER_REGS = gl.constexpr(232)  # each consumer; the copier (the default partition) keeps 40
@@ -129,24 +138,34 @@ def _group_scale(sc_stages, st, g: gl.constexpr, s_layout: gl.constexpr):
 
 
 @gluon.jit
-def _scores8(q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
+def _scores8(q_blocks, qpe, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
              PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-             Q_FP8: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
+             Q_FP8: gl.constexpr, ROPE_16BIT: gl.constexpr,
+             s_layout: gl.constexpr):  # fmt: skip
     """``S [64 rows, 64 tokens]`` of stage ``st`` in units of the latent part's scale (the
     caller multiplies by it): the RoPE part times ``pe_ratio`` (its scale over the latent
     part's, per row) plus the latent part in ``PARTS`` chains, each awaited and added in fp32
     (times its tokens' group scales where ``TOKEN_GROUP``). (A chain started before the one
-    before it is added holds a second accumulator: 1.1 KB spilled beside ``Oᵀ``.)"""
+    before it is added holds a second accumulator: 1.1 KB spilled beside ``Oᵀ``.) ``qpe``:
+    the query's RoPE operands in shared memory, or with ``ROPE_16BIT`` its bf16 values in
+    registers (``QPE16``) against the stage's bf16 RoPE part."""
     W: gl.constexpr = D_CKV // PARTS
     kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
-    pt = pe_stages.index(st).permute((1, 0))
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    if Q_FP8:
-        acc = warpgroup_mma(qpe_smem.index(z), pt, s_zero, use_acc=False, is_async=True)
-    else:  # lo, then hi
-        acc = warpgroup_mma(qpe_smem.index(z + 1), pt, s_zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(qpe_smem.index(z), pt, acc, is_async=True)
-    s = warpgroup_mma_wait(0, deps=[acc]) * pe_ratio[:, None]
+    if ROPE_16BIT:
+        pt16 = rope16_view(pe_stages.index(st), qpe.shape[1]).permute((1, 0))
+        pe_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=PE_ACC16)
+        acc = warpgroup_mma(qpe, pt16, pe_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc, qpe])[0]
+        s = gl.convert_layout(acc, s_layout, assert_trivial=True) * pe_ratio[:, None]
+    else:
+        pt = pe_stages.index(st).permute((1, 0))
+        if Q_FP8:
+            acc = warpgroup_mma(qpe.index(z), pt, s_zero, use_acc=False, is_async=True)
+        else:  # lo, then hi
+            acc = warpgroup_mma(qpe.index(z + 1), pt, s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(qpe.index(z), pt, acc, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[acc]) * pe_ratio[:, None]
     for g in gl.static_range(PARTS):
         a = warpgroup_mma_wait(0, deps=[_chain(q_blocks, z, kt, g * W, W, Q_FP8, s_layout)])
         if TOKEN_GROUP:
@@ -206,13 +225,13 @@ def _published(r, owner, stat_bar, SLOTS: gl.constexpr, s_rows: gl.constexpr):
 
 
 @gluon.jit
-def _own_tile(o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
+def _own_tile(o, l_i, m_i, j, q_blocks, qpe, k_stages, pe_stages, sc_stages, ready, empty,
               mine, theirs, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
               causal_limit, STAGES: gl.constexpr, SLOTS: gl.constexpr, PARTS: gl.constexpr,
               D_CKV: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_GROUP: gl.constexpr,
               FP8_CVT: gl.constexpr, ROLE: gl.constexpr, Q_FP8: gl.constexpr,
-              s_layout: gl.constexpr, s_rows: gl.constexpr, o_cols: gl.constexpr,
-              a_l: gl.constexpr):  # fmt: skip
+              ROPE_16BIT: gl.constexpr, s_layout: gl.constexpr, s_rows: gl.constexpr,
+              o_cols: gl.constexpr, a_l: gl.constexpr):  # fmt: skip
     """Tile ``j``, owned by this warpgroup: its scores (which need nothing of the other's, so
     they run while the other warpgroup scores or applies its own tile), then the running
     maximum of tile ``j - 1`` awaited, the online softmax (only a tile that reaches
@@ -222,8 +241,8 @@ def _own_tile(o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages
     mbarrier.wait(ready.index(st), (j // STAGES) & 1)
     fence_async_shared()  # the copier's cp.async bytes, to wgmma's async proxy
     # the query's descriptors formed here, not hoisted out of the loop (j >> 30 is 0)
-    s = _scores8(q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, st, j >> 30, pe_ratio,
-                 PARTS, D_CKV, TOKEN_GROUP, Q_FP8, s_layout)  # fmt: skip
+    s = _scores8(q_blocks, qpe, k_stages, pe_stages, sc_stages, st, j >> 30, pe_ratio,
+                 PARTS, D_CKV, TOKEN_GROUP, Q_FP8, ROPE_16BIT, s_layout)  # fmt: skip
     if j >= 1:  # the other's tile j - 1: its maximum, and its factor for the row sums
         m_i, alpha_r = _published(j - 1, theirs, stat_bar, SLOTS, s_rows)
         l_i = l_i * alpha_r
@@ -250,10 +269,25 @@ def _own_tile(o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages
 
 
 @gluon.jit
+def _rope16_query(q_pe_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_qp_t,
+                  stride_qp_h, D_KPE: gl.constexpr):  # fmt: skip
+    """The 16-bit RoPE part of the program's 64 query rows (row = token × heads + head; rows
+    from ``rows_end`` on as 0) as the RoPE product's register operand (``QPE16``), loaded from
+    global memory in that layout: no shared memory."""
+    r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, QPE16))
+    tok = q_start + r // num_heads
+    ok = (r < rows_end) & (tok < num_tokens)
+    rows = q_pe_ptr + tok.to(gl.int64) * stride_qp_t + (r % num_heads) * stride_qp_h
+    d = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, QPE16))
+    return gl.load(rows[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(gl.bfloat16)
+
+
+@gluon.jit
 def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
                   WRITE_LSE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
                   STAGES: gl.constexpr, PARTS: gl.constexpr, ROLE: gl.constexpr,
-                  Q_FP8: gl.constexpr, Q_SCALE: gl.constexpr):  # fmt: skip
+                  Q_FP8: gl.constexpr, Q_SCALE: gl.constexpr,
+                  ROPE_16BIT: gl.constexpr):  # fmt: skip
     """Consumer warpgroup ``ROLE``: stages its half of the query rows, owns tiles ``ROLE,
     ROLE + 2, …``, applies every tile to output columns ``256·ROLE + π(m)``
     (``fp8_values.store_output``), and stores them as ``O / l`` times the value scale
@@ -288,9 +322,15 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
                         stride_qp_t, stride_qp_h, stride_qs_t, q_scale_val, D_CKV, D_KPE,
                         Q_SCALE, ROLE)  # fmt: skip
     else:
+        if ROPE_16BIT:  # all 64 rows' RoPE part, as it is, into this consumer's registers
+            qpe = _rope16_query(q_pe_ptr, q_start, row0, rows_end, num_heads, num_tokens,
+                                stride_qp_t, stride_qp_h, D_KPE)  # fmt: skip
         stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0,
                            rows_end, num_heads, num_tokens, stride_qn_t, stride_qn_h,
-                           stride_qp_t, stride_qp_h, D_CKV, D_KPE, ROLE)  # fmt: skip
+                           stride_qp_t, stride_qp_h, D_CKV, D_KPE, ROLE,
+                           ROPE_16BIT)  # fmt: skip
+    if not ROPE_16BIT:
+        qpe = qpe_smem
     fence_async_shared()
     thread_barrier()
     mbarrier.arrive(q_ready)
@@ -309,10 +349,10 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     for j in range(ROLE, n_tiles, 2):
         o, l_i, m_i = _own_tile(
-            o, l_i, m_i, j, q_blocks, qpe_smem, k_stages, pe_stages, sc_stages, ready, empty,
+            o, l_i, m_i, j, q_blocks, qpe, k_stages, pe_stages, sc_stages, ready, empty,
             mine, theirs, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
             causal_limit, STAGES, SLOTS, PARTS, D_CKV, CAUSAL, TOKEN_GROUP, FP8_CVT, ROLE,
-            Q_FP8, s_layout, s_rows, o_cols, a_l,
+            Q_FP8, ROPE_16BIT, s_layout, s_rows, o_cols, a_l,
         )  # fmt: skip
     last = n_tiles - 1
     if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
@@ -401,6 +441,10 @@ def _mla_pingpong8_kernel(
     # ``q_scale_ptr[token · stride_qs_t + head]``)
     Q_FP8: gl.constexpr = 0,
     Q_SCALE: gl.constexpr = 0,
+    # the RoPE part is 16-bit (the packed ``fp8_ds_mla`` rows' bf16 values: ``kpe_ptr`` and its
+    # strides in bytes, 128 bytes a token): staged as bytes, multiplied in bf16 against the
+    # query's RoPE part held in registers (bf16 queries only)
+    ROPE_16BIT: gl.constexpr = False,
     q_scale_ptr=None,
     stride_qs_t=None,
     q_scale_val=None,
@@ -427,13 +471,20 @@ def _mla_pingpong8_kernel(
     vec2_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     k_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_CKV], k_sh)
-    pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_KPE], pe_sh)
+    if ROPE_16BIT:  # 128 bytes a token, in the latent part's swizzle (common.rope16_view)
+        gl.static_assert(not Q_FP8, "a 16-bit RoPE part with bf16 queries")
+        pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, 2 * D_KPE], k_sh)
+    else:
+        pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_KPE], pe_sh)
     sc_stages = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], vec2_sh)
     # the query's hi and lo operands in column blocks of 128: hi [0, 4), lo [4, 8); an e4m3
     # query is one operand, [0, 4)
     Q_OPS: gl.constexpr = 1 if Q_FP8 else 2
     q_blocks = gl.allocate_shared_memory(gl.float8e4nv, [Q_OPS * D_CKV // 128, ROWS, 128], k_sh)
-    qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [Q_OPS, ROWS, D_KPE], pe_sh)
+    if ROPE_16BIT:  # held in the consumers' registers; the argument's place never read
+        qpe_smem = q_blocks
+    else:
+        qpe_smem = gl.allocate_shared_memory(gl.float8e4nv, [Q_OPS, ROWS, D_KPE], pe_sh)
     inv_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], vec_sh)
     # each warpgroup's P (two halves) and statistics (maximum, factor) of its last SLOTS
     # tiles, each in an allocation of its own: stores to one, loads of another, no barrier
@@ -493,11 +544,12 @@ def _mla_pingpong8_kernel(
         [(fp8_copier, (k_stages, pe_stages, sc_stages, ready, empty, ckv8, kpe8, scale_arr_ptr,
                     page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
-                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS)),
+                    stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS,
+                    ROPE_16BIT)),
          (_pingpong8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
-                          QK_PARTS, 0, Q_FP8, Q_SCALE)),
+                          QK_PARTS, 0, Q_FP8, Q_SCALE, ROPE_16BIT)),
          (_pingpong8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
-                          QK_PARTS, 1, Q_FP8, Q_SCALE))],
+                          QK_PARTS, 1, Q_FP8, Q_SCALE, ROPE_16BIT))],
         [4, 4],
         [CONSUMER_REGS, CONSUMER_REGS],
     )  # fmt: skip
