@@ -1,4 +1,4 @@
-"""Which kernel a sparse plan takes (``sparse_plan.sm90_kernel``, ``fp8qk_serves``): the SM90
+"""Which kernel a sparse plan takes (``sparse_plan.sm90_kernel``): the SM90
 FP8 × FP8 kernel for bf16 queries over the packed cache where the target's table says so, the
 FP8 ping-pong kernel where a plan names it (or a table takes it from some head count on), the
 portable kernel elsewhere, and a ValueError naming the reason when a named SM90 kernel cannot
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fp8mla.attention.targets import TARGETS
-from fp8mla.dsa.sparse_plan import SPARSE_TABLES, fp8qk_serves, sm90_kernel
+from fp8mla.dsa.sparse_plan import SPARSE_TABLES, sm90_kernel
 
 SM90 = TARGETS["sm90"]
 BF16, FP16, U8 = torch.bfloat16, torch.float16, torch.uint8
@@ -18,7 +18,7 @@ BF16, FP16, U8 = torch.bfloat16, torch.float16, torch.uint8
 
 @pytest.mark.parametrize("heads", [1, 16, 32, 64, 128])
 def test_auto_takes_fp8qk_on_sm90_for_bf16_queries_over_the_packed_cache(heads):
-    assert fp8qk_serves("auto", SM90, heads, BF16, U8, interpreted=False)
+    assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == "fp8qk"
 
 
 @pytest.mark.parametrize(
@@ -28,8 +28,8 @@ def test_auto_takes_fp8qk_on_sm90_for_bf16_queries_over_the_packed_cache(heads):
      (TARGETS["gfx942"], BF16, U8, False)],
 )  # fmt: skip
 def test_auto_keeps_the_portable_kernel_elsewhere(target, q, kv, interp):
-    assert not fp8qk_serves("auto", target, 32, q, kv, interpreted=interp)
-    assert not fp8qk_serves("portable", target, 32, q, kv, interpreted=interp)
+    assert sm90_kernel("auto", target, 32, q, kv, interpreted=interp) is None
+    assert sm90_kernel("portable", target, 32, q, kv, interpreted=interp) is None
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from fp8mla import SparseMLAWrapper, sparse_mla
 from fp8mla.attention.targets import launch_target
 from fp8mla.dsa.layout import TOKEN_BYTES
 from fp8mla.dsa.reference import sparse_mla_reference
-from fp8mla.dsa.sparse_plan import SPARSE_TABLES, SparseTile, fp8qk_serves
+from fp8mla.dsa.sparse_plan import SPARSE_TABLES, SparseTile, sm90_kernel
 from fp8mla.testing import rel_err
 
 from conftest import HAS_CUDA, INTERPRETED
@@ -43,7 +43,7 @@ def lse_tolerance(q_dtype: torch.dtype, cache: torch.Tensor, heads: int) -> floa
     if not HAS_CUDA or INTERPRETED:
         return 1e-5
     target = launch_target(torch.device(DEVICE), False)
-    fp8qk = fp8qk_serves("auto", target, heads, q_dtype, cache.dtype, False)
+    fp8qk = sm90_kernel("auto", target, heads, q_dtype, cache.dtype, False) is not None
     return 1e-3 if fp8qk else 1e-5
 
 

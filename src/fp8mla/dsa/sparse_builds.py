@@ -64,10 +64,10 @@ def sm90_rope16_builds(target: Target) -> list[tuple[str, Build, str]]:
     part in bf16 -- the FP8 × FP8 kernel's token-group and row-tile builds over compacted lists
     and over the index lists as they are (``SPARSE_LISTS``, page size 1), and the FP8 ping-pong
     kernel's split and direct builds (page size 1, compacted lists; named by a plan)."""
-    from fp8mla.dsa.sparse_plan import fp8qk_serves
+    from fp8mla.dsa.sparse_plan import sm90_kernel
     from fp8mla.tools.compile_matrix import attention_jobs
 
-    if not fp8qk_serves("auto", target, 32, torch.bfloat16, torch.uint8, interpreted=False):
+    if sm90_kernel("auto", target, 32, torch.bfloat16, torch.uint8, interpreted=False) is None:
         return []
     out = []
     for job in attention_jobs(target):

@@ -254,18 +254,6 @@ def sm90_kernel(
     return None
 
 
-def fp8qk_serves(
-    kernel: str,
-    target: Target | None,
-    num_heads: int,
-    q_dtype: torch.dtype,
-    kv_dtype: torch.dtype,
-    interpreted: bool,
-) -> bool:
-    """Whether a plan takes one of the SM90 kernels (:func:`sm90_kernel`)."""
-    return sm90_kernel(kernel, target, num_heads, q_dtype, kv_dtype, interpreted) is not None
-
-
 def make_sparse_plan(
     *,
     num_tokens: int,
