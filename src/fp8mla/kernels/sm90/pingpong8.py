@@ -52,15 +52,15 @@ token-group scales), the query's hi and lo operands 72 KB, ``P`` 32 KB (about 22
 program per SM). Same arguments and results as ``_mla_pingpong_kernel``; ``BLOCK_M`` 64,
 ``BLOCK_N`` 64, FP8 pools (e4m3 or e5m2, as ``FP8_CVT`` names them) with per-tensor or
 token-group scales, a 64-dim RoPE part; launched with 4 warps (the consumers' 8 come on top).
+On SM90 the planner launches it as a programmatic dependent (``WAIT_PRIOR``; its programs set
+up their barriers before the grid ahead of it ends) and it lets its own dependents launch
+early (``common.wait_prior``, ``common.launch_dependents``). Gluon has no interpreter: SM90
+only.
 
 ``ROPE_16BIT`` (the sparse path's packed ``fp8_ds_mla`` rows, ``dsa/sparse_sm90.py``): the
 RoPE part is bf16, staged as its 128 bytes a token (each stage 4 KB more) and multiplied in
 one bf16 wgmma group against the query's RoPE part, which each consumer holds in registers
 as the product's operand (loaded once a program, ``QPE16``) so that the stages still fit.
-On SM90 the planner launches it as a programmatic dependent (``WAIT_PRIOR``; its programs set
-up their barriers before the grid ahead of it ends) and it lets its own dependents launch
-early (``common.wait_prior``, ``common.launch_dependents``). Gluon has no interpreter: SM90
-only.
 """
 
 from triton.experimental import gluon
