@@ -14,7 +14,8 @@ small ones), with the same seeds in every revision.
 sparse bench's packed pool and index lists; default cases B128_H16_K2048, B128_H128_K2048,
 B1_H32_K2048): ten calls alternating two index lists per CUDA-graph replay, each row with the
 relative error of its first tokens against the float64 reference, so that a revision that
-times well but answers wrong shows in the same file. ``--sparse-lists in-place|compacted``
+times well but answers wrong shows in the same file, and the same for lists with -1 entries,
+a ``topk_length`` and an empty row (``edge_rel_err``, ``empty_row_ok``; one eager call). ``--sparse-lists in-place|compacted``
 forces how the SM90 path reads the index lists (``sparse_sm90.plans_lists``; default: as the
 plan decides), for revisions that have the choice; ``--sparse-kernel`` names ``plan()``'s
 kernel (``pingpong8``: the SM90 FP8 ping-pong kernel's route, which the table does not choose).
@@ -73,6 +74,32 @@ def kernel_times(run, calls: int = 20) -> dict[str, float]:
 SPARSE_CASES = "B128_H16_K2048,B128_H128_K2048,B1_H32_K2048"
 
 
+def edge_check(w, inp, pool, n: int, sm_scale: float, reference) -> dict:
+    """The planned route on edited copies of the first ``n`` tokens' lists against float64
+    (one eager call, not timed): every seventh entry -1, token 0 limited by ``topk_length`` to
+    three quarters of its list, and token 1 (when there is one) all -1, which must give out 0
+    and LSE +inf. The timed lists hold no -1 entry; this puts the masking of every timed
+    route in the same file as its times."""
+    from fp8mla.testing import rel_err
+
+    topk = inp.indices.shape[1]
+    idx = inp.indices.clone()
+    idx[:, 3::7] = -1
+    if n > 1:
+        idx[1] = -1
+    length = torch.full((idx.shape[0],), topk, dtype=torch.int32, device=idx.device)
+    length[0] = max(1, topk - topk // 4)
+    out, lse = w.run(inp.q_nope, inp.q_pe, pool, idx, topk_length=length, return_lse=True)
+    ref_o, ref_l = reference(
+        inp.q_nope[:n], inp.q_pe[:n], pool, idx[:n], sm_scale, topk_length=length[:n]
+    )
+    rows = [t for t in range(n) if t != 1]
+    empty_ok = n < 2 or bool((out[1] == 0).all() and torch.isposinf(lse[1]).all())
+    return dict(edge_rel_err=float(f"{rel_err(out[rows], ref_o[rows]):.3g}"),
+                edge_lse_rel_err=float(f"{rel_err(lse[rows], ref_l[rows]):.3g}"),
+                empty_row_ok=empty_ok)  # fmt: skip
+
+
 def sparse_rows(label: str, names: str, check_tokens: int = 8, kernel: str = "auto") -> list[dict]:
     """Each sparse case of ``names`` (comma-separated bench case names): µs a call, TB/s of
     packed bytes, TFLOP/s and the relative error of the first ``check_tokens`` tokens."""
@@ -108,6 +135,7 @@ def sparse_rows(label: str, names: str, check_tokens: int = 8, kernel: str = "au
             inp.q_nope[:n], inp.q_pe[:n], pool, inp.indices[:n], SM_SCALE
         )
         err, lse_err = rel_err(out[:n], ref_o), rel_err(lse[:n], ref_l)
+        edge = edge_check(w, inp, pool, n, SM_SCALE, sparse_mla_reference)
 
         def calls(w=w, inp=inp, other=other, out=out):
             for i in range(10):
@@ -120,6 +148,7 @@ def sparse_rows(label: str, names: str, check_tokens: int = 8, kernel: str = "au
                          tbps=round(packed_bytes(case) / us / 1e6, 3),
                          tflops=round(sparse_flops(case) / us / 1e6, 1),
                          rel_err=float(f"{err:.3g}"), lse_rel_err=float(f"{lse_err:.3g}"),
+                         **edge,
                          kernel=w.launch_plan.kernel, splits=w.launch_plan.num_splits))  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     return rows
