@@ -15,8 +15,8 @@ sparse bench's packed pool and index lists; default cases B128_H16_K2048, B128_H
 B1_H32_K2048): ten calls alternating two index lists per CUDA-graph replay, each row with the
 relative error of its first tokens against the float64 reference, so that a revision that
 times well but answers wrong shows in the same file, and the same for lists with -1 entries,
-a ``topk_length`` and an empty row (``edge_rel_err``, ``empty_row_ok``; one eager call). ``--sparse-lists in-place|compacted``
-forces how the SM90 path reads the index lists (``sparse_sm90.plans_lists``; default: as the
+a ``topk_length`` and an empty row (``edge_rel_err``, ``empty_row_ok``; one eager call).
+``--sparse-lists in-place|compacted`` forces how the SM90 path reads the index lists (``sparse_sm90.plans_lists``; default: as the
 plan decides), for revisions that have the choice; ``--sparse-kernel`` names ``plan()``'s
 kernel (``pingpong8``: the SM90 FP8 ping-pong kernel's route, which the table does not choose).
 """
@@ -74,12 +74,14 @@ def kernel_times(run, calls: int = 20) -> dict[str, float]:
 SPARSE_CASES = "B128_H16_K2048,B128_H128_K2048,B1_H32_K2048"
 
 
-def edge_check(w, inp, pool, n: int, sm_scale: float, reference) -> dict:
+def edge_check(w, inp, pool, n: int) -> dict:
     """The planned route on edited copies of the first ``n`` tokens' lists against float64
     (one eager call, not timed): every seventh entry -1, token 0 limited by ``topk_length`` to
     three quarters of its list, and token 1 (when there is one) all -1, which must give out 0
     and LSE +inf. The timed lists hold no -1 entry; this puts the masking of every timed
     route in the same file as its times."""
+    from fp8mla.bench.sparse_impls import SM_SCALE
+    from fp8mla.dsa.reference import sparse_mla_reference
     from fp8mla.testing import rel_err
 
     topk = inp.indices.shape[1]
@@ -90,8 +92,8 @@ def edge_check(w, inp, pool, n: int, sm_scale: float, reference) -> dict:
     length = torch.full((idx.shape[0],), topk, dtype=torch.int32, device=idx.device)
     length[0] = max(1, topk - topk // 4)
     out, lse = w.run(inp.q_nope, inp.q_pe, pool, idx, topk_length=length, return_lse=True)
-    ref_o, ref_l = reference(
-        inp.q_nope[:n], inp.q_pe[:n], pool, idx[:n], sm_scale, topk_length=length[:n]
+    ref_o, ref_l = sparse_mla_reference(
+        inp.q_nope[:n], inp.q_pe[:n], pool, idx[:n], SM_SCALE, topk_length=length[:n]
     )
     rows = [t for t in range(n) if t != 1]
     empty_ok = n < 2 or bool((out[1] == 0).all() and torch.isposinf(lse[1]).all())
@@ -135,7 +137,7 @@ def sparse_rows(label: str, names: str, check_tokens: int = 8, kernel: str = "au
             inp.q_nope[:n], inp.q_pe[:n], pool, inp.indices[:n], SM_SCALE
         )
         err, lse_err = rel_err(out[:n], ref_o), rel_err(lse[:n], ref_l)
-        edge = edge_check(w, inp, pool, n, SM_SCALE, sparse_mla_reference)
+        edge = edge_check(w, inp, pool, n)
 
         def calls(w=w, inp=inp, other=other, out=out):
             for i in range(10):
