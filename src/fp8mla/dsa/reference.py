@@ -64,7 +64,7 @@ def sparse_mla_reference(
         raise ValueError(f"expected dtype float64 or float32, got {dtype}")
     view = sparse_cache(cache)
     tokens, heads, _ = q_nope.shape
-    idx = indices.reshape(tokens, -1)
+    idx = indices.reshape(tokens, indices.shape[-1])  # also for T = 0 (an empty batch)
     slots, valid, bad = listed_entries(idx, topk_length, view.num_slots)
     topk = idx.shape[1]
     out = torch.zeros(tokens, heads, NOPE_DIM, dtype=dtype, device=q_nope.device)
