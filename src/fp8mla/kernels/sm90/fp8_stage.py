@@ -38,7 +38,7 @@ def fp8_copier(
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr,
     P_WARPS: gl.constexpr, ROPE_16BIT: gl.constexpr = False, LATE: gl.constexpr = False,
     late=None, BLOCK_M: gl.constexpr = 0, CAUSAL: gl.constexpr = False,
-    LISTS: gl.constexpr = False,
+    LISTS: gl.constexpr = False, ent_stages=None,
 ):  # fmt: skip
     """Each tile of ``[n_begin, n_end)`` into stage ``j % STAGES`` by ``cp.async`` (tokens past
     ``n_end`` as 0, a bad page entry's token as the NaN row), with its tokens' four group
@@ -52,7 +52,9 @@ def fp8_copier(
     entries has ended (``common.wait_prior``; ``late``, ``BLOCK_M`` and ``CAUSAL``: the
     arguments of ``tiles.request_kv_span``). ``LISTS``: the page table is a sparse token's
     index list (page size 1), whose ``-1`` entries are no token: their bytes are never read
-    (copied as 0, so that the values the score warpgroup masks out stay finite)."""
+    (copied as 0, so that the values the score warpgroup masks out stay finite), and each
+    tile's entries are copied into ``ent_stages`` beside its bytes (the score warpgroup reads
+    them there to mask the ``-1`` ones, never waiting for a global load)."""
     if LATE:
         wait_prior()
         _, n_begin, n_end = TL.request_kv_span(late, BLOCK_M, BLOCK_N, CAUSAL)
@@ -89,6 +91,8 @@ def fp8_copier(
     e = gl.arange(0, D_KPE * (1 + ROPE_16BIT), layout=gl.SliceLayout(0, pe_ld))
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     base = n_begin + gl.arange(0, BLOCK_N, layout=rows_l)
+    ent_l: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
+    ent_base = n_begin + gl.arange(0, BLOCK_N, layout=ent_l)
     raw, in_list = load_entries(page_base, n_entries, base, base < n_end, PAGE_SIZE)
     for j in range(n_tiles):
         s = j % STAGES
@@ -136,6 +140,9 @@ def fp8_copier(
             g = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=g_l), 0), 0)
             dst = sc_stages.index(s).reshape([4, 16, 4]).permute((1, 0, 2))
             async_load(dst, scale_arr_ptr + sa2[:, :, None] + g, mask=ok2[:, :, None])
+        if LISTS:
+            ent_pos = ent_base + j * BLOCK_N
+            async_load(ent_stages.index(s), page_base + ent_pos, mask=ent_pos < n_end)
         async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
 
 

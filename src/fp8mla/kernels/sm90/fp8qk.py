@@ -259,6 +259,10 @@ def _mla_fp8qk_kernel(
     else:
         pe_stages = gl.allocate_shared_memory(KV8, [STAGES, BLOCK_N, D_KPE], pe_sh)
     sc_stages = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], vec2_sh)
+    if SPARSE_LISTS:  # each tile's index-list entries, staged beside its bytes
+        ent_stages = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N], vec_sh)
+    else:  # (not read: the partitions' argument)
+        ent_stages = sc_stages
     q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * RQ, D_CKV], k_sh)
     if ROPE_16BIT:
         qpe_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * RQ, D_KPE], ROPE16_SH)
@@ -317,7 +321,7 @@ def _mla_fp8qk_kernel(
                     rows_total, kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale,
                     pe_factor, stride_lse_split, stride_lse_t, D_CKV, D_KPE, CAUSAL, WRITE_LSE,
                     TOKEN_GROUP, STAGES, QK_PARTS, LAUNCH_DEPENDENTS, BLOCK_M, ROW_TILES, LATE,
-                    late, SPARSE_LISTS, page_base,
+                    late, SPARSE_LISTS, ent_stages,
                 ),
             ),
             (
@@ -351,7 +355,7 @@ def _mla_fp8qk_kernel(
                     page_base, n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end,
                     stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
                     stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS,
-                    ROPE_16BIT, LATE, late, BLOCK_M, CAUSAL, SPARSE_LISTS,
+                    ROPE_16BIT, LATE, late, BLOCK_M, CAUSAL, SPARSE_LISTS, ent_stages,
                 ),
             ),
         ],

@@ -200,14 +200,6 @@ def _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit, CAUSAL: gl
 
 
 @gluon.jit
-def _no_token(page_base, n0, n_end):
-    """Which of the 64 tokens from position ``n0`` a ``-1`` entry of the index list at
-    ``page_base`` leaves empty, placed along ``S``'s columns as ``S_ROWS`` places them."""
-    pos = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_ROWS))
-    return gl.load(page_base + pos, mask=pos < n_end, other=0) == -1
-
-
-@gluon.jit
 def _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free):
     """``P`` (fp16, in two 32-token halves) and the rescale factor of tile ``j`` into P
     buffer ``j % 2`` once the value warpgroups are done with it (tile ``j - 2``)."""
@@ -230,16 +222,16 @@ def score_warpgroup(
     D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, QK_PARTS: gl.constexpr,
     LAUNCH_DEPENDENTS: gl.constexpr, BLOCK_M: gl.constexpr, ROW_TILES: gl.constexpr,
-    LATE: gl.constexpr = False, late=None, LISTS: gl.constexpr = False, page_base=None,
+    LATE: gl.constexpr = False, late=None, LISTS: gl.constexpr = False, ent_stages=None,
 ):  # fmt: skip
     """The default partition: ``S = Q₈·K₈ᵀ`` per tile, the online softmax, ``P`` and the
     rescale factor to the value warpgroups, the row statistics and the LSE. Software
     pipelined: tile ``j + 1``'s first products run on the tensor cores while tile ``j``'s
     softmax runs on the warpgroup. ``LATE``: the request's length and KV range read here, once
     the grid that writes them has ended (``common.wait_prior``; ``late``: the arguments of
-    ``tiles.request_kv_span``). ``LISTS``: the page table at ``page_base`` is a sparse token's
-    index list, whose ``-1`` entries are no token: their scores are masked (each tile's
-    entries loaded while its bytes arrive; the copier copies such a token's bytes as 0)."""
+    ``tiles.request_kv_span``). ``LISTS``: the page table is a sparse token's index list,
+    whose ``-1`` entries are no token: their scores are masked, read from the tile's entries
+    that the copier staged in ``ent_stages`` (it copies such a token's bytes as 0)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
     )
@@ -294,14 +286,13 @@ def score_warpgroup(
     else:  # each tile's scores, then its softmax
         for j in range(n_tiles):
             st = j % STAGES
-            if LISTS:
-                none = _no_token(page_base, n_begin + j * BLOCK_N, n_end)
             mbarrier.wait(ready.index(st), (j // STAGES) & 1)
             fence_async_shared()
             s = _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero,
                         nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY)  # fmt: skip
             if LISTS:
-                s = gl.where(none[None, :], NEG_INF, s)
+                ent = ent_stages.index(st).load(gl.SliceLayout(0, S_ROWS))
+                s = gl.where(ent[None, :] == -1, NEG_INF, s)
             p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit,
                                           CAUSAL)  # fmt: skip
             _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free)
