@@ -176,7 +176,7 @@ def main() -> int:
         from fp8mla.dsa import sparse_sm90
 
         forced = args.sparse_lists == "in-place"
-        sparse_sm90.plans_lists = lambda topk, num_splits: forced
+        sparse_sm90.plans_lists = lambda *plan_shape: forced
     if args.sparse:
         rows = sparse_rows(args.label, args.sparse, kernel=args.sparse_kernel)
         with open(args.json, "w") as f:

@@ -112,13 +112,17 @@ def test_fp8qk_reads_the_lists_in_place_where_slots_are_rows(
 
 
 @pytest.mark.parametrize(
-    "topk, splits, in_place",
-    [(2048, 32, True), (2048, 64, True), (2048, 16, False), (2048, 1, False), (64, 1, True),
-     (1, 1, True), (100, 2, True), (130, 2, False)],
+    "topk, splits, row_tiles, in_place",
+    [(2048, 32, 4, True), (2048, 64, 2, True), (2048, 16, 4, False), (2048, 1, 4, False),
+     (64, 1, 4, True), (1, 1, 2, True), (100, 2, 4, True), (130, 2, 4, False),
+     (2048, 1, 1, True), (2048, 16, 1, True), (16384, 1, 1, True)],
 )  # fmt: skip
-def test_fp8qk_plans_the_lists_in_place_where_each_split_is_one_tile(topk, splits, in_place):
-    """The in-place lists where a split reads one 64-token tile (one token's decode over the
-    GPU's splits); the compaction where a program reads several."""
+def test_fp8qk_plans_the_lists_in_place_where_one_tile_or_one_row_tile(
+    topk, splits, row_tiles, in_place
+):
+    """The in-place lists where a token's rows are one row tile (up to 32 heads), or where a
+    split reads one 64-token tile (one token's decode over the GPU's splits); the compaction
+    where several row tiles a token each read several tiles."""
     from fp8mla.dsa.sparse_sm90 import plans_lists
 
-    assert plans_lists(topk, splits) == in_place
+    assert plans_lists(topk, splits, row_tiles) == in_place

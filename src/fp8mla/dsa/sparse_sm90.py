@@ -3,8 +3,9 @@ kernel (``kernels/sm90/fp8qk.py``) or, named by the plan, the FP8 ping-pong kern
 tiles (``kernels/sm90/pingpong8.py``, many heads).
 
 A sparse query token is a paged-attention request of page size 1 whose page table is its own
-index list. Where each split of a list is one 64-token tile (one token's decode: the plan
-decides, :func:`plans_lists`), the cache's token rows follow each other and the lists are
+index list. Where one program a split reads each list (a token's rows in one row tile) or each
+split is one 64-token tile (the plan decides, :func:`plans_lists`), the cache's token rows
+follow each other and the lists are
 ``topk`` entries apart, the dense SM90 kernel reads the lists as the caller wrote them
 (``SPARSE_LISTS``: a -1 entry is no token, ``topk_length`` the request's length); otherwise
 they are compacted first (``kernels/portable/sparse_compact.py``: the entries a token attends
@@ -42,6 +43,7 @@ from fp8mla.formats import Scales
 
 COMPACT_MAX_BLOCK = 4096  # index-list entries per step of the compaction, at most
 # 64-token tiles a split of a token's list may read for the plan to read the lists in place
+# when a token's rows take several row tiles (each of which reads the list)
 LIST_TILES_MAX = 1
 LN2 = math.log(2.0)
 
@@ -54,14 +56,15 @@ def compact_shape(topk: int) -> tuple[int, int]:
     return block, max(1, min(8, block // 512))
 
 
-def plans_lists(topk: int, num_splits: int) -> bool:
+def plans_lists(topk: int, num_splits: int, row_tiles: int) -> bool:
     """Whether a plan reads the index lists in place, without the compaction's launch: where
-    each split of a token's list is at most ``LIST_TILES_MAX`` tiles. There the compaction
-    is a fixed cost beside little work (one token's decode), and reading the lists in place
-    measured faster; with many tiles a program the in-place kernel's per-tile cost (it loads
-    each tile's entries again, to mask the -1 ones) measured more than the compaction saves
-    (``docs/design/sparse.md``)."""
-    return triton.cdiv(triton.cdiv(topk, num_splits), 64) <= LIST_TILES_MAX
+    a token's rows are one row tile (up to 32 heads: one program a split reads each list),
+    or each split of a token's list is at most ``LIST_TILES_MAX`` tiles (one token's decode,
+    where the compaction is a fixed cost beside little work). Measured in place against
+    compacted (``docs/design/sparse.md``, run s8c): faster at 16 heads (decode and prefill)
+    and at one token; at 128 heads (four 32-row tiles a token, each reading the list and
+    copying its entries) 2% slower, and there the compaction stays."""
+    return row_tiles == 1 or triton.cdiv(triton.cdiv(topk, num_splits), 64) <= LIST_TILES_MAX
 
 
 @dataclass
@@ -145,7 +148,7 @@ def fp8qk_sparse(
         )
 
     if lists is None:
-        lists = plans_lists(topk, plan.num_splits)
+        lists = plans_lists(topk, plan.num_splits, plan.m_tiles)
     full = in_place = None
     if lists:
         full = torch.full((max(1, num_tokens),), topk, dtype=torch.int32, device=device)
