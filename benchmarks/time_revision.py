@@ -12,8 +12,8 @@ small ones), with the same seeds in every revision.
 
 ``--sparse`` times sparse MLA instead (``fp8mla.SparseMLAWrapper`` as ``plan()`` chooses, on the
 sparse bench's packed pool and index lists; default cases B128_H16_K2048, B128_H128_K2048,
-B1_H32_K2048): ten calls alternating two index lists per CUDA-graph replay, each row with the
-relative error of its first tokens against the float64 reference, so that a revision that
+B1_H32_K2048; other shapes by name, e.g. B128_H64_K2048): ten calls alternating two index
+lists per CUDA-graph replay, each row with the relative error of its first tokens against the float64 reference, so that a revision that
 times well but answers wrong shows in the same file, and the same for lists with -1 entries,
 a ``topk_length`` and an empty row (``edge_rel_err``, ``empty_row_ok``; one eager call).
 ``--sparse-lists in-place|compacted`` forces how the SM90 path reads the index lists (``sparse_sm90.plans_lists``; default: as the
@@ -103,21 +103,22 @@ def edge_check(w, inp, pool, n: int) -> dict:
 
 
 def sparse_rows(label: str, names: str, check_tokens: int = 8, kernel: str = "auto") -> list[dict]:
-    """Each sparse case of ``names`` (comma-separated bench case names): µs a call, TB/s of
+    """Each sparse case of ``names`` (comma-separated: the bench's cases or any name of their
+    form, ``fp8mla.bench.sparse_cases.case_from_name``): µs a call, TB/s of
     packed bytes, TFLOP/s and the relative error of the first ``check_tokens`` tokens."""
     from fp8mla.bench.sparse_cases import SPARSE_CASES as ALL
-    from fp8mla.bench.sparse_cases import packed_bytes, sparse_flops
+    from fp8mla.bench.sparse_cases import case_from_name, packed_bytes, sparse_flops
     from fp8mla.bench.sparse_impls import SM_SCALE, WORKSPACE_BYTES
     from fp8mla.bench.sparse_inputs import packed_pool, sparse_inputs
     from fp8mla.dsa.reference import sparse_mla_reference
     from fp8mla.dsa.sparse import SparseMLAWrapper
     from fp8mla.testing import rel_err
 
-    wanted = names.split(",")
-    cases = [c for c in ALL if c.name in wanted]
-    missing = sorted(set(wanted) - {c.name for c in cases})
-    if missing:
-        raise SystemExit(f"unknown sparse cases {missing}; known: {[c.name for c in ALL]}")
+    known = {c.name: c for c in ALL}
+    try:
+        cases = [known.get(name) or case_from_name(name) for name in names.split(",")]
+    except ValueError as e:
+        raise SystemExit(f"{e}; the bench's cases: {list(known)}") from None
     dev = torch.device("cuda")
     pool = packed_pool(cases[0].pool_slots, cases[0].page_size, dev)
     workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)

@@ -4,6 +4,7 @@ records and the goal report, and the baselines' loaders when their files are mis
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 
@@ -18,6 +19,7 @@ from fp8mla.bench.runner import Environment
 from fp8mla.bench.sparse_cases import (
     SPARSE_CASES,
     SparseCase,
+    case_from_name,
     packed_bytes,
     sparse_flops,
 )
@@ -45,6 +47,16 @@ def test_case_names_and_counts():
     q2 = SparseCase(128, 128, 2048, qo_len=2)
     assert q2.tokens == 256 and sparse_flops(q2) == 2 * sparse_flops(SparseCase(128, 128, 2048))
     assert all(c.pool_slots == 1 << 20 and c.page_size == 64 for c in SPARSE_CASES)
+
+
+def test_case_from_name_reads_every_form_back():
+    for case in SPARSE_CASES:
+        assert case_from_name(case.name) == dataclasses.replace(case, goal="")
+    assert case_from_name("B128_H64_K2048") == SparseCase(128, 64, 2048)
+    assert case_from_name("T4096_H64_K2048") == SparseCase(1, 64, 2048, qo_len=4096, prefill=True)
+    for bad in ("B128_H64", "B128_H64_K2048_Q1", "B0_H16_K2048", "T4096_H64_K2048_Q2", "b1_h1_k1"):
+        with pytest.raises(ValueError, match="sparse case name"):
+            case_from_name(bad)
 
 
 def small_inputs(tokens=3, heads=16, topk=40, seed=0):

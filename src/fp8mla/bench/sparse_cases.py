@@ -8,6 +8,7 @@ them (``fp8mla.dsa.layout``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, TOKEN_BYTES
@@ -64,6 +65,25 @@ SPARSE_CASES: list[SparseCase] = [
     SparseCase(1, 16, 2048, qo_len=4096, prefill=True),
 ]
 LAYERS_CASE = SPARSE_CASES[3]  # the one-stream case, also timed as 78 layers in one graph
+
+
+_NAME = re.compile(r"(?:B(\d+)_H(\d+)_K(\d+)(?:_Q(\d+))?|T(\d+)_H(\d+)_K(\d+))")
+
+
+def case_from_name(name: str) -> SparseCase:
+    """The case a name describes (``B128_H64_K2048``, ``B64_H128_K2048_Q2``,
+    ``T4096_H64_K2048``), on the bench's pool: for timing shapes the bench does not list."""
+    m = _NAME.fullmatch(name)
+    if m is None:
+        raise ValueError(
+            f"expected a sparse case name B<batch>_H<heads>_K<topk>[_Q<tokens>] or "
+            f"T<tokens>_H<heads>_K<topk>, got {name!r}"
+        )
+    b, h, k, q, t, th, tk = (int(g) if g else 0 for g in m.groups())
+    case = SparseCase(1, th, tk, qo_len=t, prefill=True) if t else SparseCase(b, h, k, q or 1)
+    if case.name != name or min(case.batch, case.heads, case.topk, case.qo_len) < 1:
+        raise ValueError(f"expected a sparse case name in its canonical form, got {name!r}")
+    return case
 
 
 def quick_cases() -> list[SparseCase]:
