@@ -250,19 +250,20 @@ def test_torch_path_matches_reference():
     check(out, lse, q_nope, q_pe, cache, idx)
 
 
+@pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("backend", sorted({BACKEND, "torch"}))
-def test_a_batch_of_no_tokens(backend):
+def test_a_batch_of_no_tokens(backend, heads):
     # Data-parallel engines call every rank's attention, some with no tokens this step.
     device = DEVICE if backend == BACKEND else "cpu"
     cache = packed_cache(128, 64, device=device)
-    q_nope, q_pe = queries(3, 16, device=device)
+    q_nope, q_pe = queries(3, heads, device=device)
     idx = random_indices(3, 20, 128, seed=13, device=device)
     out, lse = sparse_mla(q_nope[:0], q_pe[:0], cache, idx[:0], SM_SCALE, return_lse=True,
                           backend=backend)  # fmt: skip
-    assert out.shape == (0, 16, 512) and lse.shape == (0, 16)
-    w = SparseMLAWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device), backend=backend)
-    w.plan(3, 16, 20, 64, torch.bfloat16, SM_SCALE)
-    assert w.run(q_nope[:0], q_pe[:0], cache, idx[:0]).shape == (0, 16, 512)
+    assert out.shape == (0, heads, 512) and lse.shape == (0, heads)
+    w = SparseMLAWrapper(torch.empty(16 << 20, dtype=torch.uint8, device=device), backend=backend)
+    w.plan(3, heads, 20, 64, torch.bfloat16, SM_SCALE)
+    assert w.run(q_nope[:0], q_pe[:0], cache, idx[:0]).shape == (0, heads, 512)
     out, lse = w.run(q_nope, q_pe, cache, idx, return_lse=True)  # the plan still serves 3
     check(out, lse, q_nope, q_pe, cache, idx)
 

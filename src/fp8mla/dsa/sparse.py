@@ -245,9 +245,10 @@ class SparseMLAWrapper:
         return_lse: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attention of the planned shape (module docstring): ``q_nope [T, H, 512]`` and
-        ``q_pe [T, H, 64]`` with ``T`` up to the planned tokens, ``indices [T, topk]``,
-        optional ``topk_length [T]``, ``out [T, H, 512]`` and ``lse [T, H]`` float32.
-        Returns ``out``, and ``lse`` (natural log) with ``return_lse``."""
+        ``q_pe [T, H, 64]`` with ``T`` up to the planned tokens (0: nothing is launched),
+        ``indices [T, topk]``, optional ``topk_length [T]``, ``out [T, H, 512]`` and
+        ``lse [T, H]`` float32. Returns ``out``, and ``lse`` (natural log) with
+        ``return_lse``."""
         if self._plan is None:
             raise ValueError("expected plan() to be called before run(), got no plan")
         view, idx = self._check_run(q_nope, q_pe, cache, indices, topk_length)
@@ -268,6 +269,8 @@ class SparseMLAWrapper:
                 raise ValueError(f"expected lse with unit stride over heads, got {lse.stride()}")
         elif return_lse:
             lse = torch.empty(tokens, heads, dtype=torch.float32, device=self.device)
+        if tokens == 0:  # a rank with no tokens this step: nothing to launch on any route
+            return (out, lse) if return_lse else out
         if self._launch is None:
             from fp8mla.dsa.reference import sparse_mla_reference
 
