@@ -13,10 +13,11 @@ small ones), with the same seeds in every revision.
 ``--sparse`` times sparse MLA instead (``fp8mla.SparseMLAWrapper`` as ``plan()`` chooses, on the
 sparse bench's packed pool and index lists; default cases B128_H16_K2048, B128_H128_K2048,
 B1_H32_K2048; other shapes by name, e.g. B128_H64_K2048): ten calls alternating two index
-lists per CUDA-graph replay, each row with the relative error of its first tokens against the float64 reference, so that a revision that
-times well but answers wrong shows in the same file, and the same for lists with -1 entries,
-a ``topk_length`` and an empty row (``edge_rel_err``, ``empty_row_ok``; one eager call).
-``--sparse-lists in-place|compacted`` forces how the SM90 path reads the index lists (``sparse_sm90.plans_lists``; default: as the
+lists per CUDA-graph replay, each row with the relative error of its first tokens against the
+float64 reference, so that a revision that times well but answers wrong shows in the same
+file, and the same for lists with -1 entries, a ``topk_length`` and an empty row
+(``edge_rel_err``, ``empty_row_ok``; one eager call). ``--sparse-lists in-place|compacted``
+forces how the SM90 path reads the index lists (``sparse_sm90.plans_lists``; default: as the
 plan decides), for revisions that have the choice; ``--sparse-kernel`` names ``plan()``'s
 kernel (``pingpong8``: the SM90 FP8 ping-pong kernel's route, which the table does not choose).
 """

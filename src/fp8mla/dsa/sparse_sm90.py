@@ -5,18 +5,17 @@ tiles (``kernels/sm90/pingpong8.py``, many heads).
 A sparse query token is a paged-attention request of page size 1 whose page table is its own
 index list. Where one program a split reads each list (a token's rows in one row tile) or each
 split is one 64-token tile (the plan decides, :func:`plans_lists`), the cache's token rows
-follow each other and the lists are
-``topk`` entries apart, the dense SM90 kernel reads the lists as the caller wrote them
-(``SPARSE_LISTS``: a -1 entry is no token, ``topk_length`` the request's length); otherwise
-they are compacted first (``kernels/portable/sparse_compact.py``: the entries a token attends
-to at the front, turned into rows, their count as the request's length). The kernel reads the
-packed ``fp8_ds_mla`` rows in place -- the latent part's e4m3 bytes as its FP8 pool, the four
-float32 scales as its per-token, per-128-channel scales, the bf16 RoPE part in its 16-bit RoPE
-mode (``ROPE_16BIT``). On the FP8 × FP8 kernel rows of 16 to 32 heads run as one tile a token,
-more heads as 32-row tiles; on the ping-pong kernel as 64-row tiles (two a token at 128
-heads), over compacted lists only. Long lists split over the GPU with the dense split merge.
-The dense path's conventions (base-2 LSE, -inf for a token with nothing to attend to) are
-turned into the sparse API's (natural log, +inf) here.
+follow each other and the lists are ``topk`` entries apart, the dense SM90 kernel reads the
+lists as the caller wrote them (``SPARSE_LISTS``: a -1 entry is no token, ``topk_length`` the
+request's length); otherwise they are compacted first (``kernels/portable/sparse_compact.py``:
+the entries a token attends to at the front, turned into rows, their count as the request's
+length). The kernel reads the packed ``fp8_ds_mla`` rows in place -- the latent part's e4m3
+bytes as its FP8 pool, the four float32 scales as its per-token, per-128-channel scales, the
+bf16 RoPE part in its 16-bit RoPE mode (``ROPE_16BIT``). On the FP8 × FP8 kernel rows of 16 to
+32 heads run as one tile a token, more heads as 32-row tiles; on the ping-pong kernel as 64-row
+tiles (two a token at 128 heads), over compacted lists only. Long lists split over the GPU
+with the dense split merge. The dense path's conventions (base-2 LSE, -inf for a token with
+nothing to attend to) are turned into the sparse API's (natural log, +inf) here.
 
 Only what the planner (``sparse_plan.py``) routes here: SM90, bf16 queries, the packed cache;
 ``run()`` takes a cache whose 656-byte token rows follow each other within a page and whose
