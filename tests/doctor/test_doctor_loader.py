@@ -36,6 +36,8 @@ def synthetic(tmp_path_factory) -> str:
         (b'{"a": 1, "b": [1, 2]}', "no 'traceEvents'"),
         (b'{"traceEvents": []}', "no events"),
         (b'{"traceEvents": [1, "x", null]}', "no events"),
+        (b'[{"target": "sm90", "ok": true}, {"target": "sm80"}]', "none of its 2 .* trace event"),
+        (b'{"traceEvents": [{"name": "k", "ts": 1, "dur": 2}]}', "not a Chrome trace"),
         (b'{"traceEvents": [{"ph": "X"', "damaged trace: .*no complete events"),
         (b'{"traceEvents": [{"ph": "X" "cat": 1}]}', "not valid JSON"),
         (b"\x1f\x8b\x08\x00garbage-after-gzip-magic", "gzip"),

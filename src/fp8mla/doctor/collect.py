@@ -101,6 +101,7 @@ class _Collector:
         self.dur_sample: list[float] = []
         self.interned: dict[Any, Any] = {}
         self.user_frames: dict[str, bool] = {}
+        self.no_phase = 0  # events without a phase ("ph"): JSON objects, not trace events
         kinds = {
             "kernel": self._kernel,
             "memcpy": self._kernel,
@@ -115,7 +116,10 @@ class _Collector:
 
     def feed(self, e: dict[str, Any]) -> None:
         """Keep what one event contributes (dispatch on its category)."""
-        if e.get("ph") != "X":
+        ph = e.get("ph")
+        if ph != "X":
+            if ph is None:  # not a trace event: counted, so that a file of none is refused
+                self.no_phase += 1
             return
         cat = e.get("cat")
         if type(cat) is not str:
@@ -334,6 +338,11 @@ def collect(
         raise DamagedTrace(f"{data.path}: damaged trace: {reader.damage}; {read}")
     if reader.events == 0:
         raise TraceError(f"{data.path}: the trace holds no events")
+    if collector.no_phase == reader.events:  # e.g. a JSON array of records of another kind
+        raise TraceError(
+            f"{data.path}: not a Chrome trace: none of its {reader.events:,} array elements is "
+            f"a trace event (no 'ph' field)"
+        )
     if reader.truncated:
         data.warnings.append(
             f"PARTIAL: the trace is damaged ({reader.damage}): only the {reader.events:,} "
