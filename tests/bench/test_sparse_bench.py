@@ -25,7 +25,14 @@ from fp8mla.bench.sparse_cases import (
 )
 from fp8mla.bench.sparse_inputs import bf16_twin, packed_pool, sparse_inputs
 from fp8mla.bench.sparse_report import goal_lines, main
-from fp8mla.bench.sparse_runner import SparseContext, check_rows, reference_rows, sparse_record
+from fp8mla.bench.sparse_runner import (
+    ROTATIONS,
+    SparseContext,
+    check_rows,
+    reference_rows,
+    rotations,
+    sparse_record,
+)
 from fp8mla.dsa.sparse_cache import sparse_cache
 from fp8mla.testing import rel_err
 
@@ -57,6 +64,19 @@ def test_case_from_name_reads_every_form_back():
     for bad in ("B128_H64", "B128_H64_K2048_Q1", "B0_H16_K2048", "T4096_H64_K2048_Q2", "b1_h1_k1"):
         with pytest.raises(ValueError, match="sparse case name"):
             case_from_name(bad)
+
+
+def test_a_replay_holds_enough_calls_to_hide_its_start():
+    """Each replay reads ~1 GiB or holds ``ROTATIONS`` calls, never fewer than two (consecutive
+    calls then read different rows): a replay's start, in which the GPU waits for the host,
+    is divided over enough calls to be ~1% of each."""
+    by_name = {c.name: rotations(c) for c in SPARSE_CASES}
+    assert by_name == {"B128_H16_K2048": 7, "B128_H128_K2048": 7, "B128_H128_K2048_Q2": 4,
+                       "B1_H32_K2048": ROTATIONS, "T4096_H128_K2048": 2, "T4096_H16_K2048": 2}  # fmt: skip
+    for case in SPARSE_CASES:
+        n = by_name[case.name]
+        assert n == ROTATIONS or n * packed_bytes(case) >= 1 << 30 or n == 2
+        assert n == 2 or (n - 1) * packed_bytes(case) < 1 << 30
 
 
 def small_inputs(tokens=3, heads=16, topk=40, seed=0):

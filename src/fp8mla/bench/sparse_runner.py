@@ -4,9 +4,10 @@ per (case, implementation), and the 78-layer CUDA-graph scenario of the one-stre
 Every implementation reads the same pool (values identical across the packed cache and its bf16
 twin: ``sparse_inputs``) and is compared with the float64 reference on the same bytes for a few
 query tokens. Every case is timed as CUDA-graph replays, as the engines run their decode steps
-(an eager call's launches would time the host): cases that read less than ``GRAPH_BYTES``
-cycle through ``ROTATIONS`` different index lists, larger ones through two, so that their rows
-come from memory, not from the L2. An implementation that cannot be captured is timed with
+(an eager call's launches would time the host). A replay cycles through :func:`rotations`
+different index lists, so that consecutive calls read different rows (from memory, not from
+the L2), and holds enough calls that the replay's own start is a small part of its time. An
+implementation that cannot be captured is timed with
 ``do_bench`` (L2 flushed before each call) and its record says so.
 """
 
@@ -41,8 +42,8 @@ from fp8mla.testing import rel_err
 # fp8mla-pingpong8: the SM90 FP8 ping-pong kernel's sparse route (a plan names it)
 SPARSE_IMPLS = ("fp8mla", "fp8mla-portable", "fp8mla-pingpong8", "fp8mla-bf16",
                 "flashmla-sparse-fp8", "vllm-triton-sparse", "gather-dequant")  # fmt: skip
-GRAPH_BYTES = 64 << 20  # cases reading less than this cycle through ROTATIONS index lists
-ROTATIONS = 16  # index lists a small case's graph cycles through (a larger case's: 2)
+GRAPH_READ_BYTES = 1 << 30  # packed bytes one replay's calls read together, at least
+ROTATIONS = 16  # index lists a replay cycles through, at most
 CHECK_TOKENS = 4  # query tokens compared with the float64 reference per case
 
 
@@ -157,6 +158,14 @@ def reference_rows(inp: SparseInputs, rows: list[int]) -> torch.Tensor:
     return out
 
 
+def rotations(case: SparseCase) -> int:
+    """Calls one CUDA-graph replay holds, each with its own index lists: enough to read
+    ``GRAPH_READ_BYTES`` together (the replay's start, a few µs in which the GPU waits for the
+    host, is then ~1% of a replay), between 2 and ``ROTATIONS``. The dense bench's rule
+    (``runner.placements``) likewise."""
+    return max(2, min(ROTATIONS, -(-GRAPH_READ_BYTES // max(packed_bytes(case), 1))))
+
+
 def time_runners(runners: list[S.Runner], graph: bool) -> tuple[Timing, str]:
     """``do_bench`` of the first runner, or one CUDA graph replaying all of them (per-call
     time); a runner that cannot be captured falls back to ``do_bench``."""
@@ -176,8 +185,7 @@ def bench_sparse_case(ctx: SparseContext, case: SparseCase, notes: list[str]) ->
     inp = sparse_inputs(case, pool)
     rows = check_rows(case)
     ref = reference_rows(inp, rows)
-    rotations = ROTATIONS if packed_bytes(case) < GRAPH_BYTES else 2
-    extra = [sparse_inputs(case, pool, seed=i + 1) for i in range(rotations - 1)]
+    extra = [sparse_inputs(case, pool, seed=i + 1) for i in range(rotations(case) - 1)]
     for name in ctx.impls:
         try:
             runner = make_sparse_runner(name, inp, ctx)
