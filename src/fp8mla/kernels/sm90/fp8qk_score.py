@@ -1,8 +1,11 @@
 """The score warpgroup of the FP8 × FP8 decode kernel (``fp8qk.py``): per tile
 ``S = Q₈·K₈ᵀ`` on FP8 tensor cores from the stage's bytes (the RoPE part and four 128-column
 latent parts, each summed by the tensor cores and added in fp32), the online softmax, and
-``P`` with the rescale factor handed to the value warpgroups through shared memory. Software
-pipelined: the next tile's first products run during this tile's softmax.
+``P`` with the rescale factor handed to the value warpgroups through shared memory. With
+per-tensor scales software pipelined: the next tile's first products run during this tile's
+softmax. With token-group scales (whose registers would spill so) each tile's products run in
+two steps inside the tile: the RoPE part with the first latent pair, then the second pair
+while the first is scaled.
 """
 
 from triton.experimental import gluon
@@ -86,10 +89,10 @@ def _latent_pair(q_smem, kt, g: gl.constexpr, W: gl.constexpr, s_zero):
 
 @gluon.jit
 def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.constexpr,
-             D_CKV: gl.constexpr, FIRST_PAIR: gl.constexpr):  # fmt: skip
-    """Start the products of stage ``st`` that need no result of another: the RoPE part and,
-    where ``FIRST_PAIR``, the first pair of latent parts (all of the latent part where
-    ``PARTS == 1``), in flight on the tensor cores when this returns."""
+             D_CKV: gl.constexpr):  # fmt: skip
+    """Start the products of stage ``st`` that need no result of another: the RoPE part and
+    the first pair of latent parts (all of the latent part where ``PARTS == 1``), in flight
+    on the tensor cores when this returns."""
     kt = k_stages.index(st).permute((1, 0))  # [512, 64 tokens], K-major
     if qpe_smem.dtype.primitive_bitwidth == 16:  # a bf16 RoPE part, staged as its bytes
         pe16 = rope16_view(pe_stages.index(st), qpe_smem.shape[1])
@@ -100,10 +103,7 @@ def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.conste
     else:
         pt = pe_stages.index(st).permute((1, 0))
         acc_pe = warpgroup_mma(qpe_smem, pt, s_zero, use_acc=False, is_async=True)
-    if not FIRST_PAIR:  # no latent products yet
-        a0 = s_zero
-        a1 = s_zero
-    elif PARTS == 1:
+    if PARTS == 1:
         a0 = warpgroup_mma(q_smem, kt, s_zero, use_acc=False, is_async=True)
         a1 = s_zero
     else:
@@ -112,44 +112,39 @@ def _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS: gl.conste
 
 
 @gluon.jit
+def _group_scaled(part, sc_stages, st, g: gl.constexpr):
+    """Latent part ``g`` of ``S`` times its tokens' group-``g`` scales, which each thread
+    reads for its 16 tokens straight from the stage."""
+    tok_l: gl.constexpr = gl.SliceLayout(0, S_ROWS)
+    sc = gl.convert_layout(group_scales(sc_stages, st, g, SC_COL), tok_l, assert_trivial=True)
+    return part * sc[None, :]
+
+
+@gluon.jit
 def _s_pair(a0, a1, s, sc_stages, st, g: gl.constexpr, nope_scale, TOKEN_GROUP: gl.constexpr):
     """``s`` plus latent parts ``g`` and ``g + 1`` once their products are done (each part
     added in fp32; token-group scales per part)."""
-    tok_l: gl.constexpr = gl.SliceLayout(0, S_ROWS)
     a0, a1 = warpgroup_mma_wait(0, deps=[a0, a1])
     part0 = _add_hi_lo(a0)
     part1 = _add_hi_lo(a1)
-    if TOKEN_GROUP:  # each thread reads its 16 tokens' scales straight from the stage
-        part0 = part0 * gl.convert_layout(group_scales(sc_stages, st, g, SC_COL), tok_l,
-                                          assert_trivial=True)[None, :]  # fmt: skip
-        part1 = part1 * gl.convert_layout(group_scales(sc_stages, st, g + 1, SC_COL), tok_l,
-                                          assert_trivial=True)[None, :]  # fmt: skip
+    if TOKEN_GROUP:
+        part0 = _group_scaled(part0, sc_stages, st, g)
+        part1 = _group_scaled(part1, sc_stages, st, g + 1)
     return s + (part0 + part1) * nope_scale
 
 
 @gluon.jit
-def _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale, pe_scale,
-           PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-           FIRST_PAIR: gl.constexpr):  # fmt: skip
-    """The scores of stage ``st`` so far, in log2 units, from the products :func:`_s_issue`
-    started (the RoPE part, and the first latent pair where ``FIRST_PAIR``; else that pair
-    is started here once the RoPE part is done), and the remaining latent pair's products
-    started (``PARTS == 4``; else none: returned as ``s_zero``)."""
+def _s_mid(acc_pe, a0, a1, q_smem, k_stages, st, s_zero, nope_scale, pe_scale,
+           PARTS: gl.constexpr, D_CKV: gl.constexpr):  # fmt: skip
+    """The scores of stage ``st`` so far (per-tensor scales), in log2 units, from the
+    products :func:`_s_issue` started, and the second latent pair's products started
+    (``PARTS == 4``; else none: returned as ``s_zero``)."""
     if PARTS == 1:
-        if not FIRST_PAIR:
-            kt = k_stages.index(st).permute((1, 0))
-            a0 = warpgroup_mma(q_smem, kt, s_zero, use_acc=False, is_async=True)
         a0, acc_pe = warpgroup_mma_wait(0, deps=[a0, acc_pe])
         s = _add_hi_lo(a0) * nope_scale + _add_hi_lo(acc_pe) * pe_scale
     else:
-        if FIRST_PAIR:
-            acc_pe = warpgroup_mma_wait(2, deps=[acc_pe])  # the RoPE part first (issued first)
-        else:
-            acc_pe = warpgroup_mma_wait(0, deps=[acc_pe])
-            kt = k_stages.index(st).permute((1, 0))
-            a0, a1 = _latent_pair(q_smem, kt, 0, D_CKV // PARTS, s_zero)
-        s = _s_pair(a0, a1, _add_hi_lo(acc_pe) * pe_scale, sc_stages, st, 0, nope_scale,
-                    TOKEN_GROUP)  # fmt: skip
+        acc_pe = warpgroup_mma_wait(2, deps=[acc_pe])  # the RoPE part first (issued first)
+        s = _s_pair(a0, a1, _add_hi_lo(acc_pe) * pe_scale, None, st, 0, nope_scale, False)
     a2 = s_zero
     a3 = s_zero
     # the second pair, once the first pair's are read
@@ -160,26 +155,45 @@ def _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale, 
 
 
 @gluon.jit
-def _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS: gl.constexpr,
-           TOKEN_GROUP: gl.constexpr):  # fmt: skip
-    """``S [32 query rows, 64 tokens]`` of stage ``st``: ``s`` from :func:`_s_mid` plus the
-    second latent pair where ``PARTS == 4``."""
+def _s_end(s, a2, a3, nope_scale, PARTS: gl.constexpr):
+    """``S [32 query rows, 64 tokens]`` (per-tensor scales): ``s`` from :func:`_s_mid` plus
+    the second latent pair where ``PARTS == 4``."""
     if PARTS == 4:
-        s = _s_pair(a2, a3, s, sc_stages, st, 2, nope_scale, TOKEN_GROUP)
+        s = _s_pair(a2, a3, s, None, 0, 2, nope_scale, False)
     return s
 
 
 @gluon.jit
-def _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero, nope_scale, pe_scale,
-            PARTS: gl.constexpr, D_CKV: gl.constexpr, TOKEN_GROUP: gl.constexpr,
-            FIRST_PAIR: gl.constexpr):  # fmt: skip
-    """``S [32 query rows, 64 tokens]`` of stage ``st``, its products started and awaited
-    here (:func:`_s_issue`, :func:`_s_mid`, :func:`_s_end`)."""
-    acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS, D_CKV,
-                              FIRST_PAIR)  # fmt: skip
-    s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero, nope_scale,
-                       pe_scale, PARTS, D_CKV, TOKEN_GROUP, FIRST_PAIR)  # fmt: skip
-    return _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP)
+def _scores(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, nope_scale, pe_scale,
+            PARTS: gl.constexpr, D_CKV: gl.constexpr):  # fmt: skip
+    """``S [32 query rows, 64 tokens]`` of stage ``st`` (per-tensor scales), its products
+    started and awaited here (:func:`_s_issue`, :func:`_s_mid`, :func:`_s_end`)."""
+    acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS, D_CKV)
+    s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, st, s_zero, nope_scale, pe_scale,
+                       PARTS, D_CKV)  # fmt: skip
+    return _s_end(s, a2, a3, nope_scale, PARTS)
+
+
+@gluon.jit
+def _scores_grouped(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero, nope_scale,
+                    pe_scale, D_CKV: gl.constexpr):  # fmt: skip
+    """``S [32 query rows, 64 tokens]`` of stage ``st`` with token-group scales (four latent
+    parts, one scale group each), its products started and awaited here. The RoPE part and
+    the first latent pair are issued together; the second pair as soon as the first pair's
+    hi + lo sums free their accumulators, so that its products run while the first pair's
+    scales are read and applied (this warpgroup's serial chain sets the 16-head sparse
+    decode's tile period: design/sparse.md, s12d)."""
+    acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, 4, D_CKV)
+    acc_pe = warpgroup_mma_wait(2, deps=[acc_pe])
+    s = _add_hi_lo(acc_pe) * pe_scale
+    a0, a1 = warpgroup_mma_wait(0, deps=[a0, a1])
+    part0 = _add_hi_lo(a0)
+    part1 = _add_hi_lo(a1)
+    a2, a3 = _latent_pair(q_smem, k_stages.index(st).permute((1, 0)), 2, D_CKV // 4, s_zero)
+    part0 = _group_scaled(part0, sc_stages, st, 0)
+    part1 = _group_scaled(part1, sc_stages, st, 1)
+    s = s + (part0 + part1) * nope_scale
+    return _s_pair(a2, a3, s, sc_stages, st, 2, nope_scale, True)
 
 
 @gluon.jit
@@ -225,9 +239,10 @@ def score_warpgroup(
     LATE: gl.constexpr = False, late=None, LISTS: gl.constexpr = False, ent_stages=None,
 ):  # fmt: skip
     """The default partition: ``S = Q₈·K₈ᵀ`` per tile, the online softmax, ``P`` and the
-    rescale factor to the value warpgroups, the row statistics and the LSE. Software
-    pipelined: tile ``j + 1``'s first products run on the tensor cores while tile ``j``'s
-    softmax runs on the warpgroup. ``LATE``: the request's length and KV range read here, once
+    rescale factor to the value warpgroups, the row statistics and the LSE. With per-tensor
+    scales software pipelined: tile ``j + 1``'s first products run on the tensor cores while
+    tile ``j``'s softmax runs on the warpgroup (token-group scales: :func:`_scores_grouped`
+    per tile). ``LATE``: the request's length and KV range read here, once
     the grid that writes them has ended (``common.wait_prior``; ``late``: the arguments of
     ``tiles.request_kv_span``). ``LISTS``: the page table is a sparse token's index list,
     whose ``-1`` entries are no token: their scores are masked, read from the tile's entries
@@ -255,30 +270,28 @@ def score_warpgroup(
     s_zero = gl.zeros([2 * RQ, BLOCK_N], gl.float32, layout=mma)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     # token-group scales: no products in flight across the softmax (their registers spill)
-    EARLY: gl.constexpr = not TOKEN_GROUP
-    gl.static_assert(not (LISTS and EARLY), "index lists with token-group scales")
-    if EARLY:
+    gl.static_assert(not LISTS or TOKEN_GROUP, "index lists with token-group scales")
+    if not TOKEN_GROUP:
         s = gl.zeros([RQ, BLOCK_N], gl.float32, layout=S_ROWS)
         if n_tiles > 0:  # tile 0's scores
             mbarrier.wait(ready.index(0), 0)
             fence_async_shared()  # the copier's cp.async bytes, to wgmma's async proxy
-            s = _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, 0, s_zero,
-                        nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY)  # fmt: skip
+            s = _scores(q_smem, qpe_smem, k_stages, pe_stages, 0, s_zero, nope_scale, pe_scale,
+                        PARTS, D_CKV)  # fmt: skip
         for j in range(n_tiles - 1):
             # tile j + 1's products on the tensor cores during tile j's softmax and handoff
             st = (j + 1) % STAGES
             mbarrier.wait(ready.index(st), ((j + 1) // STAGES) & 1)
             fence_async_shared()
             acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, PARTS,
-                                      D_CKV, EARLY)  # fmt: skip
+                                      D_CKV)  # fmt: skip
             p, alpha, m_i, l_i = _softmax(s, j, m_i, l_i, n_begin, mask_from, n_end, causal_limit,
                                           CAUSAL)  # fmt: skip
             _p_handoff(p, alpha, j, p_smem, a_smem, p_ready, p_free)
             # (the second pair started before the handoff instead spills)
-            s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, sc_stages, st, s_zero,
-                               nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP,
-                               EARLY)  # fmt: skip
-            s = _s_end(s, a2, a3, sc_stages, st, nope_scale, PARTS, TOKEN_GROUP)
+            s, a2, a3 = _s_mid(acc_pe, a0, a1, q_smem, k_stages, st, s_zero, nope_scale,
+                               pe_scale, PARTS, D_CKV)  # fmt: skip
+            s = _s_end(s, a2, a3, nope_scale, PARTS)
         if n_tiles > 0:  # the last tile's softmax
             p, alpha, m_i, l_i = _softmax(s, n_tiles - 1, m_i, l_i, n_begin, mask_from, n_end,
                                           causal_limit, CAUSAL)  # fmt: skip
@@ -288,8 +301,8 @@ def score_warpgroup(
             st = j % STAGES
             mbarrier.wait(ready.index(st), (j // STAGES) & 1)
             fence_async_shared()
-            s = _scores(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero,
-                        nope_scale, pe_scale, PARTS, D_CKV, TOKEN_GROUP, EARLY)  # fmt: skip
+            s = _scores_grouped(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero,
+                                nope_scale, pe_scale, D_CKV)  # fmt: skip
             if LISTS:
                 ent = ent_stages.index(st).load(gl.SliceLayout(0, S_ROWS))
                 s = gl.where(ent[None, :] == -1, NEG_INF, s)
