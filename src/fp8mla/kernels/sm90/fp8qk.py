@@ -20,8 +20,8 @@ nothing from its smaller bytes there (``docs/design/sm90-fp8qk.md``). Here:
   (Hopper's FP8 wgmma accumulates at reduced precision: one 512-column sum measured LSE errors
   of 3.9e-3, four parts 0.9e-3), the RoPE part apart (its scale differs). Then the online
   softmax over the tile's tokens (a row's 64 tokens sit in the four lanes of a quad); ``P``
-  (fp16) and the rescale factor go to shared memory. The next tile's first products run on
-  the tensor cores during this tile's softmax;
+  (fp16) and the rescale factor go to shared memory. With per-tensor scales the next tile's
+  first products run on the tensor cores during this tile's softmax;
 * two **value warpgroups** first stage the query (half each), then each owns 256 of the 512
   output columns: ``Oᵀ [256, R] += Vᵀ · Pᵀ`` with ``Vᵀ`` as wgmma's register operand, read
   from the stage's FP8 bytes (8 adjacent bytes per thread and token, converted to fp16 in

@@ -242,8 +242,8 @@ def score_warpgroup(
     rescale factor to the value warpgroups, the row statistics and the LSE. With per-tensor
     scales software pipelined: tile ``j + 1``'s first products run on the tensor cores while
     tile ``j``'s softmax runs on the warpgroup (token-group scales: :func:`_scores_grouped`
-    per tile). ``LATE``: the request's length and KV range read here, once
-    the grid that writes them has ended (``common.wait_prior``; ``late``: the arguments of
+    per tile). ``LATE``: the request's length and KV range read here, once the grid that
+    writes them has ended (``common.wait_prior``; ``late``: the arguments of
     ``tiles.request_kv_span``). ``LISTS``: the page table is a sparse token's index list,
     whose ``-1`` entries are no token: their scores are masked, read from the tile's entries
     that the copier staged in ``ent_stages`` (it copies such a token's bytes as 0)."""
