@@ -60,7 +60,7 @@ def plans_lists(topk: int, num_splits: int, row_tiles: int) -> bool:
     a token's rows are one row tile (up to 32 heads: one program a split reads each list),
     or each split of a token's list is at most ``LIST_TILES_MAX`` tiles (one token's decode,
     where the compaction is a fixed cost beside little work). Measured in place against
-    compacted (``docs/design/sparse.md``, run s8c): faster at 16 heads (decode and prefill)
+    compacted (``docs/design/sparse-runs.md``, run s8c): faster at 16 heads (decode and prefill)
     and at one token; at 128 heads (four 32-row tiles a token, each reading the list and
     copying its entries) 2% slower, and there the compaction stays."""
     return row_tiles == 1 or triton.cdiv(triton.cdiv(topk, num_splits), 64) <= LIST_TILES_MAX

@@ -182,7 +182,7 @@ def _scores_grouped(q_smem, qpe_smem, k_stages, pe_stages, sc_stages, st, s_zero
     the first latent pair are issued together; the second pair as soon as the first pair's
     hi + lo sums free their accumulators, so that its products run while the first pair's
     scales are read and applied (this warpgroup's serial chain sets the 16-head sparse
-    decode's tile period: design/sparse.md, s12d)."""
+    decode's tile period: design/sparse-runs.md, s12d)."""
     acc_pe, a0, a1 = _s_issue(q_smem, qpe_smem, k_stages, pe_stages, st, s_zero, 4, D_CKV)
     acc_pe = warpgroup_mma_wait(2, deps=[acc_pe])
     s = _add_hi_lo(acc_pe) * pe_scale
