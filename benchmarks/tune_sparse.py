@@ -3,8 +3,8 @@
     python benchmarks/tune_sparse.py [--cases B128_H16_K2048,B1_H32_K2048] [--json OUT.json]
 
 For each case: the planner's choice, then every candidate of ``CANDIDATES`` for its head count
-(with the integer and the ``cvt`` e4m3 decoding on SM89+), each at the planner's split count
-and at half and double of it, timed with ``do_bench`` (L2 flushed) on the bench's pool and
+(with the integer and, on SM89+, the ``cvt`` e4m3 decoding), each at the planner's split count
+and, for a few query tokens, at half and double of it, timed with ``do_bench`` (L2 flushed) on the bench's pool and
 index lists; the fastest per case is printed last. Results inform ``dsa/sparse_plan.py``'s
 tables; nothing here changes them.
 """
@@ -24,12 +24,19 @@ from fp8mla.bench.sparse_inputs import packed_pool, sparse_inputs
 from fp8mla.dsa.sparse import SparseMLAWrapper
 from fp8mla.dsa.sparse_plan import SparseTile
 
-# candidates by the heads they serve (block_h, block_n, warps, stages, occupancy, value split)
+# candidates by the heads they serve (block_h, block_n, warps, stages, occupancy, value
+# split): the table's tile first, then the others that spill at most 128 B a thread on SM90
+# under Triton 3.6 (wider KV steps, 8 warps, a third stage, two head groups of 16 rows)
 CANDIDATES = {
-    16: [(16, 32, 4, 2, 3, 1), (16, 32, 8, 2, 2, 1), (16, 64, 8, 2, 1, 1), (16, 64, 4, 2, 1, 1)],
-    32: [(32, 32, 8, 2, 1, 1), (32, 16, 4, 3, 2, 1), (16, 32, 4, 2, 3, 1), (32, 64, 8, 2, 1, 1)],
-    128: [(128, 16, 8, 2, 1, 2), (64, 16, 4, 3, 2, 2), (64, 32, 8, 2, 1, 2), (128, 32, 8, 1, 1, 2)],
-}
+    16: [(16, 32, 4, 2, 3, 1), (16, 32, 4, 3, 2, 1), (16, 32, 8, 2, 1, 1), (16, 32, 8, 3, 2, 1),
+         (16, 64, 8, 2, 1, 1), (16, 64, 8, 3, 1, 1), (16, 16, 4, 3, 3, 1), (16, 16, 8, 2, 1, 1)],
+    32: [(32, 32, 8, 2, 1, 1), (32, 16, 8, 2, 1, 1), (32, 16, 8, 3, 1, 1), (32, 32, 8, 3, 1, 1),
+         (32, 64, 8, 2, 1, 1), (32, 16, 4, 3, 2, 1), (16, 32, 4, 3, 2, 1), (16, 32, 4, 2, 3, 1)],
+    128: [(128, 16, 8, 2, 1, 2), (64, 16, 4, 3, 2, 2), (64, 16, 8, 3, 1, 2), (64, 32, 8, 2, 1, 2)],
+}  # fmt: skip
+# a split count of half and twice the planner's is tried for cases of at most this many
+# query tokens (larger batches fill the GPU without splits)
+SPLIT_TRIAL_TOKENS = 8
 
 
 def candidates(heads: int) -> list[SparseTile]:
@@ -56,7 +63,8 @@ def main(argv=None) -> int:
     wanted = args.cases.split(",")
     cases = [c for c in SPARSE_CASES if c.name in wanted]
     pool = packed_pool(cases[0].pool_slots, cases[0].page_size, torch.device("cuda"))
-    cvts = ["auto"] + (["ptx"] if torch.cuda.get_device_capability() >= (8, 9) else [])
+    # the integer moves and, where the GPU decodes e4m3 (SM89+), ``cvt``; "auto" is the table's
+    cvts = ["int"] + (["ptx"] if torch.cuda.get_device_capability() >= (8, 9) else [])
     rows, best = [], {}
     for case in cases:
         inp = sparse_inputs(case, pool)
@@ -67,7 +75,8 @@ def main(argv=None) -> int:
                 try:
                     us, p0 = time_one(inp, tile, cvt, None)
                     trials.append((tile, cvt, us, p0))
-                    for splits in {max(1, p0.num_splits // 2), p0.num_splits * 2}:
+                    tries = {max(1, p0.num_splits // 2), p0.num_splits * 2}
+                    for splits in tries if case.tokens <= SPLIT_TRIAL_TOKENS else ():
                         if splits != p0.num_splits:
                             trials.append((tile, cvt, *time_one(inp, tile, cvt, splits)))
                 except Exception as exc:  # noqa: BLE001 - a tile that cannot run here

@@ -52,12 +52,13 @@ def workspace(nbytes: int = 16 << 20) -> torch.Tensor:
 
 
 def run(q_nope, q_pe, cache, indices, topk_length=None, *, num_splits=None, tile=None,
-        page_size=None, sm_scale=SM_SCALE, kernel="auto"):  # fmt: skip
+        page_size=None, sm_scale=SM_SCALE, kernel="auto", fp8_cvt="auto"):  # fmt: skip
     """Plan and run one wrapper (the planner's splits unless ``num_splits``)."""
     w = SparseMLAWrapper(workspace(), backend=BACKEND)
     ps = page_size or (cache.shape[1] if cache.dim() >= 3 and cache.shape[1] > 1 else 1)
     w.plan(q_nope.shape[0], q_nope.shape[1], indices.shape[-1], ps, q_nope.dtype, sm_scale,
-           kv_data_type=cache.dtype, num_splits=num_splits, tile=tile, kernel=kernel)  # fmt: skip
+           kv_data_type=cache.dtype, num_splits=num_splits, tile=tile, kernel=kernel,
+           fp8_cvt=fp8_cvt)  # fmt: skip
     return w.run(q_nope, q_pe, cache, indices, topk_length, return_lse=True)
 
 
@@ -417,6 +418,20 @@ def test_gpu_every_table_tile(tile):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fp8_cvt", ["int", "ptx", "native", "portable"])
+def test_gpu_every_e4m3_decoding(fp8_cvt):
+    """The portable kernel with each e4m3 decoding a plan can name (the tables take the
+    integer moves or ``cvt``), split and not, an id outside the cache among the lists."""
+    q_nope, q_pe, cache, idx = gpu_case(64, 16, 2048, seed=6)
+    idx[5, 7] = POOL
+    for splits in (1, 4):
+        out, lse = run(q_nope, q_pe, cache, idx, tile=SparseTile(16, 32, 4, 2, occupancy=3),
+                       num_splits=splits, fp8_cvt=fp8_cvt)  # fmt: skip
+        check_rows(out, lse, q_nope, q_pe, cache, idx, torch.arange(0, 64, 7, device="cuda"))
+        assert torch.isnan(out[5]).all()
+
+
+@pytest.mark.gpu
 def test_gpu_bf16_cache():
     tokens, heads, topk = 128, 16, 2048
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -442,7 +457,9 @@ def test_plans_of_the_engine_shapes_on_the_h200():
     one = plan(1, 32, 2048)  # one stream: splits of 64 entries, a 32-split merge
     assert one.num_splits == 32 and one.split_len == 64 and one.merge_block_s == 32
     wide = plan(256, 128, 2048)  # compute-bound: every program a whole list, no merge
-    assert wide.num_splits == 1 and wide.head_groups * wide.tile.value_split == 2
+    # the 64-head tile, two head groups side by side, each two programs of 256 columns
+    assert wide.num_splits == 1 and wide.head_groups == 2 and wide.tile.value_split == 2
+    assert wide.tile == sparse_table(h200).heads64
     assert plan(4096, 128, 2048).num_splits == 1
     assert plan(2, 16, 16384).num_splits <= 64
     few = plan(1, 16, 1)
@@ -455,3 +472,16 @@ def test_plans_of_the_engine_shapes_on_the_h200():
                                  target=TARGETS[name])  # fmt: skip
             assert p.head_groups * tile.block_h >= heads
             assert (p.num_splits - 1) * p.split_len < 100 <= p.num_splits * p.split_len
+
+
+def test_the_portable_kernels_e4m3_decoding_is_its_tables():
+    """The compile matrix builds the decoding a plan takes for "auto": ``cvt`` on SM90 (timed
+    faster there), the integer moves where nothing was timed."""
+    from fp8mla.attention.targets import TARGETS
+    from fp8mla.dsa.sparse_builds import sparse_builds
+    from fp8mla.kernels.portable import fp8_decode as F
+
+    for name, want in (("sm90", F.CVT_PTX_E4M3), ("sm100", F.CVT_INT_E4M3),
+                       ("sm120", F.CVT_INT_E4M3), ("sm80", F.CVT_INT_E4M3)):  # fmt: skip
+        packed = [b for label, b, _ in sparse_builds(TARGETS[name]) if label.startswith("packed")]
+        assert packed and {dict(b.constexprs)["FP8_CVT"] for b in packed} == {int(want)}, name

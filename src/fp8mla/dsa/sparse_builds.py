@@ -105,7 +105,8 @@ def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
     """``(label, Build, tile)`` of every sparse kernel build of ``target``."""
     from fp8mla.attention.launch import fp8_conversion
 
-    cvt = fp8_conversion(torch.float8_e4m3fn, torch.device("cuda"), False, "auto", target)
+    choice = sparse_table(target).fp8_cvt  # the decoding the launch takes for "auto"
+    cvt = fp8_conversion(torch.float8_e4m3fn, torch.device("cuda"), False, choice, target)
     builds = []
     for tile in sparse_table(target).tiles():
         for packed in (True, False):

@@ -23,7 +23,7 @@ from fp8mla.attention.launch import LN2_INV, fp8_conversion
 from fp8mla.attention.targets import Target
 from fp8mla.attention.workspace import Partials
 from fp8mla.dsa.sparse_cache import SparseCache
-from fp8mla.dsa.sparse_plan import SparsePlan
+from fp8mla.dsa.sparse_plan import SparsePlan, sparse_table
 
 KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
 MERGE = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_merge_kernel"
@@ -101,6 +101,8 @@ class SparseLaunch:
         self.partials = partials
         self.interpreted = interpreted
         self.packed = kv_dtype.itemsize == 1
+        if fp8_cvt == "auto":  # the target's table's choice for this kernel
+            fp8_cvt = sparse_table(target).fp8_cvt
         self.cvt = (
             fp8_conversion(torch.float8_e4m3fn, device, interpreted, fp8_cvt, target)
             if self.packed

@@ -68,6 +68,9 @@ class SparseTable:
     # ... and the FP8 ping-pong kernel (64-row tiles, ``kernels/sm90/pingpong8.py``) from this
     # many heads on (None: only when a plan names it)
     pingpong8_from_heads: int | None = None
+    # the portable kernel's e4m3 decoding where a plan asks for "auto"
+    # (``attention.launch.fp8_conversion``'s choices)
+    fp8_cvt: str = "auto"
 
     def pick(self, num_heads: int) -> SparseTile:
         if num_heads <= 16:
@@ -92,13 +95,17 @@ class SparseTable:
 # programs, 256 output columns each): a 64-row tile's full-width accumulator spills everywhere.
 SPARSE_TABLES: dict[str, SparseTable] = {
     # SM90/SM100 (227 KB): 16 heads three programs of 4 warps per SM (168 registers; 74 KB);
-    # 64 and 128 heads in wgmma-sized tiles (Triton lowers their dots to wgmma on SM90)
+    # 64 and 128 heads in wgmma-sized tiles (Triton lowers their dots to wgmma on SM90).
+    # SM90's portable tiles timed on an H100 (benchmarks/tune_sparse.py, design/sparse.md):
+    # the table's 16- and 32-head tiles were the fastest candidates; 128 heads run faster as
+    # two 64-head groups (1,613 against 1,706 µs at 128 heads × 2 tokens) and ``cvt`` decodes
+    # faster than the integer moves in every case (5-9%)
     "sm90": SparseTable(
         heads16=SparseTile(16, 32, 4, 2, occupancy=3),
         heads32=SparseTile(32, 32, 8, 2),
         heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
-        heads128=SparseTile(128, 16, 8, 2, value_split=2),
         fp8qk_from_heads=1,
+        fp8_cvt="ptx",
     ),
     "sm100": SparseTable(
         heads16=SparseTile(16, 32, 4, 2, occupancy=3),

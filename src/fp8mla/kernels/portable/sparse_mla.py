@@ -90,10 +90,13 @@ def load_latent(
     d = g * GROUP + tl.arange(0, GROUP)
     if PACKED:
         offs = (row * UNIT)[:, None] + d[None, :]
-        codes = tl.load(kv_ptr + offs, mask=valid[:, None], other=0)
-        if FP8_CVT == CVT_NATIVE:
-            return codes.to(tl.float16).to(DOT_DTYPE)
-        return fp8_bytes_to_f16(codes, FP8_CVT).to(DOT_DTYPE)
+        if FP8_CVT == CVT_NATIVE:  # an e4m3 pointer: Triton's cast decodes
+            codes = tl.load(kv_ptr + offs, mask=valid[:, None], other=0.0)
+            latent = codes.to(tl.float16)
+        else:  # bytes
+            codes = tl.load(kv_ptr + offs, mask=valid[:, None], other=0)
+            latent = fp8_bytes_to_f16(codes, FP8_CVT)
+        return latent.to(DOT_DTYPE)
     offs = (row * (UNIT // 2))[:, None] + d[None, :]
     return tl.load(kv_ptr + offs, mask=valid[:, None], other=0.0).to(DOT_DTYPE)
 
