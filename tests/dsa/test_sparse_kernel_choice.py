@@ -126,3 +126,38 @@ def test_fp8qk_plans_the_lists_in_place_where_one_tile_or_one_row_tile(
     from fp8mla.dsa.sparse_sm90 import plans_lists
 
     assert plans_lists(topk, splits, row_tiles) == in_place
+
+
+def _sparse_plan(tokens: int, heads: int, topk: int = 2048, sms: int = 132):
+    from fp8mla.attention.planner import make_launch_plan
+
+    return make_launch_plan(
+        batch=tokens, num_heads=heads, max_qo_len=1, max_kv_len=topk, sms=sms,
+        max_splits_by_workspace=64, target=TARGETS["sm90"], kv_dtype=torch.float8_e4m3fn,
+        config="fp8qk", head_dim_kpe=64, q_dtype=torch.bfloat16,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "tokens, heads, in_grid",
+    [(1, 32, True), (2, 32, True), (4, 32, True), (8, 16, True), (128, 16, False),
+     (1, 128, False)],
+)  # fmt: skip
+def test_few_tokens_merge_their_splits_in_the_grid(tokens, heads, in_grid):
+    """A split plan of one row tile a token whose programs fit the GPU at once merges in its
+    grid; a batch with no splits (128 tokens) or several row tiles a token (128 heads) keeps
+    the merge launch."""
+    from fp8mla.dsa.sparse_sm90 import merges_in_grid
+
+    plan = _sparse_plan(tokens, heads)
+    assert merges_in_grid(plan, tokens, 132) == in_grid
+    if in_grid:  # one program an SM: a grid larger than the GPU never waits on itself
+        programs = tokens * plan.m_tiles * plan.num_splits
+        assert not merges_in_grid(plan, tokens, programs - 1)
+
+
+def test_the_merge_launch_stays_when_asked(monkeypatch):
+    from fp8mla.dsa.sparse_sm90 import merges_in_grid
+
+    monkeypatch.setenv("FP8MLA_MERGE_IN_GRID", "0")
+    assert not merges_in_grid(_sparse_plan(1, 32), 1, 132)

@@ -398,6 +398,48 @@ def test_gpu_cuda_graph_replays_new_indices():
         check(out[rows], lse[rows], q_nope[rows], q_pe[rows], cache, idx[rows], length[rows])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens, heads", [(1, 32), (4, 32), (8, 16)])
+def test_gpu_few_tokens_merging_in_the_grid(monkeypatch, tokens, heads):
+    """Few tokens merge their splits in the attention grid (SM90): against float64 and the
+    merge launch, with -1 padding, topk_length (0 included), an id outside the cache (NaN),
+    the LSE, and CUDA-graph replays with new lists and lengths."""
+    topk = 2048
+    q_nope, q_pe, cache, idx = gpu_case(tokens, heads, topk, seed=8, pad=0.1)
+    idx[0, 5] = POOL  # outside the cache: token 0 NaN
+    length = torch.randint(1, topk + 1, (tokens,), device="cuda", dtype=torch.int32)
+    length[-1] = 0 if tokens > 1 else length[-1]  # nothing to attend to: 0 and +inf
+    w = SparseMLAWrapper(workspace(64 << 20), use_cuda_graph=True)
+    w.plan(tokens, heads, topk, 64, torch.bfloat16, SM_SCALE)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert w._launch.sparse.lists.merge_in_grid
+    out = torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(tokens, heads, dtype=torch.float32, device="cuda")
+    w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse)
+    check(out, lse, q_nope, q_pe, cache, idx, length)
+    assert torch.isnan(out[0]).all() and torch.isnan(lse[0]).all()
+    monkeypatch.setenv("FP8MLA_MERGE_IN_GRID", "0")
+    launched = run(q_nope, q_pe, cache, idx, length)
+    # the same sums in another order: a bf16 unit apart at most
+    torch.testing.assert_close(out.float(), launched[0].float(), rtol=8e-3, atol=1e-4,
+                               equal_nan=True)  # fmt: skip
+    torch.testing.assert_close(lse, launched[1], rtol=1e-5, atol=1e-5, equal_nan=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse)
+    for seed in (9, 10):
+        idx.copy_(random_indices(tokens, topk, POOL, seed=seed, pad=0.1, device="cuda"))
+        length.copy_(torch.randint(0, topk + 1, (tokens,), device="cuda", dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, q_nope, q_pe, cache, idx, length)
+
+
 def every_table_tile() -> list[SparseTile]:
     tiles = []
     for name, table in SPARSE_TABLES.items():

@@ -130,6 +130,9 @@ NAN_ARGS = ("nan_row_ckv", "nan_row_kpe")  # the Gluon kernels' NaN-row offsets
 CACHE_POINTERS = ("ckv_ptr", "kpe_ptr", "scale_arr_ptr", "ckv_scale_ptr", "kpe_scale_ptr")
 MERGE_CALL_ARGS = ("o_ptr", "lse_ptr", "num_tokens", "stride_o_t", "stride_o_h", "stride_lse_t",
                    "WRITE_LSE")  # fmt: skip
+# a split launch that merges in its grid (merge_in_grid): the output as the merge writes it
+GRID_MERGE_ARGS = ("out_ptr", "out_lse_ptr", "stride_out_t", "stride_out_h", "stride_out_lse_t",
+                   "WRITE_OUT_LSE")  # fmt: skip
 Q_SCALE_ARGS = ("q_scale_ptr", "stride_qs_t", "q_scale_val", "Q_SCALE")  # FP8-query builds
 # a launch whose page table and lengths each call gives (index_lists: the sparse index lists)
 LIST_ARGS = ("kv_indices_ptr", "kv_len_ptr")
@@ -205,6 +208,9 @@ class AttentionLaunch:
         q_fp8: the kernel's FP8-query build (``query.QF8_*``; 0: 16-bit queries).
         index_lists: each call passes the page table and the lengths (``lists``: the sparse
             path's index lists as they are); ``indices``' two give their sizes only.
+        merge_in_grid: a split plan's programs merge the splits themselves, no merge launch
+            (``kernels/sm90/grid_merge.py``): only for a grid whose programs are all resident
+            at once, one row tile a request, on a kernel that declares ``MERGE_IN_GRID``.
     """
 
     def __init__(
@@ -226,6 +232,7 @@ class AttentionLaunch:
         kernel_options: dict[str, Any] | None = None,
         q_fp8: int = 0,
         index_lists: bool = False,
+        merge_in_grid: bool = False,
     ) -> None:
         cfg = plan.config
         self.plan = plan
@@ -271,6 +278,18 @@ class AttentionLaunch:
         if self.split:
             self.fixed.update(_partial_outputs(plan, partials, heads))
         kernel_fn = self.variant.load()
+        self.merge_in_grid = merge_in_grid
+        if merge_in_grid:
+            if not self.split or plan.m_tiles > 1 or "MERGE_IN_GRID" not in kernel_fn.arg_names:
+                raise ValueError(
+                    f"expected a split plan of one row tile a request on a kernel that merges "
+                    f"in its grid for merge_in_grid, got {plan.num_splits} splits, "
+                    f"{plan.m_tiles} row tiles, {cfg.variant}"
+                )
+            # each request's arrival counter (grid_merge.request_barrier): zero once, then
+            # grown by the request's programs at every call
+            sync = torch.zeros(max(1, batch), dtype=torch.int64, device=device)
+            self.fixed.update(MERGE_IN_GRID=True, sync_ptr=sync)
         if "ROW_TILES" in getattr(kernel_fn, "arg_names", ()):  # compiled apart for > 1 tile
             self.fixed["ROW_TILES"] = plan.m_tiles > 1
         self.q_call = bool(q_fp8)  # the call passes the query scale (Q_SCALE_ARGS)
@@ -289,6 +308,8 @@ class AttentionLaunch:
         if plan.attention_waits:  # a programmatic dependent of the grid before it
             options["launch_pdl"] = True
             self.fixed["WAIT_PRIOR"] = True
+        if merge_in_grid:  # the request's programs wait for each other: all resident at once
+            options["launch_cooperative_grid"] = True
         cap = cfg.max_registers(target.warp_size) if target.backend == "cuda" else None
         if cap is not None and not interpreted and not q_fp8:  # FP8-query builds: uncapped
             options["maxnreg"] = cap
@@ -316,12 +337,12 @@ class AttentionLaunch:
         self._nan_address = self.nan_row.data_ptr() if self.nan_row is not None else 0
         self._partial_lse_address = partials.lse.data_ptr() if partials is not None else 0
         self.merge = None
-        if self.split:
+        if self.split and not merge_in_grid:
             self.merge, self.merge_fixed = _merge_launch(plan, partials, qo, heads, batch, index)
             self._merge_bind = ArgumentBinder(self.merge, self.merge_fixed, MERGE_CALL_ARGS)
         call = (
             CALL_ARGS
-            + (() if self.split else OUT_ARGS)
+            + (GRID_MERGE_ARGS if merge_in_grid else () if self.split else OUT_ARGS)
             + (NAN_ARGS if self.nan_row is not None else ())
             + (Q_SCALE_ARGS if self.q_call else ())
             + (LIST_ARGS if index_lists else ())
@@ -401,7 +422,7 @@ class AttentionLaunch:
         skey = (int_class(sas[0]), int_class(sas[1])) if group else ()
         os = out.stride()
         lse_t = lse.stride(0) if write_lse else 0
-        if not self.split:
+        if not self.split or self.merge_in_grid:  # OUT_ARGS or GRID_MERGE_ARGS
             vals += [a_out, a_lse, os[0], os[1], lse_t, write_lse]
             strides += [os[0], os[1]] + ([lse_t] if write_lse else [])
         wide = False
@@ -482,7 +503,7 @@ class AttentionLaunch:
         key = (scale_tensors, scale_tensors, False, write_lse, False)
         mkey = (write_lse,) if self.merge is not None else None
         bound = self._native.get((key, mkey))
-        if bound is None or not self.d_kpe or self.q_fp16:
+        if bound is None or not self.d_kpe or self.q_fp16 or self.merge_in_grid:
             return None
         a, b, _ = bound
         return native.fast_call(
@@ -513,7 +534,7 @@ class AttentionLaunch:
         scale's and the index lists')."""
         vals = vals.copy()
         vals[: len(CALL_POINTERS)] = tensors[: len(CALL_POINTERS)]
-        if not self.split:  # o_ptr, lse_ptr: OUT_ARGS' first two
+        if not self.split or self.merge_in_grid:  # OUT_ARGS' or GRID_MERGE_ARGS' first two
             at = len(CALL_ARGS)
             vals[at : at + 2] = tensors[len(CALL_POINTERS) :]
         args = dict(zip(self._call, vals), **self.fixed)

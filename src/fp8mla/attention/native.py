@@ -154,7 +154,6 @@ def param_kinds(kernel: Any, names: Sequence[str], call: Sequence[str] = ()) -> 
         or getattr(meta, "global_scratch_size", 0)
         or getattr(meta, "profile_scratch_size", 0)
         or getattr(meta, "num_ctas", 1) != 1
-        or getattr(meta, "launch_cooperative_grid", False)
         or getattr(meta, "tensordesc_meta", None)
     ):
         return None
@@ -200,9 +199,10 @@ def bind(
     slots = [index.get(n, -1) for n in call]
     meta = kernel.metadata
     pdl = bool(getattr(meta, "launch_pdl", False))
+    cooperative = bool(getattr(meta, "launch_cooperative_grid", False))
     return mod.Launch(
         int(kernel.function), tuple(grid), 32 * meta.num_warps, meta.shared, pdl, kinds, init,
-        slots,
+        slots, cooperative,
     )  # fmt: skip
 
 

@@ -52,7 +52,7 @@ static int load_driver(void) {
 typedef struct {
   PyObject_HEAD
   CUlaunchConfig config;
-  CUlaunchAttribute attr;
+  CUlaunchAttribute attrs[2];
   CUfunction function;
   int nparams;
   Py_ssize_t ncall;
@@ -124,12 +124,12 @@ static int store(char kind, PyObject *obj, uint64_t *dst) {
 static int Launch_init(Launch *self, PyObject *args, PyObject *kw) {
   unsigned long long function;
   unsigned int gx, gy, gz, block, smem;
-  int pdl;
+  int pdl, cooperative = 0;
   const char *kinds;
   Py_ssize_t nkinds;
   PyObject *values, *slots;
-  if (!PyArg_ParseTuple(args, "K(III)IIps#OO", &function, &gx, &gy, &gz, &block, &smem, &pdl,
-                        &kinds, &nkinds, &values, &slots))
+  if (!PyArg_ParseTuple(args, "K(III)IIps#OO|p", &function, &gx, &gy, &gz, &block, &smem, &pdl,
+                        &kinds, &nkinds, &values, &slots, &cooperative))
     return -1;
   if (nkinds > MAX_PARAMS) {
     PyErr_Format(PyExc_ValueError, "expected at most %d parameters, got %zd", MAX_PARAMS, nkinds);
@@ -177,11 +177,20 @@ static int Launch_init(Launch *self, PyObject *args, PyObject *kw) {
   self->config.blockDimY = 1;
   self->config.blockDimZ = 1;
   self->config.sharedMemBytes = smem;
-  memset(&self->attr, 0, sizeof(self->attr));
-  self->attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  self->attr.value.programmaticStreamSerializationAllowed = 1;
-  self->config.attrs = &self->attr;
-  self->config.numAttrs = pdl ? 1 : 0;
+  /* the launch attributes Triton's launcher sets for the kernel's metadata: programmatic
+     dependent launch, and a cooperative grid (all its blocks resident at once) */
+  memset(self->attrs, 0, sizeof(self->attrs));
+  unsigned int nattrs = 0;
+  if (pdl) {
+    self->attrs[nattrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    self->attrs[nattrs++].value.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative) {
+    self->attrs[nattrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    self->attrs[nattrs++].value.cooperative = 1;
+  }
+  self->config.attrs = self->attrs;
+  self->config.numAttrs = nattrs;
   rc = 0;
 done:
   Py_DECREF(vals);

@@ -30,7 +30,9 @@ nothing from its smaller bytes there (``docs/design/sm90-fp8qk.md``). Here:
   partial output is stored in fp16 (``HALF_PARTIALS``: half the bytes this kernel writes and
   the merge reads) as ``o / l`` without the V scale: an average of FP8 values, within fp16's
   range for e4m3 and e5m2 (with token-group scales, of the fp16 ``V`` operand's values); the
-  merge multiplies by the V scale, which the kernel stores beside the partials.
+  merge multiplies by the V scale, which the kernel stores beside the partials. With
+  ``MERGE_IN_GRID`` (a cooperative launch of few requests) the request's programs then meet
+  and merge the partials themselves, no merge launch (``grid_merge.py``).
 
 Shared memory for ``STAGES`` = 4: the stages 160 KB (37 KB each with the RoPE part, 1 KB of
 token-group scales where used), the query 36 KB, ``P`` 8 KB (about 190 KB: one program per
@@ -64,6 +66,7 @@ from fp8mla.kernels.sm90.common import (
 from fp8mla.kernels.sm90.fp8_stage import fp8_copier, stage_query_half
 from fp8mla.kernels.sm90.fp8_values import HALF, store_output, value_operand
 from fp8mla.kernels.sm90.fp8qk_score import RQ, score_warpgroup
+from fp8mla.kernels.sm90.grid_merge import merge_rows, request_barrier
 from fp8mla.kernels.sm90.request import request_span
 
 
@@ -77,6 +80,7 @@ def _value_wg(
     TOKEN_GROUP: gl.constexpr, STAGES: gl.constexpr, FP8_CVT: gl.constexpr,
     HALF_PARTIALS: gl.constexpr, ROW_TILES: gl.constexpr, ROPE_16BIT: gl.constexpr,
     Q_FP8: gl.constexpr, Q_SCALE: gl.constexpr, CAUSAL: gl.constexpr, LATE: gl.constexpr, late,
+    MERGE_IN_GRID: gl.constexpr, o_done,
 ):  # fmt: skip
     """Value warpgroup ``H``: its half of the query staging, then output columns
     ``256H + π(m)`` of ``Oᵀ += Vᵀ·Pᵀ`` in two 32-token steps per tile, ``Vᵀ`` read from the
@@ -138,6 +142,9 @@ def _value_wg(
         o * inv_l[None, :], o_ptr, q_start, rows_total, split, num_heads, num_tokens,
         stride_o_split, stride_o_t, stride_o_h, H, BLOCK_R, ROW_TILES,
     )  # fmt: skip
+    if MERGE_IN_GRID:  # the partials stored: the score partition releases them (grid_merge)
+        thread_barrier()
+        mbarrier.arrive(o_done)
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
@@ -231,6 +238,18 @@ def _mla_fp8qk_kernel(
     q_scale_ptr=None,
     stride_qs_t=None,
     q_scale_val=None,
+    # the split merge in this grid (grid_merge.py; a plan whose programs are all resident at
+    # once, one row tile a request): the request's programs meet at a barrier on sync_ptr
+    # (two int32 a request, zero at plan()), then each merges a share of its rows into
+    # out_ptr (and the base-2 LSE into out_lse_ptr with WRITE_OUT_LSE)
+    MERGE_IN_GRID: gl.constexpr = False,
+    WRITE_OUT_LSE: gl.constexpr = False,
+    out_ptr=None,
+    out_lse_ptr=None,
+    stride_out_t=None,
+    stride_out_h=None,
+    stride_out_lse_t=None,
+    sync_ptr=None,
 ):
     gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32, "16 or 32 query rows per request")
     gl.static_assert(BLOCK_N == 64, "64 KV tokens per tile")
@@ -278,6 +297,7 @@ def _mla_fp8qk_kernel(
     p_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     stat_ready = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
     q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+    o_done = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=COPIER_WARPS * 32)  # every copier thread's copies
         mbarrier.init(empty.index(i), count=2)  # both value warpgroups
@@ -286,12 +306,14 @@ def _mla_fp8qk_kernel(
         mbarrier.init(p_free.index(i), count=2)
     mbarrier.init(stat_ready, count=1)
     mbarrier.init(q_ready, count=2)  # both value warpgroups stage half of the query
+    mbarrier.init(o_done, count=2)  # both value warpgroups' partials stored (MERGE_IN_GRID)
     fence_async_shared()
     thread_barrier()
 
     if WAIT_PRIOR == 1:  # a programmatic dependent: no global read before the prior grid ends
         wait_prior()
     LATE: gl.constexpr = WAIT_PRIOR == 2
+    gl.static_assert(not MERGE_IN_GRID or not (ROW_TILES or LATE), "one row tile a request")
     gl.static_assert(
         not SPARSE_LISTS or (PAGE_SIZE == 1 and TOKEN_GROUP and not LATE),
         "index lists: page size 1, token-group scales, lengths read at the start",
@@ -334,6 +356,7 @@ def _mla_fp8qk_kernel(
                     stride_o_t, stride_o_h, mult_ptr, q_scale_ptr, stride_qs_t, q_scale_val, 0,
                     BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES, FP8_CVT, HALF_PARTIALS,
                     ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE, CAUSAL, LATE, late,
+                    MERGE_IN_GRID, o_done,
                 ),
             ),
             (
@@ -346,6 +369,7 @@ def _mla_fp8qk_kernel(
                     stride_o_t, stride_o_h, mult_ptr, q_scale_ptr, stride_qs_t, q_scale_val, 1,
                     BLOCK_M, D_CKV, D_KPE, TOKEN_GROUP, STAGES, FP8_CVT, HALF_PARTIALS,
                     ROW_TILES, ROPE_16BIT, Q_FP8, Q_SCALE, CAUSAL, LATE, late,
+                    MERGE_IN_GRID, o_done,
                 ),
             ),
             (
@@ -362,3 +386,19 @@ def _mla_fp8qk_kernel(
         [4, 4, COPIER_WARPS],
         [VALUE_REGS, VALUE_REGS, COPIER_REGS],
     )  # fmt: skip
+    if MERGE_IN_GRID:
+        # the scores' LSE stored by this partition, both value warpgroups' partials by
+        # theirs: the request's programs meet, then each merges its rows
+        mbarrier.wait(o_done, 0)
+        thread_barrier()
+        request_barrier(sync_ptr + b, gl.num_programs(2))
+        thread_barrier()
+        factor = 1.0
+        if HALF_PARTIALS:  # fp16 partials without the V scale
+            factor = v_scale
+        merge_rows(
+            o_ptr, lse_ptr, out_ptr, out_lse_ptr, q_start, rows_total, split,
+            gl.num_programs(2), num_heads, num_tokens, stride_o_split, stride_o_t, stride_o_h,
+            stride_lse_split, stride_lse_t, stride_out_t, stride_out_h, stride_out_lse_t,
+            factor, WRITE_OUT_LSE, D_CKV, 16,
+        )  # fmt: skip
