@@ -96,10 +96,9 @@ class SparseTable:
 SPARSE_TABLES: dict[str, SparseTable] = {
     # SM90/SM100 (227 KB): 16 heads three programs of 4 warps per SM (168 registers; 74 KB);
     # 64 and 128 heads in wgmma-sized tiles (Triton lowers their dots to wgmma on SM90).
-    # SM90's portable tiles timed on an H100 (benchmarks/tune_sparse.py, design/sparse.md):
-    # the table's 16- and 32-head tiles were the fastest candidates; 128 heads run faster as
-    # two 64-head groups (1,613 against 1,706 µs at 128 heads × 2 tokens) and ``cvt`` decodes
-    # faster than the integer moves in every case (5-9%)
+    # SM90's portable tiles timed on an H100 (benchmarks/tune_sparse.py, design/sparse-runs.md,
+    # s13b): the table's 16- and 32-head tiles were the fastest candidates, 128 heads run
+    # faster as two 64-head groups, and ``cvt`` decodes faster than the integer moves
     "sm90": SparseTable(
         heads16=SparseTile(16, 32, 4, 2, occupancy=3),
         heads32=SparseTile(32, 32, 8, 2),

@@ -71,9 +71,9 @@ def merges_in_grid(plan: LaunchPlan, num_tokens: int, sms: int) -> bool:
     """Whether the FP8 × FP8 kernel over the index lists merges its splits in its own grid
     (``kernels/sm90/grid_merge.py``, a cooperative launch) instead of a merge launch: a
     split plan of one row tile a token whose programs, one an SM (their shared memory), fit
-    the GPU at once. Measured on an H100 in 78-layer graphs (design/sparse-runs.md, s13n):
-    2, 4 and 8 tokens 6-29% faster, one token level. ``FP8MLA_MERGE_IN_GRID=0`` keeps the
-    merge launch (a GPU shared with kernels that hold SMs for long)."""
+    the GPU at once: faster than the merge launch from two tokens on, level at one
+    (design/sparse-runs.md, s13n). ``FP8MLA_MERGE_IN_GRID=0`` keeps the merge launch (a GPU
+    shared with kernels that hold SMs for long)."""
     programs = num_tokens * plan.m_tiles * plan.num_splits
     return (
         plan.config.variant == "fp8qk"

@@ -2,8 +2,8 @@
 
 A split plan's merge is otherwise a launch of its own, which waits for the whole attention
 grid to end and then reads the partials back: for a decode of a few tokens that costs more
-than the merge's work (four tokens of 32 heads: ~9 µs a layer of ~18; design/sparse.md).
-Here the programs of a request meet instead, and merge its rows themselves:
+than the merge's work (design/merge.md). Here the programs of a request meet instead, and
+merge its rows themselves:
 
 - each program stores its partials, then one thread of the score partition arrives on the
   request's 64-bit counter (:func:`request_barrier`), which only grows: a call's programs
