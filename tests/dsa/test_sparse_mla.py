@@ -372,6 +372,30 @@ def test_gpu_engine_sizes(tokens, heads, topk):
     check_rows(out, lse, q_nope, q_pe, cache, idx, torch.tensor(rows, device="cuda"))
 
 
+def captured(call) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``call``, run once on a side stream first (it compiles outside the
+    capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
+def replay_new_lists(graph, idx, length, seed):
+    """``graph`` replayed after new index lists (10% -1) and lengths (0 to topk) are written
+    in place of ``idx`` and ``length``."""
+    tokens, topk = idx.shape
+    idx.copy_(random_indices(tokens, topk, POOL, seed=seed, pad=0.1, device="cuda"))
+    length.copy_(torch.randint(0, topk + 1, (tokens,), device="cuda", dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+
+
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replays_new_indices():
     tokens, heads, topk = 64, 16, 2048
@@ -381,19 +405,9 @@ def test_gpu_cuda_graph_replays_new_indices():
     w.plan(tokens, heads, topk, 64, torch.bfloat16, SM_SCALE)
     out = torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(tokens, heads, dtype=torch.float32, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse)  # compiles outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse)
+    graph = captured(lambda: w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse))
     for seed in (2, 3):
-        idx.copy_(random_indices(tokens, topk, POOL, seed=seed, pad=0.1, device="cuda"))
-        length.copy_(torch.randint(0, topk + 1, (tokens,), device="cuda", dtype=torch.int32))
-        graph.replay()
-        torch.cuda.synchronize()
+        replay_new_lists(graph, idx, length, seed)
         rows = torch.arange(0, tokens, 7, device="cuda")
         check(out[rows], lse[rows], q_nope[rows], q_pe[rows], cache, idx[rows], length[rows])
 
@@ -424,19 +438,9 @@ def test_gpu_few_tokens_merging_in_the_grid(monkeypatch, tokens, heads):
     torch.testing.assert_close(out.float(), launched[0].float(), rtol=8e-3, atol=1e-4,
                                equal_nan=True)  # fmt: skip
     torch.testing.assert_close(lse, launched[1], rtol=1e-5, atol=1e-5, equal_nan=True)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse)
+    graph = captured(lambda: w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse))
     for seed in (9, 10):
-        idx.copy_(random_indices(tokens, topk, POOL, seed=seed, pad=0.1, device="cuda"))
-        length.copy_(torch.randint(0, topk + 1, (tokens,), device="cuda", dtype=torch.int32))
-        graph.replay()
-        torch.cuda.synchronize()
+        replay_new_lists(graph, idx, length, seed)
         check(out, lse, q_nope, q_pe, cache, idx, length)
 
 
