@@ -24,7 +24,7 @@ def request_span(
     is as bad as a missing entry: every token of the request is then bad. ``READ_KV_LEN``
     False: ``kv_len``, ``n_begin`` and ``n_end`` are 0, for partitions that read them later
     with ``tiles.request_kv_span`` (the grid before this one writes the lengths). ``LISTS``:
-    each request is a sparse query token whose page table is its index list (page size 1):
+    request ``b`` is sparse query token ``b`` whose page table is its index list (page size 1):
     its length, read at ``kv_len_ptr[b]``, is clamped into ``[0, n_entries]``, and a request
     past the call's ``num_tokens`` rows has none (its length is not read)."""
     q_start = gl.load(qo_indptr_ptr + b)
@@ -45,7 +45,10 @@ def request_span(
     kv_stop = gl.minimum(gl.load(kv_indptr_ptr + b + 1), num_indices)
     n_entries = gl.where(kv_start >= 0, kv_stop - kv_start, 0)
     if LISTS:
-        kv_len = gl.load(kv_len_ptr + b, mask=q_start < num_tokens, other=0)
+        # request b is query token b (its rows start at b): the mask needs no q_start, so the
+        # length is loaded beside the indptr entries, not after them, and the split's range
+        # (then the copier's first index-list load) waits for one load instead of two
+        kv_len = gl.load(kv_len_ptr + b, mask=b < num_tokens, other=0)
         kv_len = gl.minimum(gl.maximum(kv_len, 0), n_entries)
         n_begin, n_end = T.kv_span(kv_len, span, BLOCK_M, BLOCK_N, CAUSAL)
     page_base = kv_indices_ptr + gl.maximum(kv_start, 0)
