@@ -103,7 +103,30 @@ def _value_wg(
         _, n_begin, n_end = TL.request_kv_span(late, BLOCK_R, BLOCK_N, CAUSAL)
     o = gl.zeros([HALF, BLOCK_R], gl.float32, layout=mma)
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
-    for j in range(n_tiles):
+    j0 = 0
+    if TOKEN_GROUP and MERGE_IN_GRID:
+        # a few-token decode's program has one tile or a few, and this warpgroup waits for
+        # tile 0's P with nothing to do: tile 0's first operand is built before it (in the
+        # loop the group scales' operand waits for P, where building it earlier would spill)
+        j0 = 1
+        if n_tiles > 0:
+            mbarrier.wait(ready.index(0), 0)
+            a0 = value_operand(k_stages, sc_stages, 0, 0, H, TOKEN_GROUP, FP8_CVT, a_l)
+            mbarrier.wait(p_ready.index(0), 0)
+            alpha = a_smem.index(0).slice(0, BLOCK_R).load(col_l)
+            o = o * alpha[None, :]
+            o = warpgroup_mma(a0, p_smem.index(0).slice(0, BLOCK_R, dim=0).permute((1, 0)), o,
+                              is_async=True)  # fmt: skip
+            o = warpgroup_mma_wait(0, deps=[o, a0])[0]
+            a1 = value_operand(k_stages, sc_stages, 0, 1, H, TOKEN_GROUP, FP8_CVT, a_l)
+            thread_barrier()
+            mbarrier.arrive(empty.index(0))
+            o = warpgroup_mma(a1, p_smem.index(1).slice(0, BLOCK_R, dim=0).permute((1, 0)), o,
+                              is_async=True)  # fmt: skip
+            o = warpgroup_mma_wait(0, deps=[o, a1])[0]
+            thread_barrier()
+            mbarrier.arrive(p_free.index(0))
+    for j in range(j0, n_tiles):
         st = j % STAGES
         b = j % 2
         mbarrier.wait(ready.index(st), (j // STAGES) & 1)

@@ -76,10 +76,14 @@ def merge_rows(
     ``factor``) and base-2 LSE into ``out_ptr`` (and the base-2 LSE into ``out_lse_ptr``):
     a split that saw nothing is never read, a NaN LSE (a bad page entry) makes the row NaN,
     a row no split saw gets 0 and -inf. Rows past ``rows_total`` or the call's tokens are
-    not written. Each thread holds 4 adjacent columns of ``BLOCK_S`` splits, their loads
-    issued together and summed over the splits in its registers. Called by a partition of 4
-    warps."""
-    ml: gl.constexpr = gl.BlockedLayout([BLOCK_S, 4], [1, 32], [1, 4], [1, 0])  # [BLOCK_S, D]
+    not written. ``BLOCK_S`` splits at a time: each thread holds 8 adjacent columns (16 bytes
+    of fp16) of half of them, two lanes a column group, their loads issued together and summed
+    in its registers, then across the two lanes. Called by a partition of 4 warps, ``D`` = 512.
+    """
+    gl.static_assert(D == 512, "4 warps × 16 lanes × 8 columns")
+    # [BLOCK_S, D]: 16-byte loads measured faster than 4 columns of all BLOCK_S splits a
+    # thread (8-byte loads) at one and four tokens (design/sparse-runs.md, s14l)
+    ml: gl.constexpr = gl.BlockedLayout([BLOCK_S // 2, 8], [2, 16], [1, 4], [1, 0])
     s_l: gl.constexpr = gl.SliceLayout(1, ml)
     d = gl.arange(0, D, layout=gl.SliceLayout(0, ml))
     s_idx = gl.arange(0, BLOCK_S, layout=s_l)
