@@ -140,24 +140,28 @@ def _sparse_plan(tokens: int, heads: int, topk: int = 2048, sms: int = 132):
 
 @pytest.mark.parametrize(
     "tokens, heads, in_grid",
-    [(1, 32, True), (2, 32, True), (4, 32, True), (8, 16, True), (128, 16, False),
-     (1, 128, False)],
+    [(1, 32, 2), (2, 32, 1), (4, 32, 1), (8, 16, 1), (128, 16, 0), (1, 128, 0)],
 )  # fmt: skip
 def test_few_tokens_merge_their_splits_in_the_grid(tokens, heads, in_grid):
     """A split plan of one row tile a token whose programs fit the GPU at once merges in its
-    grid; a batch with no splits (128 tokens) or several row tiles a token (128 heads) keeps
-    the merge launch."""
+    grid, with a second, merging program a split where twice the programs fit twice over
+    (one token); a batch with no splits (128 tokens) or several row tiles a token (128
+    heads) keeps the merge launch."""
     from fp8mla.dsa.sparse_sm90 import merges_in_grid
 
     plan = _sparse_plan(tokens, heads)
     assert merges_in_grid(plan, tokens, 132) == in_grid
+    programs = tokens * plan.m_tiles * plan.num_splits
     if in_grid:  # one program an SM: a grid larger than the GPU never waits on itself
-        programs = tokens * plan.m_tiles * plan.num_splits
-        assert not merges_in_grid(plan, tokens, programs - 1)
+        assert merges_in_grid(plan, tokens, programs - 1) == 0
+        assert merges_in_grid(plan, tokens, programs) == 1
+    if in_grid == 2:  # the merging programs only where this grid and the next fit doubled
+        assert merges_in_grid(plan, tokens, 4 * programs - 1) == 1
+        assert merges_in_grid(plan, tokens, 4 * programs) == 2
 
 
 def test_the_merge_launch_stays_when_asked(monkeypatch):
     from fp8mla.dsa.sparse_sm90 import merges_in_grid
 
     monkeypatch.setenv("FP8MLA_MERGE_IN_GRID", "0")
-    assert not merges_in_grid(_sparse_plan(1, 32), 1, 132)
+    assert merges_in_grid(_sparse_plan(1, 32), 1, 132) == 0

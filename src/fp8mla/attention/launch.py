@@ -210,7 +210,8 @@ class AttentionLaunch:
             path's index lists as they are); ``indices``' two give their sizes only.
         merge_in_grid: a split plan's programs merge the splits themselves, no merge launch
             (``kernels/sm90/grid_merge.py``): only for a grid whose programs are all resident
-            at once, one row tile a request, on a kernel that declares ``MERGE_IN_GRID``.
+            at once, one row tile a request, on a kernel that declares ``MERGE_IN_GRID``; 2:
+            with a second program a split that only merges (twice the grid).
     """
 
     def __init__(
@@ -232,7 +233,7 @@ class AttentionLaunch:
         kernel_options: dict[str, Any] | None = None,
         q_fp8: int = 0,
         index_lists: bool = False,
-        merge_in_grid: bool = False,
+        merge_in_grid: int = 0,
     ) -> None:
         cfg = plan.config
         self.plan = plan
@@ -289,7 +290,7 @@ class AttentionLaunch:
             # each request's arrival counter (grid_merge.request_barrier): zero once, then
             # grown by the request's programs at every call
             sync = torch.zeros(max(1, batch), dtype=torch.int64, device=device)
-            self.fixed.update(MERGE_IN_GRID=True, sync_ptr=sync)
+            self.fixed.update(MERGE_IN_GRID=int(merge_in_grid), sync_ptr=sync)
         if "ROW_TILES" in getattr(kernel_fn, "arg_names", ()):  # compiled apart for > 1 tile
             self.fixed["ROW_TILES"] = plan.m_tiles > 1
         self.q_call = bool(q_fp8)  # the call passes the query scale (Q_SCALE_ARGS)
@@ -323,7 +324,8 @@ class AttentionLaunch:
                 )
             self.fixed.update({k: v for k, v in kernel_options.items() if k in self.fixed})
             options.update({k: v for k, v in kernel_options.items() if k not in self.fixed})
-        grid = (plan.m_tiles * self.variant.programs_per_tile, batch, plan.num_splits)
+        helpers = 2 if merge_in_grid == 2 else 1  # MERGE_IN_GRID 2: merging programs too
+        grid = (plan.m_tiles * self.variant.programs_per_tile * helpers, batch, plan.num_splits)
         index = device.index if device.index is not None else 0
         if device.type == "cuda" and device.index is None:
             index = torch.cuda.current_device()

@@ -86,8 +86,9 @@ def sm90_rope16_builds(target: Target) -> list[tuple[str, Build, str]]:
                 label = f"packed {v.split(' ', 1)[1]} rope16{' lists' if lists else ''}"
                 out.append((label, _packed_scales(job.build, opts), "rope16"))
                 if lists and "split+group" in v:  # and with the merge in the grid
-                    out.append((f"{label} merge-in-grid", _merge_in_grid(
-                        _packed_scales(job.build, opts)), "rope16"))  # fmt: skip
+                    for mode, name in ((1, "merge-in-grid"), (2, "merge-in-grid+helpers")):
+                        out.append((f"{label} {name}", _merge_in_grid(
+                            _packed_scales(job.build, opts), mode), "rope16"))  # fmt: skip
         elif job.build.kernel.endswith(":_mla_pingpong8_kernel") and (
             "split+group" in v or "direct" in v
         ):
@@ -98,11 +99,11 @@ def sm90_rope16_builds(target: Target) -> list[tuple[str, Build, str]]:
     return out
 
 
-def _merge_in_grid(build: Build) -> Build:
-    """``build`` merging its splits in the grid (``MERGE_IN_GRID``): the output, its LSE and
-    the requests' barrier words as arguments."""
+def _merge_in_grid(build: Build, mode: int) -> Build:
+    """``build`` merging its splits in the grid (``MERGE_IN_GRID`` = ``mode``: 2 with the
+    merging programs): the output, its LSE and the requests' barrier words as arguments."""
     ptrs = dict(build.pointers, out_ptr="bf16", out_lse_ptr="fp32", sync_ptr="i64")
-    consts = dict(build.constexprs, MERGE_IN_GRID=True, WRITE_OUT_LSE=True)
+    consts = dict(build.constexprs, MERGE_IN_GRID=mode, WRITE_OUT_LSE=True)
     return dataclasses.replace(
         build, pointers=tuple(ptrs.items()), constexprs=tuple(consts.items()),
         passed=build.passed + ("stride_out_t", "stride_out_h", "stride_out_lse_t"),

@@ -67,21 +67,26 @@ def plans_lists(topk: int, num_splits: int, row_tiles: int) -> bool:
     return row_tiles == 1 or triton.cdiv(triton.cdiv(topk, num_splits), 64) <= LIST_TILES_MAX
 
 
-def merges_in_grid(plan: LaunchPlan, num_tokens: int, sms: int) -> bool:
+def merges_in_grid(plan: LaunchPlan, num_tokens: int, sms: int) -> int:
     """Whether the FP8 × FP8 kernel over the index lists merges its splits in its own grid
     (``kernels/sm90/grid_merge.py``, a cooperative launch) instead of a merge launch: a
     split plan of one row tile a token whose programs, one an SM (their shared memory), fit
     the GPU at once: faster than the merge launch from two tokens on, level at one
-    (design/sparse-runs.md, s13n). ``FP8MLA_MERGE_IN_GRID=0`` keeps the merge launch (a GPU
+    (design/sparse-runs.md, s13n). 2 where twice the programs fit twice over (this grid and
+    the next one's, launched early as its dependent): a second program a split merges with
+    it, each reading half the partials (one token: design/sparse-runs.md, s14p); 1 where only
+    the programs fit; 0 otherwise. ``FP8MLA_MERGE_IN_GRID=0`` keeps the merge launch (a GPU
     shared with kernels that hold SMs for long)."""
     programs = num_tokens * plan.m_tiles * plan.num_splits
-    return (
+    if not (
         plan.config.variant == "fp8qk"
         and plan.num_splits > 1
         and plan.m_tiles == 1
         and programs <= sms
         and os.environ.get("FP8MLA_MERGE_IN_GRID", "1") != "0"
-    )
+    ):
+        return 0
+    return 2 if 4 * programs <= sms else 1
 
 
 @dataclass
@@ -145,7 +150,7 @@ def fp8qk_sparse(
     if plan.num_splits > 1:
         partials = split_partials(workspace, plan.num_splits, rows, NOPE_DIM, plan.half_partials)
 
-    def attention(lists: bool, lengths: torch.Tensor, in_grid: bool = False) -> AttentionLaunch:
+    def attention(lists: bool, lengths: torch.Tensor, in_grid: int = 0) -> AttentionLaunch:
         return AttentionLaunch(
             plan,
             batch=num_tokens,

@@ -263,8 +263,9 @@ def _mla_fp8qk_kernel(
     q_scale_val=None,
     # the split merge in this grid (grid_merge.py; a plan whose programs are all resident at
     # once, one row tile a request): the request's programs meet at a barrier on sync_ptr
-    # (two int32 a request, zero at plan()), then each merges a share of its rows into
-    # out_ptr (and the base-2 LSE into out_lse_ptr with WRITE_OUT_LSE)
+    # (a 64-bit counter a request, zero at plan()), then each merges a share of its rows
+    # into out_ptr (and the base-2 LSE into out_lse_ptr with WRITE_OUT_LSE); 2: the grid's
+    # first axis has two programs a split, the second merging only, rows in column halves
     MERGE_IN_GRID: gl.constexpr = False,
     WRITE_OUT_LSE: gl.constexpr = False,
     out_ptr=None,
@@ -353,6 +354,12 @@ def _mla_fp8qk_kernel(
         BLOCK_M, BLOCK_N, CAUSAL, CKV_SCALE_PTR, KPE_SCALE_PTR, TOKEN_GROUP, FP8_CVT, not LATE,
         SPARSE_LISTS, num_tokens,
     )  # fmt: skip
+    rows_merged = rows_total
+    if MERGE_IN_GRID == 2:  # the grid's second program of a split only merges: no KV range,
+        # no rows of its own to store (its partitions run no tile and write nothing)
+        helper = gl.program_id(0) > 0
+        n_end = gl.where(helper, n_begin, n_end)
+        rows_total = gl.where(helper, 0, rows_total)
     # LATE: each partition reads its length and KV range after wait_prior, from these
     late = (kv_len_ptr, b, m_tile, split, qo_len, rows_total, num_heads)
 
@@ -414,14 +421,17 @@ def _mla_fp8qk_kernel(
         # theirs: the request's programs meet, then each merges its rows
         mbarrier.wait(o_done, 0)
         thread_barrier()
-        request_barrier(sync_ptr + b, gl.num_programs(2))
+        splits = gl.num_programs(2)
+        programs = gl.num_programs(0) * splits  # MERGE_IN_GRID 2: twice the splits
+        request_barrier(sync_ptr + b, programs)
         thread_barrier()
         factor = 1.0
         if HALF_PARTIALS:  # fp16 partials without the V scale
             factor = v_scale
         merge_rows(
-            o_ptr, lse_ptr, out_ptr, out_lse_ptr, q_start, rows_total, split,
-            gl.num_programs(2), num_heads, num_tokens, stride_o_split, stride_o_t, stride_o_h,
-            stride_lse_split, stride_lse_t, stride_out_t, stride_out_h, stride_out_lse_t,
-            factor, WRITE_OUT_LSE, D_CKV, 16,
+            o_ptr, lse_ptr, out_ptr, out_lse_ptr, q_start, rows_merged,
+            gl.program_id(0) * splits + split, programs, splits, num_heads, num_tokens,
+            stride_o_split, stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
+            stride_out_t, stride_out_h, stride_out_lse_t, factor, WRITE_OUT_LSE, D_CKV, 16,
+            2 if MERGE_IN_GRID == 2 else 1,
         )  # fmt: skip

@@ -13,7 +13,10 @@ merge its rows themselves:
   barriers (as a cooperative grid's sync does), and acquired by the waiters' loads;
 - each program then merges rows ``split, split + splits, …`` of its request
   (:func:`merge_rows`), every split's partial read from the L2 (``.cg``: never a stale L1
-  line), weighted by ``2^(lse_s - max)`` as the merge kernel does.
+  line), weighted by ``2^(lse_s - max)`` as the merge kernel does. With ``MERGE_IN_GRID`` 2
+  a second program a split (the grid's first axis) computes nothing and only merges: the
+  request's rows are merged in halves of 256 columns by twice the programs, each reading half
+  the bytes (one SM's reads of the partials set the merge's pace, design/sparse-runs.md).
 
 Waiting for other programs needs them resident at once: the launch is cooperative (CUDA
 refuses a grid that cannot be), and the planner chooses this only for grids of at most one
@@ -66,36 +69,43 @@ def request_barrier(sync_ptr, programs):
 
 @gluon.jit
 def merge_rows(
-    o_ptr, lse_ptr, out_ptr, out_lse_ptr, q_start, rows_total, split, splits, num_heads,
+    o_ptr, lse_ptr, out_ptr, out_lse_ptr, q_start, rows_total, first, step, splits, num_heads,
     num_tokens, stride_o_split, stride_o_t, stride_o_h, stride_lse_split, stride_lse_t,
     stride_out_t, stride_out_h, stride_out_lse_t, factor, WRITE_OUT_LSE: gl.constexpr,
-    D: gl.constexpr, BLOCK_S: gl.constexpr,
+    D: gl.constexpr, BLOCK_S: gl.constexpr, PARTS: gl.constexpr,
 ):  # fmt: skip
-    """Rows ``split, split + splits, …`` of the request (row = token × heads + head, from
-    ``q_start``) merged from every split's partial output (``o_ptr``, fp32 or fp16 times
-    ``factor``) and base-2 LSE into ``out_ptr`` (and the base-2 LSE into ``out_lse_ptr``):
-    a split that saw nothing is never read, a NaN LSE (a bad page entry) makes the row NaN,
-    a row no split saw gets 0 and -inf. Rows past ``rows_total`` or the call's tokens are
-    not written. ``BLOCK_S`` splits at a time: each thread holds 8 adjacent columns (16 bytes
-    of fp16) of half of them, two lanes a column group, their loads issued together and summed
-    in its registers, then across the two lanes. Called by a partition of 4 warps, ``D`` = 512.
-    """
+    """The request's rows (row = token × heads + head, from ``q_start``) in ``PARTS`` column
+    parts each, units ``first, first + step, …`` of them (unit ``u``: row ``u // PARTS``,
+    columns ``(u % PARTS) · D / PARTS …``), merged from the ``splits`` partial outputs
+    (``o_ptr``, fp32 or fp16 times ``factor``) and base-2 LSEs into ``out_ptr`` (and the
+    base-2 LSE into ``out_lse_ptr``, by a row's first part): a split that saw nothing is never
+    read, a NaN LSE (a bad page entry) makes the row NaN, a row no split saw gets 0 and -inf.
+    Rows past ``rows_total`` or the call's tokens are not written. ``BLOCK_S`` splits at a
+    time: each thread holds 8 adjacent columns (16 bytes of fp16) of some of them,
+    ``2 · PARTS`` lanes a column group, their loads issued together and summed in its
+    registers, then across those lanes. Called by a partition of 4 warps, ``D`` = 512."""
     gl.static_assert(D == 512, "4 warps × 16 lanes × 8 columns")
-    # [BLOCK_S, D]: 16-byte loads measured faster than 4 columns of all BLOCK_S splits a
+    COLS: gl.constexpr = D // PARTS
+    TPW_S: gl.constexpr = 2 * PARTS
+    # [BLOCK_S, COLS]: 16-byte loads measured faster than 4 columns of all BLOCK_S splits a
     # thread (8-byte loads) at one and four tokens (design/sparse-runs.md, s14l)
-    ml: gl.constexpr = gl.BlockedLayout([BLOCK_S // 2, 8], [2, 16], [1, 4], [1, 0])
+    ml: gl.constexpr = gl.BlockedLayout([BLOCK_S // TPW_S, 8], [TPW_S, 32 // TPW_S], [1, 4],
+                                        [1, 0])  # fmt: skip
     s_l: gl.constexpr = gl.SliceLayout(1, ml)
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, ml))
+    c = gl.arange(0, COLS, layout=gl.SliceLayout(0, ml))
     s_idx = gl.arange(0, BLOCK_S, layout=s_l)
-    for r in range(split, rows_total, splits):
+    for u in range(first, rows_total * PARTS, step):
+        r = u // PARTS
+        part = u % PARTS
         tok = q_start + r // num_heads
         if tok < num_tokens:
             h = r % num_heads
+            d = part * COLS + c
             o_row = o_ptr + tok.to(gl.int64) * stride_o_t + h * stride_o_h
             lse_row = lse_ptr + tok.to(gl.int64) * stride_lse_t + h
             m = gl.max(gl.full([BLOCK_S], NEG_INF, gl.float32, layout=s_l), axis=0)
             total = gl.sum(gl.zeros([BLOCK_S], gl.float32, layout=s_l), axis=0)
-            acc = gl.zeros([D], gl.float32, layout=gl.SliceLayout(0, ml))
+            acc = gl.zeros([COLS], gl.float32, layout=gl.SliceLayout(0, ml))
             nan_seen = gl.zeros([BLOCK_S], gl.int32, layout=s_l)
             for s0 in range(0, splits, BLOCK_S):
                 s = s0 + s_idx
@@ -112,8 +122,8 @@ def merge_rows(
                 m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
                 alpha = gl.exp2(m - m_use)
                 w = gl.where(live, gl.exp2(lse_s - m_use), 0.0)
-                part = gl.sum(gl.where(live[:, None], w[:, None] * o_s, 0.0), axis=0)
-                acc = acc * alpha + part
+                o_w = gl.sum(gl.where(live[:, None], w[:, None] * o_s, 0.0), axis=0)
+                acc = acc * alpha + o_w
                 total = total * alpha + gl.sum(w, axis=0)
                 m = m_new
             bad = gl.max(nan_seen, axis=0) > 0
@@ -123,6 +133,7 @@ def merge_rows(
             out_row = out_ptr + tok.to(gl.int64) * stride_out_t + h * stride_out_h
             gl.store(out_row + d, out.to(out_ptr.dtype.element_ty))
             if WRITE_OUT_LSE:
-                lse = gl.where(has, m + gl.log2(gl.where(has, total, 1.0)), NEG_INF)
-                lse = gl.where(bad, float("nan"), lse)
-                gl.store(out_lse_ptr + tok.to(gl.int64) * stride_out_lse_t + h, lse)
+                if part == 0:
+                    lse = gl.where(has, m + gl.log2(gl.where(has, total, 1.0)), NEG_INF)
+                    lse = gl.where(bad, float("nan"), lse)
+                    gl.store(out_lse_ptr + tok.to(gl.int64) * stride_out_lse_t + h, lse)
