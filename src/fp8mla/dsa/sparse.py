@@ -118,11 +118,11 @@ class SparseMLAWrapper:
         ``sm_scale``. ``kv_data_type`` (keyword): the cache's dtype -- uint8 (int8,
         float8_e4m3fn) for the packed cache, bf16/fp16 for a 16-bit one. ``num_splits`` and
         ``tile`` override the planner (tuning, tests); ``fp8_cvt`` the e4m3 decoding (auto: the
-        target's table's; ptx, int, portable, native). ``kernel``: ``"auto"`` (the target's table), ``"portable"``
-        (the Triton kernel every target runs), ``"fp8qk"`` or ``"pingpong8"`` (SM90, bf16
-        queries, the packed cache with its token rows following each other: the dense path's
-        FP8 × FP8 decode kernel, or its FP8 ping-pong kernel of 64-row tiles for many heads;
-        ``fp8mla.dsa.sparse_sm90``)."""
+        target's table's; ptx, int, portable, native). ``kernel``: ``"auto"`` (the target's
+        table), ``"portable"`` (the Triton kernel every target runs), ``"fp8qk"`` or
+        ``"pingpong8"`` (SM90, bf16 queries, the packed cache with its token rows following each
+        other: the dense path's FP8 × FP8 decode kernel, or its FP8 ping-pong kernel of 64-row
+        tiles for many heads; ``fp8mla.dsa.sparse_sm90``)."""
         if kernel not in ("auto", "portable", *SM90_KERNELS):
             raise ValueError(f"expected kernel auto, portable, fp8qk or pingpong8, got {kernel!r}")
         for name, value, lo, hi in (
