@@ -38,7 +38,7 @@ setp.eq.u32 p_skip, $3, 0;
 @p_skip bra GM_DONE;
 cvt.u64.u32 r_n, $2;
 fence.acq_rel.gpu;
-atom.acq_rel.gpu.global.add.u64 r_old, [$1], 1;
+atom.relaxed.gpu.global.add.u64 r_old, [$1], 1;
 div.u64 r_target, r_old, r_n;
 add.u64 r_target, r_target, 1;
 mul.lo.u64 r_target, r_target, r_n;
