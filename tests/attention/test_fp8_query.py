@@ -332,6 +332,20 @@ def test_flashinfer_lengths(device):
     check(out, lse, *ref_of(b, values), TOL["hi+lo"], lse_tol=2e-3 if w._queries.direct else 1.5e-2)
 
 
+def test_on_request_builds_carry_the_variants_options():
+    """The compile matrix's FP8-query builds of pingpong8 are the ones its launches compile:
+    the variant's own options for that build (four stages), and its FP8 value products."""
+    from fp8mla.tools.fp8_query_builds import on_request_builds
+
+    pp8 = [(label, dict(b.constexprs)) for label, b, tile in on_request_builds(TARGETS["sm90"])
+           if tile.endswith("pingpong8")]  # fmt: skip
+    assert pp8 and all(c["STAGES"] == 4 and c["Q_FP8"] == QF8_DOT for _, c in pp8)
+    assert {label for label, c in pp8 if c.get("PV_FP8") == 1} == {
+        "e4m3 64x64 pingpong8 w4 split+pv8 fp8q",
+        "e5m2 64x64 pingpong8 w4 split+pv8 fp8q",
+    }
+
+
 # -- on a GPU (the next device session): both routes, CUDA graphs -------------------------
 
 
@@ -438,3 +452,39 @@ def test_cuda_graph_replay(options, quantize):
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(out, ref_of(b, values)[0]) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("queries", ["bf16", "e4m3"])
+@pytest.mark.parametrize(
+    "page_size,qo_lens,splits,kv_dtype",
+    [
+        (1, 1, 1, E4M3),  # unsplit, the bf16 output
+        (64, 1, 3, E4M3),  # split partials and their merge
+        (64, 2, 2, E4M3),  # speculative rows, causal
+        (1, 1, 2, torch.float8_e5m2),
+    ],
+)
+def test_gpu_pingpong8_fp8_values(queries, page_size, qo_lens, splits, kv_dtype):
+    """pingpong8's FP8 value products, named (``PV_FP8``): ``P`` rounded once to e4m3 against
+    the stage's bytes as they are, bf16 or e4m3 queries, at 128 heads, against float64 (empty
+    and one-token requests, NaN in unused slots)."""
+    b = make_batch([0, qo_lens, 300, 1024, 4096], 128, qo_lens=qo_lens, page_size=page_size,
+                   kv_dtype=kv_dtype, scale_mode="tensor", device="cuda",
+                   generator=gen(16))  # fmt: skip
+    causal = qo_lens > 1
+    opts = {"PV_FP8": 1}
+    if queries == "e4m3":
+        qn, qp, s, values = fp8_queries(b, "tensor", "cuda")
+        opts["Q_FP8"] = QF8_DOT
+        w, out, lse = run_fp8(b, qn, qp, s, causal=causal, config="pingpong8", splits=splits,
+                              options=opts)  # fmt: skip
+    else:
+        values = (b.q_nope.double(), b.q_pe.double())
+        w = BatchMLAPagedAttentionWrapper(workspace(b.q_nope.device), backend="triton")
+        w.plan(*b.plan_args(), b.num_heads, 512, 64, b.page_size, causal, SM_SCALE,
+               b.q_nope.dtype, b.ckv.dtype, num_splits=splits, kernel_config="pingpong8",
+               kernel_options=opts)  # fmt: skip
+        out, lse = w.run(b.q_nope, b.q_pe, b.ckv, b.kpe, return_lse=True, **b.scale_kwargs())
+    assert w.launch_info.variant == "pingpong8"
+    check(out, lse, *ref_of(b, values, causal=causal), TOL["once"])

@@ -314,6 +314,8 @@ class AttentionLaunch:
         cap = cfg.max_registers(target.warp_size) if target.backend == "cuda" else None
         if cap is not None and not interpreted and not q_fp8:  # FP8-query builds: uncapped
             options["maxnreg"] = cap
+        if q_fp8:  # the FP8-query build's own options
+            options.update(dict(self.variant.fp8_query_options))
         if kernel_options:  # compile-time options the kernel declares with defaults (tuning)
             declared = kernel_launcher.declared_options(kernel_fn)
             unknown = sorted(set(kernel_options) - declared)

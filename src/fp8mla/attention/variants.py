@@ -95,6 +95,9 @@ class Variant:
     # than converting them to bf16 for the kernel (docs/design/fp8-queries.md); without
     # this, FP8 queries for the kernel are converted unless a plan names the build
     fp8_queries_planned: bool = False
+    # compile-time options of the kernel's FP8-query build, measured for it (a plan's
+    # kernel_options still override them)
+    fp8_query_options: tuple[tuple[str, int], ...] = ()
 
     def load(self):
         """The ``@triton.jit`` / ``@gluon.jit`` function (imported on first use)."""
@@ -301,6 +304,10 @@ PINGPONG8 = register(
         gluon=True,
         launches_dependents=True,
         fp8_queries_on_request=True,
+        # four stages in the room the e4m3 query's one operand leaves: at three, ptxas
+        # serializes the FP8-query build's wgmma for want of registers; at four it is
+        # pipelined, and faster (docs/design/fp8-queries.md)
+        fp8_query_options=(("STAGES", 4),),
     )
 )
 FEWROWS = register(

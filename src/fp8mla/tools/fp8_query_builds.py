@@ -118,8 +118,13 @@ def _on_request(v, cfg, kv: torch.dtype, target: Target) -> list[tuple[str, Buil
                (part, True, True, "split+group")]  # fmt: skip
     if row_tiles:
         outputs.append((part, True, False, "split+rowtiles"))
+    if "PV_FP8" in getattr(v.load(), "arg_names", ()):  # its FP8 value products, on request
+        outputs.append((part, True, False, "split+pv8"))
     for o_ptr, write_lse, group, how in outputs:  # the FP8 bytes as u8, as the launcher passes them
         ptrs, consts = _arguments(cfg, "u8", o_ptr, write_lse, group, "tl.float16", cvt, QF8_DOT)
+        consts.update(v.fp8_query_options)
+        if how.endswith("pv8"):
+            consts["PV_FP8"] = 1
         if v.launches_dependents and target.dependent_launch:
             consts["WAIT_PRIOR"] = True
         if v.half_partials and write_lse:  # fp16 partials and their factor

@@ -1,5 +1,6 @@
 """The FP8 value path of the SM90 FP8 × FP8 kernels (``fp8qk.py``, ``pingpong8.py``): ``Vᵀ``
-built from a stage's FP8 bytes into wgmma's fp16 register operand (:func:`value_operand`),
+built from a stage's FP8 bytes into wgmma's fp16 register operand (:func:`value_operand`) or,
+for a product on FP8 tensor cores, its FP8 register operand (:func:`value_operand8`),
 and a value warpgroup's transposed output ``Oᵀ`` stored in whole sectors
 (:func:`store_output`).
 
@@ -62,6 +63,32 @@ def value_operand(
         v = gl.reshape(v3 * sc[:, :, None], [HALF_N, HALF]).to(gl.float16)
     # Vᵀ with its rows permuted: a[m, k] = v[k, π(m)]
     v = gl.reshape(v, [HALF_N, 4, 8, 2, 2, 2])  # [k, w, g, b, a, h]
+    v = gl.permute(v, (3, 4, 1, 5, 2, 0))  # [b, a, w, h, g, k]
+    return gl.convert_layout(gl.reshape(v, [HALF, HALF_N]), a_l)
+
+
+# The same half tile as the FP8 register operand of an FP8 product (``value_operand8``): 8
+# adjacent bytes a token and thread as in V_LOAD, its tokens as that operand's K with four
+# adjacent tokens to a register (k1, k2 and k16 in registers, k4 and k8 across lanes)
+V_LOAD8 = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [16, 0]],
+        lane_bases=[[4, 0], [8, 0], [0, 8], [0, 16], [0, 32]],
+        warp_bases=[[0, 64], [0, 128]],
+        block_bases=[],
+        shape=[32, 256],
+    )
+)
+
+
+@gluon.jit
+def value_operand8(k_stages, st, kh: gl.constexpr, H: gl.constexpr, a_l: gl.constexpr):
+    """``Vᵀ`` of tokens ``32kh … 32kh + 31`` of stage ``st``, latent columns ``256H + π(m)``,
+    as an FP8 product's register operand ``[256, 32]``: the stage's bytes as they are (per-tensor
+    scales only), moved between a thread's registers (four tokens' bytes of a column to a
+    register), never converted."""
+    v = k_stages.index(st).slice(H * HALF, HALF, dim=1).slice(kh * HALF_N, HALF_N, dim=0)
+    v = gl.reshape(v.load(V_LOAD8), [HALF_N, 4, 8, 2, 2, 2])  # [k, w, g, b, a, h]
     v = gl.permute(v, (3, 4, 1, 5, 2, 0))  # [b, a, w, h, g, k]
     return gl.convert_layout(gl.reshape(v, [HALF, HALF_N]), a_l)
 

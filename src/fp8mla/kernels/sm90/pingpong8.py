@@ -57,6 +57,12 @@ up their barriers before the grid ahead of it ends) and it lets its own dependen
 early (``common.wait_prior``, ``common.launch_dependents``). Gluon has no interpreter: SM90
 only.
 
+``PV_FP8`` (on request, per-tensor scales): ``P·V`` on FP8 tensor cores. The owner publishes
+``P × 256`` in e4m3, and each consumer's ``Vᵀ`` operand is the stage's bytes moved between its
+registers (``fp8_values.value_operand8``: four tokens of a column to a register), never
+converted. ``P`` rounded once to e4m3 costs ~1e-2 of the output against float64, as FlashMLA's
+FP8 path does; the 16-bit ``P·V`` keeps the bf16 output's 1.7e-3.
+
 ``ROPE_16BIT`` (the sparse path's packed ``fp8_ds_mla`` rows, ``dsa/sparse_sm90.py``): the
 RoPE part is bf16, staged as its 128 bytes a token (each stage 4 KB more) and multiplied in
 one bf16 wgmma group against the query's RoPE part, which each consumer holds in registers
@@ -87,7 +93,7 @@ from fp8mla.kernels.sm90.common import (
     wait_prior,
 )
 from fp8mla.kernels.sm90.fp8_stage import fp8_copier, stage_query_blocks, stage_query_fp8
-from fp8mla.kernels.sm90.fp8_values import HALF, store_output, value_operand
+from fp8mla.kernels.sm90.fp8_values import HALF, store_output, value_operand, value_operand8
 from fp8mla.kernels.sm90.request import request_span
 
 ROWS = gl.constexpr(64)  # query rows per program: the scores' M, the value products' N
@@ -97,6 +103,11 @@ SLOTS = gl.constexpr(2)  # each warpgroup's own tiles whose P and statistics are
 
 
 COPIER_WARPS = gl.constexpr(4)
+
+# ``PV_FP8``: P is published in e4m3 times this power of two (its largest value, 1, then well
+# inside e4m3's 448, its small values above the subnormals down to ~6e-5); the output is
+# divided by it at the end
+P8_SCALE = gl.constexpr(256.0)
 
 # ``ROPE_16BIT``: the RoPE product in bf16 (wgmma's K step 16; the FP8 products' 32), its
 # accumulator the same registers as the scores' (converted without moving), the query's RoPE
@@ -182,13 +193,25 @@ def _scores8(q_blocks, qpe, k_stages, pe_stages, sc_stages, st, z, pe_ratio,
 
 @gluon.jit
 def _apply(o, k_stages, sc_stages, p_halves, st, sl, TOKEN_GROUP: gl.constexpr,
-           FP8_CVT: gl.constexpr, ROLE: gl.constexpr, a_l: gl.constexpr):  # fmt: skip
+           FP8_CVT: gl.constexpr, ROLE: gl.constexpr, a_l: gl.constexpr,
+           PV_FP8: gl.constexpr):  # fmt: skip
     """``Oᵀ += Vᵀ·Pᵀ`` for the tile in stage ``st`` whose ``P`` halves are in slot ``sl`` of
     ``p_halves``: this consumer's 256 value columns, both 32-token operands built from the
     stage's FP8 bytes first (their loads in flight together), then both products issued and
-    awaited once (faster than building each step's operand once the step before is done)."""
-    a0 = value_operand(k_stages, sc_stages, st, 0, ROLE, TOKEN_GROUP, FP8_CVT, a_l)
-    a1 = value_operand(k_stages, sc_stages, st, 1, ROLE, TOKEN_GROUP, FP8_CVT, a_l)
+    awaited once (faster than building each step's operand once the step before is done).
+    ``PV_FP8``: the operands are the stage's bytes and ``P`` is e4m3, FP8 products, each
+    awaited before the next (the wait cannot take 8-bit operands to hold alive; with both
+    products in flight ptxas found too few registers and serialized every wgmma)."""
+    if PV_FP8:
+        a0 = value_operand8(k_stages, st, 0, ROLE, a_l)
+        a1 = value_operand8(k_stages, st, 1, ROLE, a_l)
+        o = warpgroup_mma(a0, p_halves[0].index(sl).permute((1, 0)), o, is_async=True)
+        o = warpgroup_mma_wait(0, deps=[o])
+        o = warpgroup_mma(a1, p_halves[1].index(sl).permute((1, 0)), o, is_async=True)
+        return warpgroup_mma_wait(0, deps=[o])
+    else:
+        a0 = value_operand(k_stages, sc_stages, st, 0, ROLE, TOKEN_GROUP, FP8_CVT, a_l)
+        a1 = value_operand(k_stages, sc_stages, st, 1, ROLE, TOKEN_GROUP, FP8_CVT, a_l)
     o = warpgroup_mma(a0, p_halves[0].index(sl).permute((1, 0)), o, is_async=True)
     o = warpgroup_mma(a1, p_halves[1].index(sl).permute((1, 0)), o, is_async=True)
     return warpgroup_mma_wait(0, deps=[o, a0, a1])[0]
@@ -198,7 +221,7 @@ def _apply(o, k_stages, sc_stages, p_halves, st, sl, TOKEN_GROUP: gl.constexpr,
 def _apply_tile(o, r, alpha, k_stages, sc_stages, empty, owner,
                 STAGES: gl.constexpr, SLOTS: gl.constexpr, TOKEN_GROUP: gl.constexpr,
                 FP8_CVT: gl.constexpr, ROLE: gl.constexpr, o_cols: gl.constexpr,
-                a_l: gl.constexpr):  # fmt: skip
+                a_l: gl.constexpr, PV_FP8: gl.constexpr):  # fmt: skip
     """``Oᵀ ← Oᵀ·α_r + (P_r·V_r)ᵀ`` for tile ``r``, whose statistics and ``P`` its owner
     published (``owner``: that warpgroup's slots, ``r`` in slot ``(r // 2) % SLOTS``), then
     this warpgroup's share of its stage released. The stage's bytes are not awaited again:
@@ -215,7 +238,7 @@ def _apply_tile(o, r, alpha, k_stages, sc_stages, empty, owner,
     else:  # this warpgroup's own factor, from its registers
         alpha_o = gl.convert_layout(alpha, o_cols)
     o = _apply(o * alpha_o[None, :], k_stages, sc_stages, (p_lo, p_hi), st, sl, TOKEN_GROUP,
-               FP8_CVT, ROLE, a_l)  # fmt: skip
+               FP8_CVT, ROLE, a_l, PV_FP8)  # fmt: skip
     thread_barrier()
     mbarrier.arrive(empty.index(st))
     return o
@@ -236,7 +259,7 @@ def _own_tile(o, l_i, m_i, j, q_blocks, qpe, k_stages, pe_stages, sc_stages, rea
               D_CKV: gl.constexpr, CAUSAL: gl.constexpr, TOKEN_GROUP: gl.constexpr,
               FP8_CVT: gl.constexpr, ROLE: gl.constexpr, Q_FP8: gl.constexpr,
               ROPE_16BIT: gl.constexpr, s_layout: gl.constexpr, s_rows: gl.constexpr,
-              o_cols: gl.constexpr, a_l: gl.constexpr):  # fmt: skip
+              o_cols: gl.constexpr, a_l: gl.constexpr, PV_FP8: gl.constexpr):  # fmt: skip
     """Tile ``j``, owned by this warpgroup: its scores (which need nothing of the other's, so
     they run while the other warpgroup scores or applies its own tile), then the running
     maximum of tile ``j - 1`` awaited, the online softmax (only a tile that reaches
@@ -256,7 +279,11 @@ def _own_tile(o, l_i, m_i, j, q_blocks, qpe, k_stages, pe_stages, sc_stages, rea
                                       causal_limit, nope_scale, BLOCK_N, CAUSAL, s_layout,
                                       True)  # fmt: skip
     sl = (j // 2) % SLOTS
-    p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float16), [ROWS, 2, HALF_N]), (0, 2, 1)))
+    if PV_FP8:
+        p_pub = (p * P8_SCALE).to(gl.float8e4nv)
+    else:
+        p_pub = p.to(gl.float16)
+    p0, p1 = gl.split(gl.permute(gl.reshape(p_pub, [ROWS, 2, HALF_N]), (0, 2, 1)))
     mine[0].index(sl).store(p0)
     mine[1].index(sl).store(p1)
     mine[2].index(sl).store(m_new)
@@ -267,9 +294,9 @@ def _own_tile(o, l_i, m_i, j, q_blocks, qpe, k_stages, pe_stages, sc_stages, rea
     mbarrier.arrive(stat_bar)
     if j >= 1:  # the other's tile j - 1, published before this one
         o = _apply_tile(o, j - 1, None, k_stages, sc_stages, empty, theirs,
-                        STAGES, SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l)  # fmt: skip
+                        STAGES, SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l, PV_FP8)  # fmt: skip
     o = _apply_tile(o, j, alpha, k_stages, sc_stages, empty, mine, STAGES,
-                    SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l)  # fmt: skip
+                    SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l, PV_FP8)  # fmt: skip
     return o, l_i, m_new
 
 
@@ -292,7 +319,7 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
                   WRITE_LSE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
                   STAGES: gl.constexpr, PARTS: gl.constexpr, ROLE: gl.constexpr,
                   Q_FP8: gl.constexpr, Q_SCALE: gl.constexpr,
-                  ROPE_16BIT: gl.constexpr):  # fmt: skip
+                  ROPE_16BIT: gl.constexpr, PV_FP8: gl.constexpr):  # fmt: skip
     """Consumer warpgroup ``ROLE``: stages its half of the query rows, owns tiles ``ROLE,
     ROLE + 2, …``, applies every tile to output columns ``256·ROLE + π(m)``
     (``fp8_values.store_output``), and stores them as ``O / l`` times the value scale
@@ -306,10 +333,12 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
     )
+    # the value products' K step: 32 tokens for FP8 operands (PV_FP8), 16 for fp16
+    PV_K: gl.constexpr = 32 if PV_FP8 else 16
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 16]
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, PV_K]
     )
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=PV_K // 8)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)  # along the query rows (N)
 
@@ -357,14 +386,14 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
             o, l_i, m_i, j, q_blocks, qpe, k_stages, pe_stages, sc_stages, ready, empty,
             mine, theirs, stat_bar, nope_scale, pe_ratio, n_begin, n_end, mask_from,
             causal_limit, STAGES, SLOTS, PARTS, D_CKV, CAUSAL, TOKEN_GROUP, FP8_CVT, ROLE,
-            Q_FP8, ROPE_16BIT, s_layout, s_rows, o_cols, a_l,
+            Q_FP8, ROPE_16BIT, s_layout, s_rows, o_cols, a_l, PV_FP8,
         )  # fmt: skip
     last = n_tiles - 1
     if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
         m_i, alpha_r = _published(last, theirs, stat_bar, SLOTS, s_rows)
         l_i = l_i * alpha_r
         o = _apply_tile(o, last, None, k_stages, sc_stages, empty, theirs, STAGES,
-                        SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l)  # fmt: skip
+                        SLOTS, TOKEN_GROUP, FP8_CVT, ROLE, o_cols, a_l, PV_FP8)  # fmt: skip
 
     # the row sums of both warpgroups' tiles
     l_smem.index(ROLE).store(l_i)
@@ -373,6 +402,8 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
     mbarrier.wait(l_bar, 0)
     l_o = l_smem.index(0).load(o_cols) + l_smem.index(1).load(o_cols)
     has = l_o > 0.0
+    if PV_FP8:  # P was published times P8_SCALE
+        v_scale = v_scale * (1.0 / P8_SCALE)
     inv_l = gl.where(has, v_scale / gl.where(has, l_o, 1.0), 0.0)
     store_output(
         o * inv_l[None, :], o_ptr, q_start, rows_total, split, num_heads, num_tokens,
@@ -450,6 +481,9 @@ def _mla_pingpong8_kernel(
     # strides in bytes, 128 bytes a token): staged as bytes, multiplied in bf16 against the
     # query's RoPE part held in registers (bf16 queries only)
     ROPE_16BIT: gl.constexpr = False,
+    # nonzero: P·V on FP8 tensor cores (per-tensor scales), P rounded once to e4m3 (~1.3e-2 of
+    # the output against float64, where the 16-bit P·V gives 1.7e-3)
+    PV_FP8: gl.constexpr = 0,
     q_scale_ptr=None,
     stride_qs_t=None,
     q_scale_val=None,
@@ -462,6 +496,7 @@ def _mla_pingpong8_kernel(
         D_CKV // QK_PARTS <= 128, "a scores part within one column block (and scale group)"
     )
     gl.static_assert(gl.num_warps() == 4, "four warps in the default partition")
+    gl.static_assert(not (PV_FP8 and TOKEN_GROUP), "an FP8 P·V with per-tensor scales")
     gl.static_assert(
         FP8_CVT == T.CVT_PTX_E4M3 or FP8_CVT == T.CVT_PTX_E5M2, "FP8 bytes read as e4m3 or e5m2"
     )
@@ -471,7 +506,14 @@ def _mla_pingpong8_kernel(
 
     k_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     pe_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
-    p_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    if PV_FP8:  # e4m3 P [64 rows, 32 tokens]: 32 bytes a row, K-major for the FP8 product
+        P_T: gl.constexpr = gl.float8e4nv
+        p_sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=8, rank=2)
+    else:
+        P_T: gl.constexpr = gl.float16
+        p_sh: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=64, element_bitwidth=16, rank=2
+        )
     vec_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     vec2_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
@@ -494,14 +536,14 @@ def _mla_pingpong8_kernel(
     # each warpgroup's P (two halves) and statistics (maximum, factor) of its last SLOTS
     # tiles, each in an allocation of its own: stores to one, loads of another, no barrier
     slots0 = (
-        gl.allocate_shared_memory(gl.float16, [SLOTS, ROWS, HALF_N], p_sh),
-        gl.allocate_shared_memory(gl.float16, [SLOTS, ROWS, HALF_N], p_sh),
+        gl.allocate_shared_memory(P_T, [SLOTS, ROWS, HALF_N], p_sh),
+        gl.allocate_shared_memory(P_T, [SLOTS, ROWS, HALF_N], p_sh),
         gl.allocate_shared_memory(gl.float32, [SLOTS, ROWS], vec_sh),
         gl.allocate_shared_memory(gl.float32, [SLOTS, ROWS], vec_sh),
     )
     slots1 = (
-        gl.allocate_shared_memory(gl.float16, [SLOTS, ROWS, HALF_N], p_sh),
-        gl.allocate_shared_memory(gl.float16, [SLOTS, ROWS, HALF_N], p_sh),
+        gl.allocate_shared_memory(P_T, [SLOTS, ROWS, HALF_N], p_sh),
+        gl.allocate_shared_memory(P_T, [SLOTS, ROWS, HALF_N], p_sh),
         gl.allocate_shared_memory(gl.float32, [SLOTS, ROWS], vec_sh),
         gl.allocate_shared_memory(gl.float32, [SLOTS, ROWS], vec_sh),
     )
@@ -552,9 +594,9 @@ def _mla_pingpong8_kernel(
                     stride_sa_s, PAGE_SIZE, D_CKV, D_KPE, TOKEN_GROUP, STAGES, COPIER_WARPS,
                     ROPE_16BIT)),
          (_pingpong8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
-                          QK_PARTS, 0, Q_FP8, Q_SCALE, ROPE_16BIT)),
+                          QK_PARTS, 0, Q_FP8, Q_SCALE, ROPE_16BIT, PV_FP8)),
          (_pingpong8_consumer, (consumer, D_CKV, D_KPE, CAUSAL, WRITE_LSE, TOKEN_GROUP, FP8_CVT, STAGES,
-                          QK_PARTS, 1, Q_FP8, Q_SCALE, ROPE_16BIT))],
+                          QK_PARTS, 1, Q_FP8, Q_SCALE, ROPE_16BIT, PV_FP8))],
         [4, 4],
         [CONSUMER_REGS, CONSUMER_REGS],
     )  # fmt: skip
