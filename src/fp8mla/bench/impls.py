@@ -71,13 +71,17 @@ def fp8mla_direct(inp: BenchInputs, **plan_kw: object) -> Runner:
     return lambda: w.run(inp.q_nope, inp.q_pe, ckv, kpe, out=out, ckv_scale=s, kpe_scale=s)
 
 
-def fp8mla_fp8q(inp: BenchInputs, fused: bool = False, on_request: bool = False) -> Runner:
+def fp8mla_fp8q(
+    inp: BenchInputs, fused: bool = False, on_request: bool = False, fp8_values: bool = False
+) -> Runner:
     """Our kernels with FP8 (e4m3) queries over the pool. ``fused=False``: the queries are
     quantized outside the timed region, one scale per tensor (``amax / 448``, as vLLM's
     ``_q_scale``, here a device tensor); ``fused``: ``plan(quantize_q=True)``, the bf16
     queries quantized per (token, head) inside each timed call. ``on_request``: the planned
     kernel's FP8-query build that runs only where a plan names it
-    (``Variant.fp8_queries_on_request``; Unavailable for a kernel without one)."""
+    (``Variant.fp8_queries_on_request``; Unavailable for a kernel without one);
+    ``fp8_values``: that build with ``P·V`` on FP8 tensor cores too (``PV_FP8``, ``P`` in
+    e4m3; Unavailable for a kernel without them)."""
     from fp8mla.attention.query import QF8_DOT
     from fp8mla.attention.variants import get_variant
 
@@ -92,6 +96,12 @@ def fp8mla_fp8q(inp: BenchInputs, fused: bool = False, on_request: bool = False)
             if not get_variant(name).fp8_queries_on_request:
                 raise Unavailable(f"the planned kernel ({name}) has no FP8-query build to name")
             opts = {"Q_FP8": QF8_DOT}
+            if fp8_values:
+                from fp8mla.attention.kernel_launcher import declared_options
+
+                if "PV_FP8" not in declared_options(get_variant(name).load()):
+                    raise Unavailable(f"the planned kernel ({name}) has no FP8 value products")
+                opts["PV_FP8"] = 1
             w = planned_wrapper(inp, inp.pool.dtype, q_data_type=e4m3, kernel_options=opts)
         amax = torch.maximum(inp.q_nope.abs().amax(), inp.q_pe.abs().amax()).float()
         q_scale = (amax / 448).reshape(1)

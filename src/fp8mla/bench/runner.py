@@ -34,6 +34,7 @@ ALL_IMPLS = (
     "fp8mla-fp8q",
     "fp8mla-fp8q-fused",
     "fp8mla-fp8q-wgmma",  # the planned Gluon kernel's FP8-query build, where it has one
+    "fp8mla-fp8q-pv8",  # ... with P·V on FP8 tensor cores too (P in e4m3), where it has them
     "full-pool-cast",
     "gather-then-cast",
     "torch-reference",
@@ -180,7 +181,9 @@ def make_runner(name: str, inp: BenchInputs, ctx: BenchContext) -> I.Runner:
     if name == "fp8mla-bf16kv":
         return I.fp8mla_bf16kv(inp, ctx.bf16_pool(inp.pool))
     if name.startswith("fp8mla-fp8q"):  # FP8 queries: quantized outside, or fused
-        return I.fp8mla_fp8q(inp, fused=name.endswith("fused"), on_request=name.endswith("wgmma"))
+        pv8 = name.endswith("pv8")
+        return I.fp8mla_fp8q(inp, fused=name.endswith("fused"),
+                             on_request=name.endswith("wgmma") or pv8, fp8_values=pv8)  # fmt: skip
     if name == "full-pool-cast":
         return I.full_pool_cast(inp)
     if name == "gather-then-cast":
