@@ -6,7 +6,9 @@
   :func:`stage_query_blocks` (the FP8 ping-pong kernel's consumers) stage the query before the
   first tile, as exact e4m3 hi/lo operands under a power of two per row;
 - :func:`stage_query_fp8` (the FP8 ping-pong kernel's consumers, for e4m3 queries) stages the
-  caller's e4m3 query bytes as they are, one operand, with its scale per row.
+  caller's e4m3 query bytes as they are, one operand, with its scale per row;
+- :func:`rope16_query` (the FP8 ping-pong kernel's consumers, the packed cache's bf16 RoPE
+  part) loads the query's RoPE part into registers.
 """
 
 from triton.experimental import gluon
@@ -415,3 +417,18 @@ def _stage_block(atoms, x, s, a):
     hi = x.to(gl.float8e4nv)
     atoms.index(a).store(hi)
     atoms.index(a + atoms.shape[0] // 2).store((x - hi.to(gl.float32)).to(gl.float8e4nv))
+
+
+@gluon.jit
+def rope16_query(q_pe_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_qp_t,
+                 stride_qp_h, ROWS: gl.constexpr, D_KPE: gl.constexpr,
+                 qpe_l: gl.constexpr):  # fmt: skip
+    """The 16-bit RoPE part of the program's ``ROWS`` query rows (row = token × heads + head;
+    rows from ``rows_end`` on as 0) as a product's bf16 register operand (layout ``qpe_l``),
+    loaded from global memory in that layout: no shared memory."""
+    r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, qpe_l))
+    tok = q_start + r // num_heads
+    ok = (r < rows_end) & (tok < num_tokens)
+    rows = q_pe_ptr + tok.to(gl.int64) * stride_qp_t + (r % num_heads) * stride_qp_h
+    d = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, qpe_l))
+    return gl.load(rows[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(gl.bfloat16)

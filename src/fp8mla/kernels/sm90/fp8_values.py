@@ -47,6 +47,15 @@ SC_HALF = gl.constexpr(
 
 
 @gluon.jit
+def _permuted_operand(v, a_l: gl.constexpr):
+    """A half tile ``v [32 tokens, 256 columns]`` as ``Vᵀ`` with its rows permuted,
+    ``a[m, k] = v[k, π(m)]``, in the register operand's layout ``a_l``."""
+    v = gl.reshape(v, [HALF_N, 4, 8, 2, 2, 2])  # [k, w, g, b, a, h]
+    v = gl.permute(v, (3, 4, 1, 5, 2, 0))  # [b, a, w, h, g, k]
+    return gl.convert_layout(gl.reshape(v, [HALF, HALF_N]), a_l)
+
+
+@gluon.jit
 def value_operand(
     k_stages, sc_stages, st, kh: gl.constexpr, H: gl.constexpr, TOKEN_GROUP: gl.constexpr,
     FP8_CVT: gl.constexpr, a_l: gl.constexpr,
@@ -61,10 +70,7 @@ def value_operand(
         v3 = gl.reshape(v.to(gl.float32), [HALF_N, 2, 128])  # [token, group, column]
         sc = gl.convert_layout(sc, gl.SliceLayout(2, v3.type.layout), assert_trivial=True)
         v = gl.reshape(v3 * sc[:, :, None], [HALF_N, HALF]).to(gl.float16)
-    # Vᵀ with its rows permuted: a[m, k] = v[k, π(m)]
-    v = gl.reshape(v, [HALF_N, 4, 8, 2, 2, 2])  # [k, w, g, b, a, h]
-    v = gl.permute(v, (3, 4, 1, 5, 2, 0))  # [b, a, w, h, g, k]
-    return gl.convert_layout(gl.reshape(v, [HALF, HALF_N]), a_l)
+    return _permuted_operand(v, a_l)
 
 
 # The same half tile as the FP8 register operand of an FP8 product (``value_operand8``): 8
@@ -88,9 +94,7 @@ def value_operand8(k_stages, st, kh: gl.constexpr, H: gl.constexpr, a_l: gl.cons
     scales only), moved between a thread's registers (four tokens' bytes of a column to a
     register), never converted."""
     v = k_stages.index(st).slice(H * HALF, HALF, dim=1).slice(kh * HALF_N, HALF_N, dim=0)
-    v = gl.reshape(v.load(V_LOAD8), [HALF_N, 4, 8, 2, 2, 2])  # [k, w, g, b, a, h]
-    v = gl.permute(v, (3, 4, 1, 5, 2, 0))  # [b, a, w, h, g, k]
-    return gl.convert_layout(gl.reshape(v, [HALF, HALF_N]), a_l)
+    return _permuted_operand(v.load(V_LOAD8), a_l)
 
 
 @gluon.jit

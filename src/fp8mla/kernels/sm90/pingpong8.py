@@ -92,7 +92,12 @@ from fp8mla.kernels.sm90.common import (
     unmasked_end,
     wait_prior,
 )
-from fp8mla.kernels.sm90.fp8_stage import fp8_copier, stage_query_blocks, stage_query_fp8
+from fp8mla.kernels.sm90.fp8_stage import (
+    fp8_copier,
+    rope16_query,
+    stage_query_blocks,
+    stage_query_fp8,
+)
 from fp8mla.kernels.sm90.fp8_values import HALF, store_output, value_operand, value_operand8
 from fp8mla.kernels.sm90.request import request_span
 
@@ -209,12 +214,12 @@ def _apply(o, k_stages, sc_stages, p_halves, st, sl, TOKEN_GROUP: gl.constexpr,
         o = warpgroup_mma_wait(0, deps=[o])
         o = warpgroup_mma(a1, p_halves[1].index(sl).permute((1, 0)), o, is_async=True)
         return warpgroup_mma_wait(0, deps=[o])
-    else:
+    else:  # (Triton compiles what follows a constexpr branch's return too)
         a0 = value_operand(k_stages, sc_stages, st, 0, ROLE, TOKEN_GROUP, FP8_CVT, a_l)
         a1 = value_operand(k_stages, sc_stages, st, 1, ROLE, TOKEN_GROUP, FP8_CVT, a_l)
-    o = warpgroup_mma(a0, p_halves[0].index(sl).permute((1, 0)), o, is_async=True)
-    o = warpgroup_mma(a1, p_halves[1].index(sl).permute((1, 0)), o, is_async=True)
-    return warpgroup_mma_wait(0, deps=[o, a0, a1])[0]
+        o = warpgroup_mma(a0, p_halves[0].index(sl).permute((1, 0)), o, is_async=True)
+        o = warpgroup_mma(a1, p_halves[1].index(sl).permute((1, 0)), o, is_async=True)
+        return warpgroup_mma_wait(0, deps=[o, a0, a1])[0]
 
 
 @gluon.jit
@@ -301,20 +306,6 @@ def _own_tile(o, l_i, m_i, j, q_blocks, qpe, k_stages, pe_stages, sc_stages, rea
 
 
 @gluon.jit
-def _rope16_query(q_pe_ptr, q_start, row0, rows_end, num_heads, num_tokens, stride_qp_t,
-                  stride_qp_h, D_KPE: gl.constexpr):  # fmt: skip
-    """The 16-bit RoPE part of the program's 64 query rows (row = token × heads + head; rows
-    from ``rows_end`` on as 0) as the RoPE product's register operand (``QPE16``), loaded from
-    global memory in that layout: no shared memory."""
-    r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, QPE16))
-    tok = q_start + r // num_heads
-    ok = (r < rows_end) & (tok < num_tokens)
-    rows = q_pe_ptr + tok.to(gl.int64) * stride_qp_t + (r % num_heads) * stride_qp_h
-    d = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, QPE16))
-    return gl.load(rows[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(gl.bfloat16)
-
-
-@gluon.jit
 def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: gl.constexpr,
                   WRITE_LSE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
                   STAGES: gl.constexpr, PARTS: gl.constexpr, ROLE: gl.constexpr,
@@ -357,8 +348,8 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
                         Q_SCALE, ROLE)  # fmt: skip
     else:
         if ROPE_16BIT:  # all 64 rows' RoPE part, as it is, into this consumer's registers
-            qpe = _rope16_query(q_pe_ptr, q_start, row0, rows_end, num_heads, num_tokens,
-                                stride_qp_t, stride_qp_h, D_KPE)  # fmt: skip
+            qpe = rope16_query(q_pe_ptr, q_start, row0, rows_end, num_heads, num_tokens,
+                               stride_qp_t, stride_qp_h, ROWS, D_KPE, QPE16)  # fmt: skip
         stage_query_blocks(q_blocks, qpe_smem, inv_smem, q_nope_ptr, q_pe_ptr, q_start, row0,
                            rows_end, num_heads, num_tokens, stride_qn_t, stride_qn_h,
                            stride_qp_t, stride_qp_h, D_CKV, D_KPE, ROLE,
