@@ -259,9 +259,9 @@ def test_errors(device):
 @pytest.mark.parametrize(
     "target,config,forced,direct,mode",
     [
-        ("sm90", None, None, False, 0),  # the Gluon kernels, fed bf16 by the conversion
+        ("sm90", None, None, True, QF8_DOT),  # pingpong8's FP8-query build (four stages)
         ("sm90", "rows", None, True, QF8_DOT),  # forced: the portable FP8 build
-        ("sm90", "pingpong8", None, False, 0),  # its FP8-query build runs on request only
+        ("sm90", "pingpong8", None, True, QF8_DOT),
         ("sm90", "pingpong8", QF8_DOT, True, QF8_DOT),
         ("sm90", "fp8qk", None, True, QF8_DOT),  # its FP8-query build is the planner's route
         ("sm90", "fp8qk", 0, False, 0),  # named off: converted
@@ -295,7 +295,7 @@ def test_routing_rule(target, config, forced, direct, mode):
         (64, 64, 1, "fp8qk", True),  # 32-row tiles
         (8, 16, 4, "fp8qk", True),  # speculative rows
         (1, 32, 1, "fewrows", False),  # no FP8-query build: converted
-        (64, 128, 1, "pingpong8", False),  # its build runs on request only
+        (64, 128, 1, "pingpong8", True),  # its build at four stages
     ],
 )
 def test_sm90_planner_routes(batch, heads, qo_len, variant, direct):

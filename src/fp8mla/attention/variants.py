@@ -304,6 +304,7 @@ PINGPONG8 = register(
         gluon=True,
         launches_dependents=True,
         fp8_queries_on_request=True,
+        fp8_queries_planned=True,
         # four stages in the room the e4m3 query's one operand leaves: at three, ptxas
         # serializes the FP8-query build's wgmma for want of registers; at four it is
         # pipelined, and faster (docs/design/fp8-queries.md)
