@@ -72,11 +72,12 @@ def merges_in_grid(plan: LaunchPlan, num_tokens: int, sms: int) -> int:
     (``kernels/sm90/grid_merge.py``, a cooperative launch) instead of a merge launch: a
     split plan of one row tile a token whose programs, one an SM (their shared memory), fit
     the GPU at once: faster than the merge launch from two tokens on, level at one
-    (design/sparse-runs.md, s13n). 2 where twice the programs fit twice over (this grid and
-    the next one's, launched early as its dependent): a second program a split merges with
-    it, each reading half the partials (one token: design/sparse-runs.md, s14p); 1 where only
-    the programs fit; 0 otherwise. ``FP8MLA_MERGE_IN_GRID=0`` keeps the merge launch (a GPU
-    shared with kernels that hold SMs for long)."""
+    (design/sparse-one-token-runs.md, s13n). 2 where twice the programs fit twice over (this
+    grid and the next one's, launched early as its dependent): a second program a split
+    merges with it, each reading half the partials (one token:
+    design/sparse-one-token-runs.md, s14p); 1 where only the programs fit; 0 otherwise.
+    ``FP8MLA_MERGE_IN_GRID=0`` keeps the merge launch (a GPU shared with kernels that hold SMs
+    for long)."""
     programs = num_tokens * plan.m_tiles * plan.num_splits
     if not (
         plan.config.variant == "fp8qk"

@@ -16,7 +16,7 @@ merge its rows themselves:
   line), weighted by ``2^(lse_s - max)`` as the merge kernel does. With ``MERGE_IN_GRID`` 2
   a second program a split (the grid's first axis) computes nothing and only merges: the
   request's rows are merged in halves of 256 columns by twice the programs, each reading half
-  the bytes (one SM's reads of the partials set the merge's pace, design/sparse-runs.md).
+  the bytes (one SM's reads of the partials set the merge's pace, design/sparse-one-token-runs.md).
 
 Waiting for other programs needs them resident at once: the launch is cooperative (CUDA
 refuses a grid that cannot be), and the planner chooses this only for grids of at most one
@@ -88,7 +88,7 @@ def merge_rows(
     COLS: gl.constexpr = D // PARTS
     TPW_S: gl.constexpr = 2 * PARTS
     # [BLOCK_S, COLS]: 16-byte loads measured faster than 4 columns of all BLOCK_S splits a
-    # thread (8-byte loads) at one and four tokens (design/sparse-runs.md, s14l)
+    # thread (8-byte loads) at one and four tokens (design/sparse-one-token-runs.md, s14l)
     ml: gl.constexpr = gl.BlockedLayout([BLOCK_S // TPW_S, 8], [TPW_S, 32 // TPW_S], [1, 4],
                                         [1, 0])  # fmt: skip
     s_l: gl.constexpr = gl.SliceLayout(1, ml)
