@@ -105,6 +105,7 @@ def on_request_builds(target: Target) -> list[tuple[str, Build, str]]:
 
 def _on_request(v, cfg, kv: torch.dtype, target: Target) -> list[tuple[str, Build, str]]:
     """The builds of one tile of an on-request FP8-query kernel (``on_request_builds``)."""
+    from fp8mla.attention.kernel_launcher import declared_options
     from fp8mla.attention.launch import fp8_conversion
     from fp8mla.attention.query import QF8_DOT
     from fp8mla.attention.variants import tile_name
@@ -113,12 +114,12 @@ def _on_request(v, cfg, kv: torch.dtype, target: Target) -> list[tuple[str, Buil
     cvt = fp8_conversion(kv, torch.device("cuda"), False, cfg.fp8_cvt, target)
     tile = tile_name(cfg)
     part = "fp16" if v.half_partials else "fp32"  # the split partials' dtype
-    row_tiles = "ROW_TILES" in getattr(v.load(), "arg_names", ())
+    declared = declared_options(v.load())
     outputs = [(part, True, False, "split"), ("bf16", False, False, "direct"),
                (part, True, True, "split+group")]  # fmt: skip
-    if row_tiles:
+    if "ROW_TILES" in declared:
         outputs.append((part, True, False, "split+rowtiles"))
-    if "PV_FP8" in getattr(v.load(), "arg_names", ()):  # its FP8 value products, on request
+    if "PV_FP8" in declared:  # its FP8 value products, on request
         outputs.append((part, True, False, "split+pv8"))
     for o_ptr, write_lse, group, how in outputs:  # the FP8 bytes as u8, as the launcher passes them
         ptrs, consts = _arguments(cfg, "u8", o_ptr, write_lse, group, "tl.float16", cvt, QF8_DOT)
@@ -130,7 +131,7 @@ def _on_request(v, cfg, kv: torch.dtype, target: Target) -> list[tuple[str, Buil
         if v.half_partials and write_lse:  # fp16 partials and their factor
             ptrs["mult_ptr"] = "fp32"
             consts["HALF_PARTIALS"] = True
-        if row_tiles:
+        if "ROW_TILES" in declared:
             consts["ROW_TILES"] = how.endswith("rowtiles")
         build = Build(v.kernel, tuple(ptrs.items()), tuple(consts.items()),
                       cfg.num_warps, None, None, passed=("stride_qs_t", "q_scale_val"),
