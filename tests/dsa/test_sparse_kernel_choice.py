@@ -86,7 +86,7 @@ def test_the_wrapper_names_the_sm90_kernels_in_its_error():
     import fp8mla
 
     w = fp8mla.SparseMLAWrapper(torch.empty(1 << 20, dtype=U8))
-    with pytest.raises(ValueError, match="fp8qk or pingpong8"):
+    with pytest.raises(ValueError, match="fp8qk, pingpong8 or copy16"):
         w.plan(1, 16, 64, 64, BF16, 0.1, kernel="pingpong")
 
 

@@ -38,12 +38,15 @@ from fp8mla.attention.targets import launch_target
 from fp8mla.attention.workspace import split_capacity, split_partials
 from fp8mla.dsa.layout import MAX_PAGE_SIZE, NOPE_DIM, ROPE_DIM
 from fp8mla.dsa.sparse_cache import DTYPES_16BIT, PACKED_DTYPES, SparseCache, sparse_cache
+from fp8mla.dsa.sparse_copy import CopySparseLaunch
 from fp8mla.dsa.sparse_launch import SparseLaunch
 from fp8mla.dsa.sparse_plan import (
+    COPY16,
     MAX_TOPK,
     SM90_KERNELS,
     SparsePlan,
     SparseTile,
+    copy16_route,
     make_sparse_plan,
     sm90_kernel,
 )
@@ -122,9 +125,14 @@ class SparseMLAWrapper:
         table), ``"portable"`` (the Triton kernel every target runs), ``"fp8qk"`` or
         ``"pingpong8"`` (SM90, bf16 queries, the packed cache with its token rows following each
         other: the dense path's FP8 × FP8 decode kernel, or its FP8 ping-pong kernel of 64-row
-        tiles for many heads; ``fp8mla.dsa.sparse_sm90``)."""
-        if kernel not in ("auto", "portable", *SM90_KERNELS):
-            raise ValueError(f"expected kernel auto, portable, fp8qk or pingpong8, got {kernel!r}")
+        tiles for many heads; ``fp8mla.dsa.sparse_sm90``), or ``"copy16"`` (the packed cache
+        with its token rows following each other: the rows the lists reference dequantized
+        once a call into an fp16 copy, then the dense path's 16-bit kernels; SM90's choice for
+        prefill chunks at 64 heads or more; ``fp8mla.dsa.sparse_copy``)."""
+        if kernel not in ("auto", "portable", COPY16, *SM90_KERNELS):
+            raise ValueError(
+                f"expected kernel auto, portable, fp8qk, pingpong8 or copy16, got {kernel!r}"
+            )
         for name, value, lo, hi in (
             ("num_tokens", num_tokens, 1, None),
             ("num_heads", num_heads, 1, MAX_HEADS),
@@ -166,15 +174,25 @@ class SparseMLAWrapper:
                 tile=tile,
             )
             overrides = tile is not None or num_splits is not None or fp8_cvt != "auto"
-            if kernel in SM90_KERNELS and overrides:
+            if kernel in (COPY16, *SM90_KERNELS) and overrides:
                 raise ValueError(
                     f'expected no tile, num_splits or fp8_cvt override with kernel="{kernel}" '
                     "(the dense kernel's planner chooses its own), got one"
                 )
             # the overrides tune the portable kernel: they choose it
             asked = "portable" if overrides else kernel
-            sm90 = sm90_kernel(asked, target, num_heads, q_data_type, kv_data_type, interp)
-            if sm90 is not None:
+            copy = copy16_route(asked, target, num_tokens, num_heads, topk, kv_data_type)
+            sm90 = None if copy else sm90_kernel(asked, target, num_heads, q_data_type,
+                                                 kv_data_type, interp)  # fmt: skip
+            if copy:
+                launch = CopySparseLaunch(num_tokens, num_heads, topk, scale, self._workspace,
+                                          self.device, interp)  # fmt: skip
+                dense = launch.plan
+                plan = dataclasses.replace(
+                    plan, tile=SparseTile(dense.config.block_m, dense.config.block_n, 4, 1),
+                    head_groups=dense.m_tiles, num_splits=dense.num_splits, kernel=COPY16,
+                )  # fmt: skip
+            elif sm90 is not None:
                 launch = FP8QKSparseLaunch(num_tokens, num_heads, topk, scale, self._workspace,
                                            self.device, sm90)  # fmt: skip
                 dense = launch.sparse.plan

@@ -25,6 +25,7 @@ from fp8mla.tools.kernel_builds import SCALE_ARR_STRIDES, Build
 KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
 COMPACT = "fp8mla.kernels.portable.sparse_compact:_sparse_compact_kernel"
 MERGE = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_merge_kernel"
+GATHER = "fp8mla.kernels.portable.sparse_gather"
 
 
 def _attention_build(tile, packed: bool, split: bool, cvt: int, target: Target) -> Build:
@@ -157,5 +158,37 @@ def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
                       ("LAUNCH_NEXT", target.dependent_launch))  # fmt: skip
             label = f"compact {block}{', pages with a gap' if paged else ''}"
             builds.append((label, Build(COMPACT, compact, consts, warps), ""))
+    builds += gather_builds()
     builds += sm90_rope16_builds(target)
     return list(dict.fromkeys(builds))
+
+
+def gather_builds() -> list[tuple[str, Build, str]]:
+    """The fp16 copy's four passes (``kernels/portable/sparse_gather.py``), as ``copy16``
+    plans launch them."""
+    from fp8mla.kernels.portable.sparse_gather import DEQUANT_ROWS, GATHER_BLOCK
+
+    lists = (("lists_ptr", "i32"), ("counts_ptr", "i32"), ("owner_ptr", "i32"))
+    block = (("BLOCK", GATHER_BLOCK),)
+    passes = (
+        ("claim", lists + (("counter_ptr", "i32"),), block),
+        (
+            "assign",
+            lists + (("counter_ptr", "i32"), ("source_ptr", "i32"), ("copy_id_ptr", "i32")),
+            block,
+        ),  # fmt: skip
+        ("rewrite", lists + (("copy_id_ptr", "i32"),), block),
+        (
+            "dequantize",
+            (
+                ("rows_ptr", "u8"),
+                ("source_ptr", "i32"),
+                ("counter_ptr", "i32"),
+                ("owner_ptr", "i32"),
+                ("copy_ptr", "fp16"),
+            ),
+            (("ROWS", DEQUANT_ROWS),),
+        ),  # fmt: skip
+    )
+    return [(f"copy16 {name}", Build(f"{GATHER}:_{name}_kernel", ptrs, consts, 4), "")
+            for name, ptrs, consts in passes]  # fmt: skip

@@ -71,6 +71,12 @@ class SparseTable:
     # the portable kernel's e4m3 decoding where a plan asks for "auto"
     # (``attention.launch.fp8_conversion``'s choices)
     fp8_cvt: str = "auto"
+    # bf16 queries over the packed cache take the fp16 copy of the referenced rows and the
+    # dense 16-bit kernels (``sparse_copy.py``) from this many heads (None: only when a plan
+    # names it) and ``copy16_from_entries`` list entries (tokens × topk) on: prefill chunks,
+    # whose tokens choose the same rows again and again
+    copy16_from_heads: int | None = None
+    copy16_from_entries: int = 1 << 21
 
     def pick(self, num_heads: int) -> SparseTile:
         if num_heads <= 16:
@@ -105,6 +111,9 @@ SPARSE_TABLES: dict[str, SparseTable] = {
         heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
         fp8qk_from_heads=1,
         fp8_cvt="ptx",
+        # prefill at 128 heads: the 16-bit kernel over the copy, the copy included, is faster
+        # than the FP8 x FP8 kernel (design/sparse.md)
+        copy16_from_heads=64,
     ),
     "sm100": SparseTable(
         heads16=SparseTile(16, 32, 4, 2, occupancy=3),
@@ -178,8 +187,9 @@ class SparsePlan:
     split_len: int
     merge_block_d: int = 512
     merge_block_s: int = 1
-    # "portable" (kernels/portable/sparse_mla.py), or on SM90 "fp8qk" or "pingpong8"
-    # (sparse_sm90.py)
+    # "portable" (kernels/portable/sparse_mla.py), on SM90 "fp8qk" or "pingpong8"
+    # (sparse_sm90.py), or "copy16" (sparse_copy.py: the dense 16-bit kernels over an fp16
+    # copy of the referenced rows)
     kernel: str = "portable"
 
     @property
@@ -219,6 +229,36 @@ def merge_blocks(rows: int, splits: int, sms: int) -> tuple[int, int]:
 
 
 SM90_KERNELS = ("fp8qk", "pingpong8")  # the dense path's Gluon kernels a sparse plan can take
+COPY16 = "copy16"  # the dense 16-bit kernels over an fp16 copy of the referenced rows
+
+
+def copy16_route(
+    kernel: str,
+    target: Target | None,
+    num_tokens: int,
+    num_heads: int,
+    topk: int,
+    kv_dtype: torch.dtype,
+) -> bool:
+    """Whether a plan takes the fp16 copy of the referenced rows (``sparse_copy.py``): where
+    named (``kernel="copy16"``: the packed cache, on any target the dense 16-bit kernels run,
+    the interpreter included; ``ValueError`` for a 16-bit cache), or with ``"auto"`` where the
+    target's table takes it for these heads and list entries."""
+    if kernel == COPY16:
+        if kv_dtype.itemsize != 1:
+            raise ValueError(
+                f'expected the packed FP8 cache for kernel "{COPY16}", got a {kv_dtype} cache'
+            )
+        return True
+    if kernel != "auto" or kv_dtype.itemsize != 1 or target is None:
+        return False
+    if target.backend != "cuda" or int(target.arch) != 90:
+        return False
+    table = sparse_table(target)
+    first = table.copy16_from_heads
+    return (
+        first is not None and num_heads >= first and num_tokens * topk >= table.copy16_from_entries
+    )
 
 
 def sm90_kernel(

@@ -229,6 +229,7 @@ class CacheRows:
     page_size: int
     rows_per_page: int
     num_slots: int
+    packed: torch.Tensor  # [rows, 656] uint8: the token rows the three views read
 
 
 def cache_rows(view) -> CacheRows:
@@ -257,7 +258,7 @@ def cache_rows(view) -> CacheRows:
     ckv = rows[:, :NOPE_DIM].view(torch.float8_e4m3fn).unsqueeze(1)
     kpe = rows[:, ROPE_OFFSET:].unsqueeze(1)
     scales = rows.view(torch.float32)[:, SCALE_OFFSET // 4 : ROPE_OFFSET // 4].unsqueeze(1)
-    return CacheRows(ckv, kpe, scales, paged, page_size, rows_per_page, view.num_slots)
+    return CacheRows(ckv, kpe, scales, paged, page_size, rows_per_page, view.num_slots, rows)
 
 
 def run_fp8qk_sparse(
@@ -273,28 +274,37 @@ def run_fp8qk_sparse(
     """The attention (and the split merge) over the index lists as they are where the plan
     reads them so and :func:`reads_lists`, else over the lists compacted first, into ``out``
     and, when given, ``lse`` in natural log (+inf for a token with nothing to attend to)."""
-    from fp8mla.kernels.portable.sparse_compact import _sparse_compact_kernel
-
     c = cache_rows(view)
     scales = Scales(ckv=1.0, kpe=1.0, ckv_arr=c.scales)
     if s.lists is not None and reads_lists(c, indices, s.topk):
         lengths = topk_length if topk_length is not None else s.full
         s.lists(q_nope, q_pe, c.ckv, c.kpe, out, lse, scales, lists=(indices, lengths))
-        _natural_lse(lse)
+        natural_lse(lse)
         return
-    n = s.counts.shape[0]
-    block, warps = s.compact
-    _sparse_compact_kernel[(n,)](
-        indices, topk_length if topk_length is not None else indices, s.compacted, s.counts,
-        indices.shape[0], s.topk, indices.stride(0), c.num_slots, c.page_size, c.rows_per_page,
-        HAS_TOPK_LENGTH=topk_length is not None, PAGED=c.paged,
-        BLOCK=block, LAUNCH_NEXT=s.plan.attention_waits, num_warps=warps,
-    )  # fmt: skip
+    compact_lists(s.compacted, s.counts, s.topk, indices, topk_length, c, s.plan.attention_waits)
     s.launch(q_nope, q_pe, c.ckv, c.kpe, out, lse, scales)
-    _natural_lse(lse)
+    natural_lse(lse)
 
 
-def _natural_lse(lse: torch.Tensor | None) -> None:
+def compact_lists(compacted, counts, topk, indices, topk_length, rows: CacheRows,
+                  launch_next: bool = False) -> None:  # fmt: skip
+    """Token ``t``'s entries of ``indices`` it attends to (within ``topk_length``, not -1)
+    at the front of ``compacted[t]``, turned into rows of ``rows``, their number into
+    ``counts[t]`` (``kernels/portable/sparse_compact.py``); ``launch_next``: the next grid may
+    launch from this one's start (it waits for it)."""
+    from fp8mla.kernels.portable.sparse_compact import _sparse_compact_kernel
+
+    n = counts.shape[0]
+    block, warps = compact_shape(topk)
+    _sparse_compact_kernel[(n,)](
+        indices, topk_length if topk_length is not None else indices, compacted, counts,
+        indices.shape[0], topk, indices.stride(0), rows.num_slots, rows.page_size,
+        rows.rows_per_page, HAS_TOPK_LENGTH=topk_length is not None, PAGED=rows.paged,
+        BLOCK=block, LAUNCH_NEXT=launch_next, num_warps=warps,
+    )  # fmt: skip
+
+
+def natural_lse(lse: torch.Tensor | None) -> None:
     """The kernels' base-2 LSE in natural log; a token that saw nothing: +inf."""
     if lse is not None:
         lse.mul_(LN2).nan_to_num_(nan=float("nan"), posinf=float("inf"), neginf=float("inf"))

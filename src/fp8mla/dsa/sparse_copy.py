@@ -1,0 +1,114 @@
+"""Sparse MLA over an fp16 copy of the rows the index lists reference (``kernel="copy16"``).
+
+A prefill chunk's query tokens choose the same rows again and again. The FP8 kernels convert a
+row at every use (per 128-channel group at 128 heads: the FP8 × FP8 kernel's row tiles, four a
+token, each convert it); here each referenced row is dequantized once per call into an fp16
+copy (``kernels/portable/sparse_gather.py``) and the dense path's 16-bit kernels -- on SM90 the
+ping-pong kernel the dense planner picks for 128 heads -- attend over the copy, each query token
+a page-size-1 request whose page table is its list rewritten to copy rows. fp16 and not bf16:
+``e4m3 × a float32 scale`` has up to 28 significant bits, which fp16 rounds to 11 (the output
+stays within the 1.7e-3 of float64 that the other routes give) and bf16 to 8 (5-8e-3 in a
+float64 simulation of 128 heads × 2,048 rows at arbitrary scales). So it takes the scales the
+SM90 FP8 path takes: ``e4m3 × scale`` within fp16's range (scales up to 146).
+
+The copy's capacity is the distinct rows the lists can reference, ``min(cache rows, tokens ×
+topk)``, 1,152 bytes each, allocated at the first call of a cache size and kept (a 2^20-row
+pool: 1.2 GB, in the order of the bf16 workspace vLLM keeps for its FlashMLA prefill, five
+times the longest context); ``owner`` takes 4 bytes a cache row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8mla.attention.launch import AttentionLaunch
+from fp8mla.attention.planner import device_sm_count, make_launch_plan
+from fp8mla.attention.targets import launch_target
+from fp8mla.attention.workspace import split_capacity, split_partials
+from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM
+from fp8mla.dsa.sparse_sm90 import cache_rows, compact_lists, natural_lse
+from fp8mla.formats import Scales
+from fp8mla.kernels.portable.sparse_gather import INT32_MAX, gather_rows
+
+COPY_DTYPE = torch.float16
+# entries (tokens × topk) from which an automatic plan of at least COPY_FROM_HEADS heads takes
+# this route on SM90: where the lists' rows are chosen ~2 times each or more even when drawn at
+# random from a 2^20-row pool (design/sparse.md)
+COPY_FROM_ENTRIES = 1 << 21
+COPY_FROM_HEADS = 64
+
+
+class CopySparseLaunch:
+    """The launch ``SparseMLAWrapper`` keeps for a ``"copy16"`` plan: the dense 16-bit plan and
+    the compaction's buffers at ``plan()``; the copy and its work buffers at the first call of
+    a cache size."""
+
+    def __init__(self, num_tokens: int, num_heads: int, topk: int, sm_scale: float,
+                 workspace: torch.Tensor, device: torch.device, interpreted: bool) -> None:  # fmt: skip
+        if num_tokens * topk >= INT32_MAX:
+            raise ValueError(
+                f"expected fewer than 2^31 list entries for the copy16 route, got {num_tokens} "
+                f"tokens x {topk}"
+            )
+        self.num_tokens, self.topk, self.device = num_tokens, topk, device
+        tokens = torch.arange(num_tokens + 1, dtype=torch.int32, device=device)
+        self.compacted = torch.zeros(max(1, num_tokens), topk, dtype=torch.int32, device=device)
+        self.counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
+        self.copy_id = torch.zeros(max(1, num_tokens * topk), dtype=torch.int32, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int32, device=device)
+        self.owner = self.source = self.copy = None
+        target = launch_target(device, interpreted)
+        rows = num_tokens * num_heads
+        self.plan = make_launch_plan(
+            batch=num_tokens,
+            num_heads=num_heads,
+            max_qo_len=1,
+            max_kv_len=topk,
+            sms=device_sm_count(device),
+            max_splits_by_workspace=max(1, split_capacity(workspace, 1, NOPE_DIM) // max(1, rows)),
+            target=target,
+            kv_dtype=COPY_DTYPE,
+            head_dim_kpe=ROPE_DIM,
+            q_dtype=torch.bfloat16,
+        )
+        partials = None
+        if self.plan.num_splits > 1:
+            partials = split_partials(workspace, self.plan.num_splits, rows, NOPE_DIM,
+                                      self.plan.half_partials)  # fmt: skip
+        self.launch = AttentionLaunch(
+            self.plan,
+            batch=num_tokens,
+            heads=num_heads,
+            head_dim_kpe=ROPE_DIM,
+            page_size=1,
+            causal=False,
+            sm_scale=sm_scale,
+            indices=(tokens, tokens * topk, self.compacted.view(-1), self.counts),
+            partials=partials,
+            kv_dtype=COPY_DTYPE,
+            device=device,
+            target=target,
+            interpreted=interpreted,
+        )
+
+    def _buffers(self, num_rows: int) -> None:
+        """The copy and ``owner`` for a cache of ``num_rows`` rows (kept while it fits)."""
+        capacity = max(1, min(num_rows, self.num_tokens * self.topk))
+        if self.owner is None or self.owner.shape[0] != num_rows:
+            self.owner = torch.full((num_rows,), INT32_MAX, dtype=torch.int32, device=self.device)
+        if self.copy is None or self.copy.shape[0] < capacity:
+            self.source = torch.zeros(capacity, dtype=torch.int32, device=self.device)
+            self.copy = torch.empty(capacity, NOPE_DIM + ROPE_DIM, dtype=COPY_DTYPE,
+                                    device=self.device)  # fmt: skip
+
+    def __call__(self, q_nope, q_pe, view, indices, topk_length, out, lse) -> None:
+        c = cache_rows(view)
+        self._buffers(c.packed.shape[0])
+        if self.num_tokens:
+            compact_lists(self.compacted, self.counts, self.topk, indices, topk_length, c)
+        gather_rows(self.compacted, self.counts, self.topk, c.packed, self.owner, self.counter,
+                    self.source, self.copy_id, self.copy)  # fmt: skip
+        copy = self.copy.unsqueeze(1)
+        self.launch(q_nope, q_pe, copy[..., :NOPE_DIM], copy[..., NOPE_DIM:], out, lse,
+                    Scales(ckv=1.0, kpe=1.0))  # fmt: skip
+        natural_lse(lse)
