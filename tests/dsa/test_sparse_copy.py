@@ -135,3 +135,21 @@ def test_gpu_prefill_route_and_graph_replays():
         graph.replay()
         torch.cuda.synchronize()
         check(out[rows], lse[rows], q_nope[rows], q_pe[rows], cache, idx[rows], length[rows])
+
+
+def test_wrappers_and_caches_share_one_copy():
+    """Two plans and two cache sizes in turn on one device's copy buffers."""
+    from fp8mla.dsa import sparse_copy
+
+    big, small = (
+        packed_cache(256, 64, device=DEVICE, seed=1),
+        packed_cache(128, 1, "pool", device=DEVICE, seed=2),
+    )
+    q_nope, q_pe = queries(3, 16, device=DEVICE, seed=4)
+    a, b = planned(3, 16, 40), planned(3, 16, 40, page_size=1)
+    for w, cache, slots in ((a, big, 256), (b, small, 128), (a, big, 256)):
+        idx = random_indices(3, 40, slots, seed=slots, pad=0.1, device=DEVICE)
+        out, lse = w.run(q_nope, q_pe, cache, idx, return_lse=True)
+        check(out, lse, q_nope, q_pe, cache, idx)
+    bufs = sparse_copy._BUFFERS[torch.device(DEVICE)]
+    assert bufs.owner.shape[0] >= 256 and (bufs.owner == 2**31 - 1).all()

@@ -12,9 +12,11 @@ float64 simulation of 128 heads × 2,048 rows at arbitrary scales). So it takes 
 SM90 FP8 path takes: ``e4m3 × scale`` within fp16's range (scales up to 146).
 
 The copy's capacity is the distinct rows the lists can reference, ``min(cache rows, tokens ×
-topk)``, 1,152 bytes each, allocated at the first call of a cache size and kept (a 2^20-row
-pool: 1.2 GB, in the order of the bf16 workspace vLLM keeps for its FlashMLA prefill, five
-times the longest context); ``owner`` takes 4 bytes a cache row.
+topk)``, 1,152 bytes each; it and ``owner`` (4 bytes a cache row) are one set per device,
+shared by the wrappers there and grown at the first call that needs more, never shrunk (a
+2^20-row pool: 1.2 GB, in the order of the bf16 workspace vLLM keeps for its FlashMLA prefill,
+five times the longest context). An engine that sizes its KV pool from a profiled forward pass
+counts it when that pass is a prefill of its largest chunk.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ class CopySparseLaunch:
         self.counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
         self.copy_id = torch.zeros(max(1, num_tokens * topk), dtype=torch.int32, device=device)
         self.counter = torch.zeros(1, dtype=torch.int32, device=device)
-        self.owner = self.source = self.copy = None
         target = launch_target(device, interpreted)
         rows = num_tokens * num_heads
         self.plan = make_launch_plan(
@@ -91,24 +92,41 @@ class CopySparseLaunch:
             interpreted=interpreted,
         )
 
-    def _buffers(self, num_rows: int) -> None:
-        """The copy and ``owner`` for a cache of ``num_rows`` rows (kept while it fits)."""
-        capacity = max(1, min(num_rows, self.num_tokens * self.topk))
-        if self.owner is None or self.owner.shape[0] != num_rows:
-            self.owner = torch.full((num_rows,), INT32_MAX, dtype=torch.int32, device=self.device)
-        if self.copy is None or self.copy.shape[0] < capacity:
-            self.source = torch.zeros(capacity, dtype=torch.int32, device=self.device)
-            self.copy = torch.empty(capacity, NOPE_DIM + ROPE_DIM, dtype=COPY_DTYPE,
-                                    device=self.device)  # fmt: skip
+    def _buffers(self, num_rows: int) -> CopyBuffers:
+        """The device's copy buffers, fitted to a cache of ``num_rows`` rows and this plan."""
+        bufs = _BUFFERS.get(self.device)
+        if bufs is None:
+            bufs = _BUFFERS[self.device] = CopyBuffers()
+        bufs.fit(num_rows, max(1, min(num_rows, self.num_tokens * self.topk)), self.device)
+        return bufs
 
     def __call__(self, q_nope, q_pe, view, indices, topk_length, out, lse) -> None:
         c = cache_rows(view)
-        self._buffers(c.packed.shape[0])
-        if self.num_tokens:
-            compact_lists(self.compacted, self.counts, self.topk, indices, topk_length, c)
-        gather_rows(self.compacted, self.counts, self.topk, c.packed, self.owner, self.counter,
-                    self.source, self.copy_id, self.copy)  # fmt: skip
-        copy = self.copy.unsqueeze(1)
+        bufs = self._buffers(c.packed.shape[0])
+        compact_lists(self.compacted, self.counts, self.topk, indices, topk_length, c)
+        gather_rows(self.compacted, self.counts, self.topk, c.packed, bufs.owner, self.counter,
+                    bufs.source, self.copy_id, bufs.copy)  # fmt: skip
+        copy = bufs.copy.unsqueeze(1)
         self.launch(q_nope, q_pe, copy[..., :NOPE_DIM], copy[..., NOPE_DIM:], out, lse,
                     Scales(ckv=1.0, kpe=1.0))  # fmt: skip
         natural_lse(lse)
+
+
+class CopyBuffers:
+    """The copy, its source rows and the cache rows' owners: one set per device, shared by
+    every wrapper on it (an engine's layers run one after another on one stream, as they share
+    their workspace), grown to the largest call and never shrunk."""
+
+    def __init__(self) -> None:
+        self.owner = self.source = self.copy = None
+
+    def fit(self, num_rows: int, capacity: int, device: torch.device) -> None:
+        if self.owner is None or self.owner.shape[0] < num_rows:
+            self.owner = torch.full((num_rows,), INT32_MAX, dtype=torch.int32, device=device)
+        if self.copy is None or self.copy.shape[0] < capacity:
+            self.source = torch.zeros(capacity, dtype=torch.int32, device=device)
+            self.copy = torch.empty(capacity, NOPE_DIM + ROPE_DIM, dtype=COPY_DTYPE,
+                                    device=device)  # fmt: skip
+
+
+_BUFFERS: dict[torch.device, CopyBuffers] = {}
