@@ -24,11 +24,9 @@ from __future__ import annotations
 import torch
 
 from fp8mla.attention.launch import AttentionLaunch
-from fp8mla.attention.planner import device_sm_count, make_launch_plan
 from fp8mla.attention.targets import launch_target
-from fp8mla.attention.workspace import split_capacity, split_partials
 from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM
-from fp8mla.dsa.sparse_sm90 import cache_rows, compact_lists, natural_lse
+from fp8mla.dsa.sparse_sm90 import cache_rows, compact_lists, natural_lse, token_requests
 from fp8mla.formats import Scales
 from fp8mla.kernels.portable.sparse_gather import INT32_MAX, gather_rows
 
@@ -53,29 +51,13 @@ class CopySparseLaunch:
                 f"tokens x {topk}"
             )
         self.num_tokens, self.topk, self.device = num_tokens, topk, device
-        tokens = torch.arange(num_tokens + 1, dtype=torch.int32, device=device)
         self.compacted = torch.zeros(max(1, num_tokens), topk, dtype=torch.int32, device=device)
         self.counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
         self.copy_id = torch.zeros(max(1, num_tokens * topk), dtype=torch.int32, device=device)
         self.counter = torch.zeros(1, dtype=torch.int32, device=device)
         target = launch_target(device, interpreted)
-        rows = num_tokens * num_heads
-        self.plan = make_launch_plan(
-            batch=num_tokens,
-            num_heads=num_heads,
-            max_qo_len=1,
-            max_kv_len=topk,
-            sms=device_sm_count(device),
-            max_splits_by_workspace=max(1, split_capacity(workspace, 1, NOPE_DIM) // max(1, rows)),
-            target=target,
-            kv_dtype=COPY_DTYPE,
-            head_dim_kpe=ROPE_DIM,
-            q_dtype=torch.bfloat16,
-        )
-        partials = None
-        if self.plan.num_splits > 1:
-            partials = split_partials(workspace, self.plan.num_splits, rows, NOPE_DIM,
-                                      self.plan.half_partials)  # fmt: skip
+        self.plan, partials, tokens = token_requests(num_tokens, num_heads, topk, workspace,
+                                                     device, target, COPY_DTYPE)  # fmt: skip
         self.launch = AttentionLaunch(
             self.plan,
             batch=num_tokens,

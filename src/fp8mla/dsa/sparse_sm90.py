@@ -127,29 +127,13 @@ def fp8qk_sparse(
         lists = False
     elif config != "fp8qk":
         raise ValueError(f"expected config fp8qk or pingpong8, got {config!r}")
-    tokens = torch.arange(num_tokens + 1, dtype=torch.int32, device=device)
-    qo_indptr = tokens
-    kv_indptr = tokens * topk
     compacted = torch.zeros(max(1, num_tokens * topk), dtype=torch.int32, device=device)
     counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
-    rows = num_tokens * num_heads
     target = launch_target(device, False)
-    plan = make_launch_plan(
-        batch=num_tokens,
-        num_heads=num_heads,
-        max_qo_len=1,
-        max_kv_len=topk,
-        sms=device_sm_count(device),
-        max_splits_by_workspace=max(1, split_capacity(workspace, 1, NOPE_DIM) // max(1, rows)),
-        target=target,
-        kv_dtype=torch.float8_e4m3fn,
-        config=config,
-        head_dim_kpe=ROPE_DIM,
-        q_dtype=torch.bfloat16,
-    )
-    partials = None
-    if plan.num_splits > 1:
-        partials = split_partials(workspace, plan.num_splits, rows, NOPE_DIM, plan.half_partials)
+    plan, partials, tokens = token_requests(num_tokens, num_heads, topk, workspace, device,
+                                            target, torch.float8_e4m3fn, config)  # fmt: skip
+    qo_indptr = tokens
+    kv_indptr = tokens * topk
 
     def attention(lists: bool, lengths: torch.Tensor, in_grid: int = 0) -> AttentionLaunch:
         return AttentionLaunch(
@@ -180,6 +164,34 @@ def fp8qk_sparse(
     compacted = compacted.view(max(1, num_tokens), -1)
     return FP8QKSparse(plan, attention(False, counts), compacted, counts, topk,
                        compact_shape(topk), in_place, full)  # fmt: skip
+
+
+def token_requests(num_tokens: int, num_heads: int, topk: int, workspace: torch.Tensor,
+                   device: torch.device, target, kv_dtype: torch.dtype,
+                   config: str | None = None) -> tuple[LaunchPlan, object, torch.Tensor]:  # fmt: skip
+    """The dense path's plan for ``num_tokens`` page-size-1 requests of up to ``topk`` entries
+    (each a sparse query token of ``num_heads`` heads) on kernel ``config`` (None: the dense
+    planner's choice for ``kv_dtype``), its split partials in ``workspace`` (None unsplit),
+    and the requests' offsets ``0 … num_tokens`` (int32)."""
+    tokens = torch.arange(num_tokens + 1, dtype=torch.int32, device=device)
+    rows = num_tokens * num_heads
+    plan = make_launch_plan(
+        batch=num_tokens,
+        num_heads=num_heads,
+        max_qo_len=1,
+        max_kv_len=topk,
+        sms=device_sm_count(device),
+        max_splits_by_workspace=max(1, split_capacity(workspace, 1, NOPE_DIM) // max(1, rows)),
+        target=target,
+        kv_dtype=kv_dtype,
+        config=config,
+        head_dim_kpe=ROPE_DIM,
+        q_dtype=torch.bfloat16,
+    )
+    partials = None
+    if plan.num_splits > 1:
+        partials = split_partials(workspace, plan.num_splits, rows, NOPE_DIM, plan.half_partials)
+    return plan, partials, tokens
 
 
 def sparse_options(config: str, waits: bool, lists: bool = False) -> dict:
