@@ -153,3 +153,17 @@ def test_wrappers_and_caches_share_one_copy():
         check(out, lse, q_nope, q_pe, cache, idx)
     bufs = sparse_copy._BUFFERS[torch.device(DEVICE)]
     assert bufs.owner.shape[0] >= 256 and (bufs.owner == 2**31 - 1).all()
+
+
+def test_grown_buffers_keep_their_predecessors():
+    """A CUDA graph captured with a buffer replays into it: growing keeps the old one."""
+    from fp8mla.dsa.sparse_copy import CopyBuffers
+
+    bufs = CopyBuffers()
+    bufs.fit(64, 16, torch.device("cpu"))
+    first = bufs.copy
+    bufs.fit(32, 8, torch.device("cpu"))  # fits: nothing new
+    assert bufs.copy is first and not bufs.retired
+    bufs.fit(128, 32, torch.device("cpu"))
+    assert bufs.copy.shape[0] == 32 and bufs.owner.shape[0] == 128
+    assert any(t is first for t in bufs.retired)

@@ -97,15 +97,19 @@ class CopySparseLaunch:
 class CopyBuffers:
     """The copy, its source rows and the cache rows' owners: one set per device, shared by
     every wrapper on it (an engine's layers run one after another on one stream, as they share
-    their workspace), grown to the largest call and never shrunk."""
+    their workspace), grown to the largest call and never shrunk. A grown buffer's predecessor
+    is kept, not freed: a CUDA graph captured with it replays into it."""
 
     def __init__(self) -> None:
         self.owner = self.source = self.copy = None
+        self.retired: list[torch.Tensor] = []
 
     def fit(self, num_rows: int, capacity: int, device: torch.device) -> None:
         if self.owner is None or self.owner.shape[0] < num_rows:
+            self.retired += [self.owner] if self.owner is not None else []
             self.owner = torch.full((num_rows,), INT32_MAX, dtype=torch.int32, device=device)
         if self.copy is None or self.copy.shape[0] < capacity:
+            self.retired += [self.source, self.copy] if self.copy is not None else []
             self.source = torch.zeros(capacity, dtype=torch.int32, device=device)
             self.copy = torch.empty(capacity, NOPE_DIM + ROPE_DIM, dtype=COPY_DTYPE,
                                     device=device)  # fmt: skip
