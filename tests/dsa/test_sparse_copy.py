@@ -151,8 +151,9 @@ def test_wrappers_and_caches_share_one_copy():
         idx = random_indices(3, 40, slots, seed=slots, pad=0.1, device=DEVICE)
         out, lse = w.run(q_nope, q_pe, cache, idx, return_lse=True)
         check(out, lse, q_nope, q_pe, cache, idx)
-    bufs = sparse_copy._BUFFERS[torch.device(DEVICE)]
-    assert bufs.owner.shape[0] >= 256 and (bufs.owner == 2**31 - 1).all()
+    bufs = sparse_copy.device_buffers(torch.device(DEVICE))
+    assert bufs.owner is not None and bufs.owner.shape[0] >= 256
+    assert (bufs.owner == 2**31 - 1).all()
 
 
 def test_grown_buffers_keep_their_predecessors():

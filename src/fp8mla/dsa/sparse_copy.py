@@ -76,9 +76,7 @@ class CopySparseLaunch:
 
     def _buffers(self, num_rows: int) -> CopyBuffers:
         """The device's copy buffers, fitted to a cache of ``num_rows`` rows and this plan."""
-        bufs = _BUFFERS.get(self.device)
-        if bufs is None:
-            bufs = _BUFFERS[self.device] = CopyBuffers()
+        bufs = device_buffers(self.device)
         bufs.fit(num_rows, max(1, min(num_rows, self.num_tokens * self.topk)), self.device)
         return bufs
 
@@ -116,3 +114,15 @@ class CopyBuffers:
 
 
 _BUFFERS: dict[torch.device, CopyBuffers] = {}
+
+
+def device_buffers(device: torch.device) -> CopyBuffers:
+    """The copy buffers of ``device``, one set whichever way it is named (``cuda`` is the
+    current device's index)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    bufs = _BUFFERS.get(device)
+    if bufs is None:
+        bufs = _BUFFERS[device] = CopyBuffers()
+    return bufs
