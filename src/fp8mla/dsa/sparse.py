@@ -128,7 +128,7 @@ class SparseMLAWrapper:
         tiles for many heads; ``fp8mla.dsa.sparse_sm90``), or ``"copy16"`` (the packed cache
         with its token rows following each other: the rows the lists reference dequantized
         once a call into an fp16 copy, then the dense path's 16-bit kernels; SM90's choice for
-        prefill chunks at 64 heads or more; ``fp8mla.dsa.sparse_copy``)."""
+        prefill chunks at 128 heads; ``fp8mla.dsa.sparse_copy``)."""
         if kernel not in ("auto", "portable", COPY16, *SM90_KERNELS):
             raise ValueError(
                 f"expected kernel auto, portable, fp8qk, pingpong8 or copy16, got {kernel!r}"

@@ -31,11 +31,6 @@ from fp8mla.formats import Scales
 from fp8mla.kernels.portable.sparse_gather import INT32_MAX, gather_rows
 
 COPY_DTYPE = torch.float16
-# entries (tokens × topk) from which an automatic plan of at least COPY_FROM_HEADS heads takes
-# this route on SM90: where the lists' rows are chosen ~2 times each or more even when drawn at
-# random from a 2^20-row pool (design/sparse.md)
-COPY_FROM_ENTRIES = 1 << 21
-COPY_FROM_HEADS = 64
 
 
 class CopySparseLaunch:
