@@ -169,3 +169,60 @@ def test_grown_buffers_keep_their_predecessors():
     bufs.fit(128, 32, torch.device("cpu"))
     assert bufs.copy.shape[0] == 32 and bufs.owner.shape[0] == 128
     assert any(t is first for t in bufs.retired)
+
+
+def test_growth_counts_what_fit_allocates():
+    from fp8mla.dsa.sparse_copy import CopyBuffers
+
+    bufs = CopyBuffers()
+    assert bufs.growth(64, 16) == 4 * 64 + (4 + 1152) * 16
+    bufs.fit(64, 16, torch.device("cpu"))
+    assert bufs.growth(64, 16) == 0 and bufs.growth(32, 8) == 0
+    assert bufs.growth(128, 16) == 4 * 128  # the slots alone
+    assert bufs.growth(64, 17) == (4 + 1152) * 17  # the copy and its sources alone
+
+
+def test_a_copy_past_the_free_memory_runs_the_fallback(monkeypatch):
+    """A call whose copy would have to grow past the free memory runs the plan's fallback
+    (an automatic plan's FP8 kernel) with the call's arguments, and grows nothing; a plan
+    without a fallback (``kernel="copy16"`` named) grows the copy regardless."""
+    from fp8mla.dsa import sparse_copy
+
+    fresh = sparse_copy.CopyBuffers()
+    monkeypatch.setattr(sparse_copy, "device_buffers", lambda device: fresh)
+    monkeypatch.setattr(sparse_copy, "copy_fits", lambda device, nbytes: False)
+    cache = packed_cache(1024, 64, device=DEVICE, seed=3)
+    q_nope, q_pe = queries(2, 16, device=DEVICE, seed=3)
+    idx = random_indices(2, 24, 1024, seed=3, pad=0.1, device=DEVICE)
+    w = planned(2, 16, 24)
+    calls = []
+    w._launch.fallback = lambda *args: calls.append(args)
+    w.run(q_nope, q_pe, cache, idx, return_lse=True)
+    assert len(calls) == 1 and calls[0][0] is q_nope and fresh.copy is None
+    w._launch.fallback = None
+    out, lse = w.run(q_nope, q_pe, cache, idx, return_lse=True)
+    check(out, lse, q_nope, q_pe, cache, idx)
+    assert fresh.copy is not None and len(calls) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_SM90, reason="the planner takes the copy on SM90")
+def test_gpu_automatic_plan_falls_back_to_the_fp8_kernel(monkeypatch):
+    """An automatic copy16 plan whose copy does not fit the free memory runs the FP8 x FP8
+    kernel the table would have chosen, against float64."""
+    from fp8mla.dsa import sparse_copy
+
+    fresh = sparse_copy.CopyBuffers()
+    monkeypatch.setattr(sparse_copy, "device_buffers", lambda device: fresh)
+    monkeypatch.setattr(sparse_copy, "copy_fits", lambda device, nbytes: False)
+    tokens, heads, topk, pool = 1024, 128, 2048, 1 << 16
+    cache = packed_cache(pool, 64, device="cuda", seed=8)
+    q_nope, q_pe = queries(tokens, heads, device="cuda", seed=8)
+    idx = random_indices(tokens, topk, pool, seed=8, pad=0.05, device="cuda")
+    w = SparseMLAWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+    w.plan(tokens, heads, topk, 64, torch.bfloat16, SM_SCALE)
+    assert w.launch_plan.kernel == "copy16" and w._launch.fallback is not None
+    out, lse = w.run(q_nope, q_pe, cache, idx, return_lse=True)
+    rows = torch.tensor([0, 1, 500, 1023], device="cuda")
+    check(out[rows], lse[rows], q_nope[rows], q_pe[rows], cache, idx[rows])
+    assert fresh.copy is None

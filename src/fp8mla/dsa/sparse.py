@@ -182,11 +182,19 @@ class SparseMLAWrapper:
             # the overrides tune the portable kernel: they choose it
             asked = "portable" if overrides else kernel
             copy = copy16_route(asked, target, num_tokens, num_heads, topk, kv_data_type)
-            sm90 = None if copy else sm90_kernel(asked, target, num_heads, q_data_type,
-                                                 kv_data_type, interp)  # fmt: skip
+            # an automatic copy16 plan keeps the kernel it would run without the copy, for a
+            # call whose copy does not fit the free memory
+            sm90 = (
+                None
+                if copy and asked != "auto"
+                else sm90_kernel(asked, target, num_heads, q_data_type, kv_data_type, interp)
+            )
             if copy:
+                fallback = None if sm90 is None else FP8QKSparseLaunch(
+                    num_tokens, num_heads, topk, scale, self._workspace, self.device, sm90
+                )  # fmt: skip
                 launch = CopySparseLaunch(num_tokens, num_heads, topk, scale, self._workspace,
-                                          self.device, interp)  # fmt: skip
+                                          self.device, interp, fallback)  # fmt: skip
                 dense = launch.plan
                 plan = dataclasses.replace(
                     plan, tile=SparseTile(dense.config.block_m, dense.config.block_n, 4, 1),

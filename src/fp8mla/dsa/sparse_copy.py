@@ -31,21 +31,37 @@ from fp8mla.formats import Scales
 from fp8mla.kernels.portable.sparse_gather import INT32_MAX, gather_rows
 
 COPY_DTYPE = torch.float16
+# device memory (the driver's count) a growing copy must leave free, for what is allocated
+# outside PyTorch's pool: collective buffers, library workspaces, CUDA graphs
+KEEP_FREE_BYTES = 1 << 30
+
+
+def copy_fits(device: torch.device, nbytes: int) -> bool:
+    """Whether ``nbytes`` more can be allocated on ``device`` and leave ``KEEP_FREE_BYTES`` of
+    it free (memory PyTorch holds cached counts as taken)."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return free - nbytes >= KEEP_FREE_BYTES
 
 
 class CopySparseLaunch:
     """The launch ``SparseMLAWrapper`` keeps for a ``"copy16"`` plan: the dense 16-bit plan and
     the compaction's buffers at ``plan()``; the copy and its work buffers at the first call of
-    a cache size."""
+    a cache size. ``fallback``: the launch an automatic plan would have run without the copy,
+    run instead by a call whose copy would have to grow past what the device has free (an
+    engine sizes its KV pool before any attention runs, so the copy is outside its budget)."""
 
     def __init__(self, num_tokens: int, num_heads: int, topk: int, sm_scale: float,
-                 workspace: torch.Tensor, device: torch.device, interpreted: bool) -> None:  # fmt: skip
+                 workspace: torch.Tensor, device: torch.device, interpreted: bool,
+                 fallback=None) -> None:  # fmt: skip
         if num_tokens * topk >= INT32_MAX:
             raise ValueError(
                 f"expected fewer than 2^31 list entries for the copy16 route, got {num_tokens} "
                 f"tokens x {topk}"
             )
         self.num_tokens, self.topk, self.device = num_tokens, topk, device
+        self.fallback = fallback
         self.compacted = torch.zeros(max(1, num_tokens), topk, dtype=torch.int32, device=device)
         self.counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
         self.copy_id = torch.zeros(max(1, num_tokens * topk), dtype=torch.int32, device=device)
@@ -69,15 +85,23 @@ class CopySparseLaunch:
             interpreted=interpreted,
         )
 
-    def _buffers(self, num_rows: int) -> CopyBuffers:
-        """The device's copy buffers, fitted to a cache of ``num_rows`` rows and this plan."""
+    def _buffers(self, num_rows: int) -> CopyBuffers | None:
+        """The device's copy buffers, fitted to a cache of ``num_rows`` rows and this plan; None
+        where they would have to grow past the free memory and a fallback runs instead."""
         bufs = device_buffers(self.device)
-        bufs.fit(num_rows, max(1, min(num_rows, self.num_tokens * self.topk)), self.device)
+        capacity = max(1, min(num_rows, self.num_tokens * self.topk))
+        need = bufs.growth(num_rows, capacity)
+        if need and self.fallback is not None and not copy_fits(self.device, need):
+            return None
+        bufs.fit(num_rows, capacity, self.device)
         return bufs
 
     def __call__(self, q_nope, q_pe, view, indices, topk_length, out, lse) -> None:
         c = cache_rows(view)
         bufs = self._buffers(c.packed.shape[0])
+        if bufs is None:
+            self.fallback(q_nope, q_pe, view, indices, topk_length, out, lse)
+            return
         compact_lists(self.compacted, self.counts, self.topk, indices, topk_length, c)
         gather_rows(self.compacted, self.counts, self.topk, c.packed, bufs.owner, self.counter,
                     bufs.source, self.copy_id, bufs.copy)  # fmt: skip
@@ -96,6 +120,15 @@ class CopyBuffers:
     def __init__(self) -> None:
         self.owner = self.source = self.copy = None
         self.retired: list[torch.Tensor] = []
+
+    def growth(self, num_rows: int, capacity: int) -> int:
+        """The bytes :meth:`fit` would allocate for ``num_rows`` and ``capacity``."""
+        need = 0
+        if self.owner is None or self.owner.shape[0] < num_rows:
+            need += 4 * num_rows
+        if self.copy is None or self.copy.shape[0] < capacity:
+            need += (4 + 2 * (NOPE_DIM + ROPE_DIM)) * capacity
+        return need
 
     def fit(self, num_rows: int, capacity: int, device: torch.device) -> None:
         if self.owner is None or self.owner.shape[0] < num_rows:
