@@ -23,10 +23,15 @@ from __future__ import annotations
 
 import torch
 
-from fp8mla.attention.launch import AttentionLaunch
 from fp8mla.attention.targets import launch_target
 from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM
-from fp8mla.dsa.sparse_sm90 import cache_rows, compact_lists, natural_lse, token_requests
+from fp8mla.dsa.sparse_sm90 import (
+    cache_rows,
+    compact_lists,
+    natural_lse,
+    token_attention,
+    token_requests,
+)
 from fp8mla.formats import Scales
 from fp8mla.kernels.portable.sparse_gather import INT32_MAX, gather_rows
 
@@ -69,21 +74,9 @@ class CopySparseLaunch:
         target = launch_target(device, interpreted)
         self.plan, partials, tokens = token_requests(num_tokens, num_heads, topk, workspace,
                                                      device, target, COPY_DTYPE)  # fmt: skip
-        self.launch = AttentionLaunch(
-            self.plan,
-            batch=num_tokens,
-            heads=num_heads,
-            head_dim_kpe=ROPE_DIM,
-            page_size=1,
-            causal=False,
-            sm_scale=sm_scale,
-            indices=(tokens, tokens * topk, self.compacted.view(-1), self.counts),
-            partials=partials,
-            kv_dtype=COPY_DTYPE,
-            device=device,
-            target=target,
-            interpreted=interpreted,
-        )
+        self.launch = token_attention(self.plan, num_heads, sm_scale, tokens, topk,
+                                      self.compacted.view(-1), self.counts, partials,
+                                      COPY_DTYPE, device, target, interpreted)  # fmt: skip
 
     def _buffers(self, num_rows: int) -> CopyBuffers | None:
         """The device's copy buffers, fitted to a cache of ``num_rows`` rows and this plan; None

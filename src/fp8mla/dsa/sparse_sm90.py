@@ -132,28 +132,14 @@ def fp8qk_sparse(
     target = launch_target(device, False)
     plan, partials, tokens = token_requests(num_tokens, num_heads, topk, workspace, device,
                                             target, torch.float8_e4m3fn, config)  # fmt: skip
-    qo_indptr = tokens
-    kv_indptr = tokens * topk
 
     def attention(lists: bool, lengths: torch.Tensor, in_grid: int = 0) -> AttentionLaunch:
-        return AttentionLaunch(
-            plan,
-            batch=num_tokens,
-            heads=num_heads,
-            head_dim_kpe=ROPE_DIM,
-            page_size=1,
-            causal=False,
-            sm_scale=sm_scale,
-            indices=(qo_indptr, kv_indptr, compacted, lengths),
-            partials=partials,
-            kv_dtype=torch.float8_e4m3fn,
-            device=device,
-            target=target,
-            interpreted=False,
+        return token_attention(
+            plan, num_heads, sm_scale, tokens, topk, compacted, lengths, partials,
+            torch.float8_e4m3fn, device, target,
             kernel_options=sparse_options(config, plan.attention_waits, lists),
-            index_lists=lists,
-            merge_in_grid=in_grid,
-        )
+            index_lists=lists, merge_in_grid=in_grid,
+        )  # fmt: skip
 
     if lists is None:
         lists = plans_lists(topk, plan.num_splits, plan.m_tiles)
@@ -192,6 +178,31 @@ def token_requests(num_tokens: int, num_heads: int, topk: int, workspace: torch.
     if plan.num_splits > 1:
         partials = split_partials(workspace, plan.num_splits, rows, NOPE_DIM, plan.half_partials)
     return plan, partials, tokens
+
+
+def token_attention(plan: LaunchPlan, num_heads: int, sm_scale: float, tokens: torch.Tensor,
+                    topk: int, lists: torch.Tensor, lengths: torch.Tensor, partials,
+                    kv_dtype: torch.dtype, device: torch.device, target,
+                    interpreted: bool = False, **options) -> AttentionLaunch:  # fmt: skip
+    """The dense kernel's launch over :func:`token_requests`' requests: request ``t``'s page
+    table is ``lists[t · topk :]`` (rows of a page-size-1 cache), ``lengths[t]`` entries long;
+    ``options``: the launch's further keywords."""
+    return AttentionLaunch(
+        plan,
+        batch=tokens.shape[0] - 1,
+        heads=num_heads,
+        head_dim_kpe=ROPE_DIM,
+        page_size=1,
+        causal=False,
+        sm_scale=sm_scale,
+        indices=(tokens, tokens * topk, lists, lengths),
+        partials=partials,
+        kv_dtype=kv_dtype,
+        device=device,
+        target=target,
+        interpreted=interpreted,
+        **options,
+    )
 
 
 def sparse_options(config: str, waits: bool, lists: bool = False) -> dict:
