@@ -136,7 +136,7 @@ def model_engine_config(
                 method="ngram", num_speculative_tokens=speculative_tokens,
                 prompt_lookup_max=2, target_model_config=model, target_parallel_config=parallel,
             )  # fmt: skip
-        return VllmConfig(
+        config = VllmConfig(
             model_config=model,
             parallel_config=parallel,
             speculative_config=speculative,
@@ -149,6 +149,11 @@ def model_engine_config(
             ),
             attention_config=AttentionConfig(backend=backend),
         )
+    # vLLM's CPU platform sets 16-token blocks for an MLA model on a CPU without AMX tiles (its
+    # own CPU MLA kernel's constraint), whichever size was asked; the CPU here stands in for a
+    # GPU running fp8mla's backend, so the block size is the one asked for on every CPU
+    config.cache_config.block_size = block_size
+    return config
 
 
 def engine_config_cpu(**kw):
