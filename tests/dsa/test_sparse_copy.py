@@ -153,8 +153,8 @@ def test_wrappers_and_caches_share_one_copy():
         out, lse = w.run(q_nope, q_pe, cache, idx, return_lse=True)
         check(out, lse, q_nope, q_pe, cache, idx)
     bufs = sparse_copy.device_buffers(torch.device(DEVICE))
-    assert bufs.owner is not None and bufs.owner.shape[0] >= 256
-    assert (bufs.owner == 2**31 - 1).all()
+    assert bufs.claimed is not None and bufs.claimed.shape[0] >= 256
+    assert (bufs.claimed == 0).all() and int(bufs.counter[0]) == 0  # ready for the next call
 
 
 def test_grown_buffers_keep_their_predecessors():
@@ -167,7 +167,7 @@ def test_grown_buffers_keep_their_predecessors():
     bufs.fit(32, 8, torch.device("cpu"))  # fits: nothing new
     assert bufs.copy is first and not bufs.retired
     bufs.fit(128, 32, torch.device("cpu"))
-    assert bufs.copy.shape[0] == 32 and bufs.owner.shape[0] == 128
+    assert bufs.copy.shape[0] == 32 and bufs.claimed.shape[0] == 128
     assert any(t is first for t in bufs.retired)
 
 
@@ -175,10 +175,10 @@ def test_growth_counts_what_fit_allocates():
     from fp8mla.dsa.sparse_copy import CopyBuffers
 
     bufs = CopyBuffers()
-    assert bufs.growth(64, 16) == 4 * 64 + (4 + 1152) * 16
+    assert bufs.growth(64, 16) == 8 * 64 + (4 + 1152) * 16
     bufs.fit(64, 16, torch.device("cpu"))
     assert bufs.growth(64, 16) == 0 and bufs.growth(32, 8) == 0
-    assert bufs.growth(128, 16) == 4 * 128  # the slots alone
+    assert bufs.growth(128, 16) == 8 * 128  # the rows' claims and copy rows alone
     assert bufs.growth(64, 17) == (4 + 1152) * 17  # the copy and its sources alone
 
 

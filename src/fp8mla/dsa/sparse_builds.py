@@ -164,27 +164,32 @@ def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
 
 
 def gather_builds() -> list[tuple[str, Build, str]]:
-    """The fp16 copy's four passes (``kernels/portable/sparse_gather.py``), as ``copy16``
+    """The fp16 copy's three passes (``kernels/portable/sparse_gather.py``), as ``copy16``
     plans launch them."""
     from fp8mla.kernels.portable.sparse_gather import DEQUANT_ROWS, GATHER_BLOCK
 
-    lists = (("lists_ptr", "i32"), ("counts_ptr", "i32"), ("owner_ptr", "i32"))
+    lists = (("lists_ptr", "i32"), ("counts_ptr", "i32"))
     block = (("BLOCK", GATHER_BLOCK),)
     passes = (
-        ("claim", lists + (("counter_ptr", "i32"),), block),
         (
-            "assign",
-            lists + (("counter_ptr", "i32"), ("source_ptr", "i32"), ("copy_id_ptr", "i32")),
+            "claim",
+            lists
+            + (
+                ("claimed_ptr", "i32"),
+                ("counter_ptr", "i32"),
+                ("source_ptr", "i32"),
+                ("copy_row_ptr", "i32"),
+            ),
             block,
         ),  # fmt: skip
-        ("rewrite", lists + (("copy_id_ptr", "i32"),), block),
+        ("rewrite", lists + (("copy_row_ptr", "i32"), ("counter_ptr", "i32")), block),
         (
             "dequantize",
             (
                 ("rows_ptr", "u8"),
                 ("source_ptr", "i32"),
                 ("counter_ptr", "i32"),
-                ("owner_ptr", "i32"),
+                ("claimed_ptr", "i32"),
                 ("copy_ptr", "fp16"),
             ),
             (("ROWS", DEQUANT_ROWS),),

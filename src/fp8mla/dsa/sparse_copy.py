@@ -12,7 +12,8 @@ float64 simulation of 128 heads × 2,048 rows at arbitrary scales). So it takes 
 SM90 FP8 path takes: ``e4m3 × scale`` within fp16's range (scales up to 146).
 
 The copy's capacity is the distinct rows the lists can reference, ``min(cache rows, tokens ×
-topk)``, 1,152 bytes each; it and ``owner`` (4 bytes a cache row) are one set per device,
+topk)``, 1,152 bytes each; it and two int32 arrays over the cache rows (8 bytes a row) are one
+set per device,
 shared by the wrappers there and grown at the first call that needs more, never shrunk (a
 2^20-row pool: 1.2 GB, in the order of the bf16 workspace vLLM keeps for its FlashMLA prefill,
 five times the longest context). An engine that sizes its KV pool from a profiled forward pass
@@ -69,8 +70,6 @@ class CopySparseLaunch:
         self.fallback = fallback
         self.compacted = torch.zeros(max(1, num_tokens), topk, dtype=torch.int32, device=device)
         self.counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
-        self.copy_id = torch.zeros(max(1, num_tokens * topk), dtype=torch.int32, device=device)
-        self.counter = torch.zeros(1, dtype=torch.int32, device=device)
         target = launch_target(device, interpreted)
         self.plan, partials, tokens = token_requests(num_tokens, num_heads, topk, workspace,
                                                      device, target, COPY_DTYPE)  # fmt: skip
@@ -96,8 +95,8 @@ class CopySparseLaunch:
             self.fallback(q_nope, q_pe, view, indices, topk_length, out, lse)
             return
         compact_lists(self.compacted, self.counts, self.topk, indices, topk_length, c)
-        gather_rows(self.compacted, self.counts, self.topk, c.packed, bufs.owner, self.counter,
-                    bufs.source, self.copy_id, bufs.copy)  # fmt: skip
+        gather_rows(self.compacted, self.counts, self.topk, c.packed, bufs.claimed, bufs.counter,
+                    bufs.source, bufs.copy_row, bufs.copy)  # fmt: skip
         copy = bufs.copy.unsqueeze(1)
         self.launch(q_nope, q_pe, copy[..., :NOPE_DIM], copy[..., NOPE_DIM:], out, lse,
                     Scales(ckv=1.0, kpe=1.0))  # fmt: skip
@@ -105,28 +104,32 @@ class CopySparseLaunch:
 
 
 class CopyBuffers:
-    """The copy, its source rows and the cache rows' owners: one set per device, shared by
-    every wrapper on it (an engine's layers run one after another on one stream, as they share
-    their workspace), grown to the largest call and never shrunk. A grown buffer's predecessor
-    is kept, not freed: a CUDA graph captured with it replays into it."""
+    """The copy, its source rows, the cache rows' claims and copy rows and the row counter: one
+    set per device, shared by every wrapper on it (an engine's layers run one after another on
+    one stream, as they share their workspace), grown to the largest call and never shrunk. A
+    grown buffer's predecessor is kept, not freed: a CUDA graph captured with it replays into
+    it."""
 
     def __init__(self) -> None:
-        self.owner = self.source = self.copy = None
+        self.claimed = self.copy_row = self.source = self.copy = self.counter = None
         self.retired: list[torch.Tensor] = []
 
     def growth(self, num_rows: int, capacity: int) -> int:
         """The bytes :meth:`fit` would allocate for ``num_rows`` and ``capacity``."""
         need = 0
-        if self.owner is None or self.owner.shape[0] < num_rows:
-            need += 4 * num_rows
+        if self.claimed is None or self.claimed.shape[0] < num_rows:
+            need += 8 * num_rows
         if self.copy is None or self.copy.shape[0] < capacity:
             need += (4 + 2 * (NOPE_DIM + ROPE_DIM)) * capacity
         return need
 
     def fit(self, num_rows: int, capacity: int, device: torch.device) -> None:
-        if self.owner is None or self.owner.shape[0] < num_rows:
-            self.retired += [self.owner] if self.owner is not None else []
-            self.owner = torch.full((num_rows,), INT32_MAX, dtype=torch.int32, device=device)
+        if self.counter is None:
+            self.counter = torch.zeros(2, dtype=torch.int32, device=device)
+        if self.claimed is None or self.claimed.shape[0] < num_rows:
+            self.retired += [self.claimed, self.copy_row] if self.claimed is not None else []
+            self.claimed = torch.zeros(num_rows, dtype=torch.int32, device=device)
+            self.copy_row = torch.zeros(num_rows, dtype=torch.int32, device=device)
         if self.copy is None or self.copy.shape[0] < capacity:
             self.retired += [self.source, self.copy] if self.copy is not None else []
             self.source = torch.zeros(capacity, dtype=torch.int32, device=device)
