@@ -205,6 +205,29 @@ def test_a_copy_past_the_free_memory_runs_the_fallback(monkeypatch):
     assert fresh.copy is not None and len(calls) == 1
 
 
+def test_the_copy_compacts_into_its_fallbacks_buffers():
+    """An automatic plan's copy route and its FP8 fallback run one at a time: the copy compacts
+    into the fallback's ``[T, topk]`` buffers rather than a second set, and its results hold."""
+    from types import SimpleNamespace
+
+    from fp8mla.dsa.sparse_copy import CopySparseLaunch
+
+    tokens, heads, topk = 3, 16, 40
+    compacted = torch.zeros(tokens, topk, dtype=torch.int32, device=DEVICE)
+    counts = torch.zeros(tokens, dtype=torch.int32, device=DEVICE)
+    fallback = SimpleNamespace(sparse=SimpleNamespace(compacted=compacted, counts=counts))
+    w = planned(tokens, heads, topk)
+    w._launch = CopySparseLaunch(tokens, heads, topk, SM_SCALE, w._workspace, w.device,
+                                 DEVICE == "cpu", fallback)  # fmt: skip
+    assert w._launch.compacted is compacted and w._launch.counts is counts
+    cache = packed_cache(256, 64, device=DEVICE, seed=6)
+    q_nope, q_pe = queries(tokens, heads, device=DEVICE, seed=6)
+    idx = random_indices(tokens, topk, 256, seed=6, pad=0.1, device=DEVICE)
+    out, lse = w.run(q_nope, q_pe, cache, idx, return_lse=True)
+    check(out, lse, q_nope, q_pe, cache, idx)
+    assert int(counts.sum()) > 0  # the fallback's buffers held this call's lists
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_SM90, reason="the planner takes the copy on SM90")
 def test_gpu_automatic_plan_falls_back_to_the_fp8_kernel(monkeypatch):
@@ -222,6 +245,8 @@ def test_gpu_automatic_plan_falls_back_to_the_fp8_kernel(monkeypatch):
     w = SparseMLAWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
     w.plan(tokens, heads, topk, 64, torch.bfloat16, SM_SCALE)
     assert w.launch_plan.kernel == "copy16" and w._launch.fallback is not None
+    # one set of compaction buffers for the copy and its fallback (33.5 MB at 4,096 tokens)
+    assert w._launch.compacted.data_ptr() == w._launch.fallback.sparse.compacted.data_ptr()
     out, lse = w.run(q_nope, q_pe, cache, idx, return_lse=True)
     rows = torch.tensor([0, 1, 500, 1023], device="cuda")
     check(out[rows], lse[rows], q_nope[rows], q_pe[rows], cache, idx[rows])

@@ -56,7 +56,8 @@ class CopySparseLaunch:
     the compaction's buffers at ``plan()``; the copy and its work buffers at the first call of
     a cache size. ``fallback``: the launch an automatic plan would have run without the copy,
     run instead by a call whose copy would have to grow past what the device has free (an
-    engine sizes its KV pool before any attention runs, so the copy is outside its budget)."""
+    engine sizes its KV pool before any attention runs, so the copy is outside its budget); the
+    two share one set of compaction buffers, as a call runs one of them."""
 
     def __init__(self, num_tokens: int, num_heads: int, topk: int, sm_scale: float,
                  workspace: torch.Tensor, device: torch.device, interpreted: bool,
@@ -68,8 +69,13 @@ class CopySparseLaunch:
             )
         self.num_tokens, self.topk, self.device = num_tokens, topk, device
         self.fallback = fallback
-        self.compacted = torch.zeros(max(1, num_tokens), topk, dtype=torch.int32, device=device)
-        self.counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
+        shared = getattr(fallback, "sparse", None)
+        if shared is not None:  # the FP8 launch's compaction buffers, [T, topk] and [T]
+            self.compacted, self.counts = shared.compacted, shared.counts
+        else:
+            self.compacted = torch.zeros(max(1, num_tokens), topk, dtype=torch.int32,
+                                         device=device)  # fmt: skip
+            self.counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
         target = launch_target(device, interpreted)
         self.plan, partials, tokens = token_requests(num_tokens, num_heads, topk, workspace,
                                                      device, target, COPY_DTYPE)  # fmt: skip
