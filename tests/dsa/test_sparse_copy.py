@@ -92,7 +92,8 @@ def test_which_plans_take_the_copy():
     u8, bf16 = torch.uint8, torch.bfloat16
     assert copy16_route("auto", sm90, 4096, 128, 2048, u8)  # a prefill chunk at 128 heads
     assert copy16_route("auto", sm90, 1024, 128, 2048, u8)
-    assert not copy16_route("auto", sm90, 4096, 64, 2048, u8)  # not measured at 64 heads
+    assert copy16_route("auto", sm90, 4096, 64, 2048, u8)  # 64 heads: from 4,096 tokens
+    assert not copy16_route("auto", sm90, 2048, 64, 2048, u8)  # level with the FP8 kernel there
     assert not copy16_route("auto", sm90, 256, 128, 2048, u8)  # decode: rows rarely shared
     assert not copy16_route("auto", sm90, 4096, 16, 2048, u8)  # 16 heads: bound by the bytes
     assert not copy16_route("auto", sm120, 4096, 128, 2048, u8)  # measured on SM90 only

@@ -72,11 +72,10 @@ class SparseTable:
     # (``attention.launch.fp8_conversion``'s choices)
     fp8_cvt: str = "auto"
     # bf16 queries over the packed cache take the fp16 copy of the referenced rows and the
-    # dense 16-bit kernels (``sparse_copy.py``) from this many heads (None: only when a plan
-    # names it) and ``copy16_from_entries`` list entries (tokens × topk) on: prefill chunks,
-    # whose tokens choose the same rows again and again
-    copy16_from_heads: int | None = None
-    copy16_from_entries: int = 1 << 21
+    # dense 16-bit kernels (``sparse_copy.py``) at (heads, list entries) pairs: a call of at
+    # least that many heads and tokens × topk entries takes it (none: only when a plan names
+    # it). Prefill chunks, whose tokens choose the same rows again and again
+    copy16_from: tuple[tuple[int, int], ...] = ()
 
     def pick(self, num_heads: int) -> SparseTile:
         if num_heads <= 16:
@@ -111,10 +110,11 @@ SPARSE_TABLES: dict[str, SparseTable] = {
         heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
         fp8qk_from_heads=1,
         fp8_cvt="ptx",
-        # prefill at 128 heads: the 16-bit kernel over the copy, the copy included, is faster
-        # than the FP8 x FP8 kernel (design/sparse.md); at 64 heads the attention it saves is
-        # half as long and the copy as long, so it waits for its measurement there
-        copy16_from_heads=128,
+        # prefill: the 16-bit kernel over the copy, the copy included, is faster than the
+        # FP8 x FP8 kernel at 128 heads from 1,024 tokens of 2,048 entries and at 64 heads
+        # from 4,096 (level at 2,048, slower at 1,024: the copy costs as much, the attention
+        # it saves is half as long; design/sparse.md)
+        copy16_from=((128, 1 << 21), (64, 1 << 23)),
     ),
     "sm100": SparseTable(
         heads16=SparseTile(16, 32, 4, 2, occupancy=3),
@@ -255,11 +255,8 @@ def copy16_route(
         return False
     if target.backend != "cuda" or int(target.arch) != 90:
         return False
-    table = sparse_table(target)
-    first = table.copy16_from_heads
-    return (
-        first is not None and num_heads >= first and num_tokens * topk >= table.copy16_from_entries
-    )
+    entries = num_tokens * topk
+    return any(num_heads >= h and entries >= e for h, e in sparse_table(target).copy16_from)
 
 
 def sm90_kernel(
