@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fp8mla.dsa.layout import TOKEN_BYTES
-from fp8mla.kernels.portable.sparse_gather import gather_rows
+from fp8mla.kernels.portable.sparse_gather import gather_rows, scan_blocks
 
 from conftest import HAS_CUDA, INTERPRETED
 
@@ -41,7 +41,9 @@ def _dequantized(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([ckv, kpe], dim=1).to(dtype)
 
 
-@pytest.mark.parametrize("tokens, topk, num_rows", [(3, 40, 50), (5, 1500, 300), (1, 1, 4)])
+@pytest.mark.parametrize(
+    "tokens, topk, num_rows", [(3, 40, 50), (5, 1500, 300), (1, 1, 4), (2, 700, 9000)]
+)  # 9,000 rows: three blocks of the numbering
 def test_gather_matches_python(tokens, topk, num_rows):
     dtype = torch.float16
     g = torch.Generator().manual_seed(tokens * 31 + topk)
@@ -57,20 +59,21 @@ def test_gather_matches_python(tokens, topk, num_rows):
     inside = {r for row in kept for r in row if 0 <= r < num_rows}
 
     lists, counts = lists.to(DEVICE), counts.to(DEVICE)
-    claimed = torch.zeros(num_rows, dtype=torch.int32, device=DEVICE)
+    claimed = torch.zeros(num_rows, dtype=torch.int8, device=DEVICE)
+    sums = torch.zeros(scan_blocks(num_rows), dtype=torch.int32, device=DEVICE)
     copy_row = torch.zeros(num_rows, dtype=torch.int32, device=DEVICE)
-    counter = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    counter = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     capacity = min(num_rows, tokens * topk)
     source = torch.zeros(capacity, dtype=torch.int32, device=DEVICE)
     copy = torch.full((capacity, 576), float("nan"), dtype=dtype, device=DEVICE)
     for _ in range(2):  # the second call finds the buffers as the first left them
         lists.copy_(before.to(DEVICE))
-        gather_rows(lists, counts, topk, rows, claimed, counter, source, copy_row, copy)
-        assert counter.tolist() == [0, len(inside)]
+        gather_rows(lists, counts, topk, rows, claimed, sums, counter, source, copy_row, copy)
+        assert int(counter) == len(inside)
         assert (claimed == 0).all()
         out, values = lists.cpu(), copy.cpu()
         want = _dequantized(rows.cpu(), dtype)
-        assert sorted(source[: len(inside)].tolist()) == sorted(inside)
+        assert source[: len(inside)].tolist() == sorted(inside)  # in the cache's order
         for t in range(tokens):
             n = int(counts[t])
             assert torch.equal(out[t, n:], before[t, n:])  # past the count: untouched
@@ -86,8 +89,8 @@ def test_an_empty_batch_launches_nothing():
     rows = _packed(4, 0)
     empty = torch.zeros(0, 8, dtype=torch.int32, device=DEVICE)
     counts = torch.zeros(0, dtype=torch.int32, device=DEVICE)
-    claimed = torch.zeros(4, dtype=torch.int32, device=DEVICE)
-    counter = torch.full((2,), 5, dtype=torch.int32, device=DEVICE)
+    claimed = torch.zeros(4, dtype=torch.int8, device=DEVICE)
+    counter = torch.full((1,), 5, dtype=torch.int32, device=DEVICE)
     copy = torch.zeros(1, 576, dtype=torch.float16, device=DEVICE)
-    gather_rows(empty, counts, 8, rows, claimed, counter, counter, counter, copy)
-    assert counter.tolist() == [5, 5] and (claimed == 0).all()
+    gather_rows(empty, counts, 8, rows, claimed, counter, counter, counter, counter, copy)
+    assert int(counter) == 5 and (claimed == 0).all()

@@ -164,32 +164,33 @@ def sparse_builds(target: Target) -> list[tuple[str, Build, str]]:
 
 
 def gather_builds() -> list[tuple[str, Build, str]]:
-    """The fp16 copy's three passes (``kernels/portable/sparse_gather.py``), as ``copy16``
+    """The fp16 copy's five passes (``kernels/portable/sparse_gather.py``), as ``copy16``
     plans launch them."""
-    from fp8mla.kernels.portable.sparse_gather import DEQUANT_ROWS, GATHER_BLOCK
+    from fp8mla.kernels.portable.sparse_gather import (
+        DEQUANT_ROWS,
+        GATHER_BLOCK,
+        SCAN_BLOCK,
+        SCAN_SUMS,
+    )
 
     lists = (("lists_ptr", "i32"), ("counts_ptr", "i32"))
     block = (("BLOCK", GATHER_BLOCK),)
+    scan = (("claimed_ptr", "i8"), ("block_sums_ptr", "i32"))
     passes = (
+        ("claim", lists + (("claimed_ptr", "i8"),), block),
+        ("count", scan, (("BLOCK", SCAN_BLOCK),)),
         (
-            "claim",
-            lists
-            + (
-                ("claimed_ptr", "i32"),
-                ("counter_ptr", "i32"),
-                ("source_ptr", "i32"),
-                ("copy_row_ptr", "i32"),
-            ),
-            block,
-        ),  # fmt: skip
-        ("rewrite", lists + (("copy_row_ptr", "i32"), ("counter_ptr", "i32")), block),
+            "number",
+            scan + (("copy_row_ptr", "i32"), ("source_ptr", "i32"), ("counter_ptr", "i32")),
+            (("BLOCK", SCAN_BLOCK), ("SUMS", SCAN_SUMS)),
+        ),
+        ("rewrite", lists + (("copy_row_ptr", "i32"),), block),
         (
             "dequantize",
             (
                 ("rows_ptr", "u8"),
                 ("source_ptr", "i32"),
                 ("counter_ptr", "i32"),
-                ("claimed_ptr", "i32"),
                 ("copy_ptr", "fp16"),
             ),
             (("ROWS", DEQUANT_ROWS),),

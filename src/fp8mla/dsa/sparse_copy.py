@@ -12,7 +12,7 @@ float64 simulation of 128 heads × 2,048 rows at arbitrary scales). So it takes 
 SM90 FP8 path takes: ``e4m3 × scale`` within fp16's range (scales up to 146).
 
 The copy's capacity is the distinct rows the lists can reference, ``min(cache rows, tokens ×
-topk)``, 1,152 bytes each; it and two int32 arrays over the cache rows (8 bytes a row) are one
+topk)``, 1,152 bytes each; it and its work arrays over the cache rows (5 bytes a row) are one
 set per device,
 shared by the wrappers there and grown at the first call that needs more, never shrunk (a
 2^20-row pool: 1.2 GB, in the order of the bf16 workspace vLLM keeps for its FlashMLA prefill,
@@ -34,7 +34,7 @@ from fp8mla.dsa.sparse_sm90 import (
     token_requests,
 )
 from fp8mla.formats import Scales
-from fp8mla.kernels.portable.sparse_gather import INT32_MAX, gather_rows
+from fp8mla.kernels.portable.sparse_gather import INT32_MAX, gather_rows, scan_blocks
 
 COPY_DTYPE = torch.float16
 # device memory (the driver's count) a growing copy must leave free, for what is allocated
@@ -101,8 +101,8 @@ class CopySparseLaunch:
             self.fallback(q_nope, q_pe, view, indices, topk_length, out, lse)
             return
         compact_lists(self.compacted, self.counts, self.topk, indices, topk_length, c)
-        gather_rows(self.compacted, self.counts, self.topk, c.packed, bufs.claimed, bufs.counter,
-                    bufs.source, bufs.copy_row, bufs.copy)  # fmt: skip
+        gather_rows(self.compacted, self.counts, self.topk, c.packed, bufs.claimed,
+                    bufs.block_sums, bufs.counter, bufs.source, bufs.copy_row, bufs.copy)  # fmt: skip
         copy = bufs.copy.unsqueeze(1)
         self.launch(q_nope, q_pe, copy[..., :NOPE_DIM], copy[..., NOPE_DIM:], out, lse,
                     Scales(ckv=1.0, kpe=1.0))  # fmt: skip
@@ -117,24 +117,27 @@ class CopyBuffers:
     it."""
 
     def __init__(self) -> None:
-        self.claimed = self.copy_row = self.source = self.copy = self.counter = None
+        self.claimed = self.block_sums = self.copy_row = self.source = self.copy = None
+        self.counter = None
         self.retired: list[torch.Tensor] = []
 
     def growth(self, num_rows: int, capacity: int) -> int:
         """The bytes :meth:`fit` would allocate for ``num_rows`` and ``capacity``."""
         need = 0
         if self.claimed is None or self.claimed.shape[0] < num_rows:
-            need += 8 * num_rows
+            need += 5 * num_rows + 4 * scan_blocks(num_rows)
         if self.copy is None or self.copy.shape[0] < capacity:
             need += (4 + 2 * (NOPE_DIM + ROPE_DIM)) * capacity
         return need
 
     def fit(self, num_rows: int, capacity: int, device: torch.device) -> None:
         if self.counter is None:
-            self.counter = torch.zeros(2, dtype=torch.int32, device=device)
+            self.counter = torch.zeros(1, dtype=torch.int32, device=device)
         if self.claimed is None or self.claimed.shape[0] < num_rows:
-            self.retired += [self.claimed, self.copy_row] if self.claimed is not None else []
-            self.claimed = torch.zeros(num_rows, dtype=torch.int32, device=device)
+            if self.claimed is not None:
+                self.retired += [self.claimed, self.block_sums, self.copy_row]
+            self.claimed = torch.zeros(num_rows, dtype=torch.int8, device=device)
+            self.block_sums = torch.zeros(scan_blocks(num_rows), dtype=torch.int32, device=device)
             self.copy_row = torch.zeros(num_rows, dtype=torch.int32, device=device)
         if self.copy is None or self.copy.shape[0] < capacity:
             self.retired += [self.source, self.copy] if self.copy is not None else []
