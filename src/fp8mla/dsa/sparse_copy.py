@@ -13,10 +13,9 @@ SM90 FP8 path takes: ``e4m3 × scale`` within fp16's range (scales up to 146).
 
 The copy's capacity is the distinct rows the lists can reference, ``min(cache rows, tokens ×
 topk)``, 1,152 bytes each; it and its work arrays over the cache rows (5 bytes a row) are one
-set per device,
-shared by the wrappers there and grown at the first call that needs more, never shrunk (a
-2^20-row pool: 1.2 GB, in the order of the bf16 workspace vLLM keeps for its FlashMLA prefill,
-five times the longest context). An engine that sizes its KV pool from a profiled forward pass
+set per device, shared by the wrappers there and grown at the first call that needs more,
+never shrunk (a 2^20-row pool: 1.2 GB, in the order of the bf16 workspace vLLM keeps for its
+FlashMLA prefill, five times the longest context). An engine that sizes its KV pool from a profiled forward pass
 counts it when that pass is a prefill of its largest chunk.
 """
 
@@ -110,11 +109,11 @@ class CopySparseLaunch:
 
 
 class CopyBuffers:
-    """The copy, its source rows, the cache rows' claims and copy rows and the row counter: one
-    set per device, shared by every wrapper on it (an engine's layers run one after another on
-    one stream, as they share their workspace), grown to the largest call and never shrunk. A
-    grown buffer's predecessor is kept, not freed: a CUDA graph captured with it replays into
-    it."""
+    """The copy, its source rows, the cache rows' claims, block counts and copy rows and the
+    row counter: one set per device, shared by every wrapper on it (an engine's layers run one
+    after another on one stream, as they share their workspace), grown to the largest call
+    and never shrunk. A grown buffer's predecessor is kept, not freed: a CUDA graph captured
+    with it replays into it."""
 
     def __init__(self) -> None:
         self.claimed = self.block_sums = self.copy_row = self.source = self.copy = None

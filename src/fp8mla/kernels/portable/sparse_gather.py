@@ -4,9 +4,10 @@ copy, and the lists rewritten to the copy's rows.
 A prefill chunk's query tokens share most of their chosen rows (each row of the bench's random
 lists is chosen ~8 times at 4,096 tokens, a real chunk's far more), so dequantizing each
 referenced row once and running a 16-bit attention kernel over the copy does less conversion
-work than converting every row at every use (``dsa/sparse_copy.py``). Five launches, three over
+work than converting every row at every use (``dsa/sparse_copy.py``). Five launches: two over
 the lists, which the compaction (``sparse_compact.py``) left as rows of the cache at the front
-of each token's ``topk`` entries, ``counts[t]`` of them, and two over the cache's rows:
+of each token's ``topk`` entries, ``counts[t]`` of them, two over the cache's rows and one
+over the copy's:
 
 1. ``claim``: each entry whose row is inside the cache stores 1 in ``claimed[row]`` (int8; a
    plain store, the same value whichever entry lands last).
@@ -35,7 +36,7 @@ import triton.language as tl
 from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, ROPE_OFFSET, SCALE_OFFSET
 from fp8mla.kernels.portable.fp8_decode import CVT_TRITON_INT_E4M3, fp8_bytes_to_f16
 
-INT32_MAX = 2**31 - 1
+INT32_MAX = 2**31 - 1  # the list passes address entry t · topk + k by an int32: fewer than this
 GATHER_BLOCK = 1024  # list entries a program of the list passes handles
 SCAN_BLOCK = 4096  # cache rows a program of the count and number passes handles
 SCAN_SUMS = 1024  # block sums the number pass adds at a time
