@@ -253,8 +253,6 @@ def copy16_route(
         return True
     if kernel != "auto" or kv_dtype.itemsize != 1 or target is None:
         return False
-    if target.backend != "cuda" or int(target.arch) != 90:
-        return False
     entries = num_tokens * topk
     return any(num_heads >= h and entries >= e for h, e in sparse_table(target).copy16_from)
 
