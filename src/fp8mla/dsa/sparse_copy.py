@@ -15,8 +15,8 @@ The copy's capacity is the distinct rows the lists can reference, ``min(cache ro
 topk)``, 1,152 bytes each; it and its work arrays over the cache rows (5 bytes a row) are one
 set per device, shared by the wrappers there and grown at the first call that needs more,
 never shrunk (a 2^20-row pool: 1.2 GB, in the order of the bf16 workspace vLLM keeps for its
-FlashMLA prefill, five times the longest context). An engine that sizes its KV pool from a profiled forward pass
-counts it when that pass is a prefill of its largest chunk.
+FlashMLA prefill, five times the longest context). An engine that sizes its KV pool from a
+profiled forward pass counts it when that pass is a prefill of its largest chunk.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class CopySparseLaunch:
             )
         self.num_tokens, self.topk, self.device = num_tokens, topk, device
         self.fallback = fallback
+        self.buffers = device_buffers(device)  # looked up once: a call only fits them
         shared = getattr(fallback, "sparse", None)
         if shared is not None:  # the FP8 launch's compaction buffers, [T, topk] and [T]
             self.compacted, self.counts = shared.compacted, shared.counts
@@ -85,7 +86,7 @@ class CopySparseLaunch:
     def _buffers(self, num_rows: int) -> CopyBuffers | None:
         """The device's copy buffers, fitted to a cache of ``num_rows`` rows and this plan; None
         where they would have to grow past the free memory and a fallback runs instead."""
-        bufs = device_buffers(self.device)
+        bufs = self.buffers
         capacity = max(1, min(num_rows, self.num_tokens * self.topk))
         need = bufs.growth(num_rows, capacity)
         if need and self.fallback is not None and not copy_fits(self.device, need):
