@@ -168,6 +168,7 @@ def gather_builds() -> list[tuple[str, Build, str]]:
     plans launch them."""
     from fp8mla.kernels.portable.sparse_gather import (
         DEQUANT_ROWS,
+        DEQUANT_WARPS,
         GATHER_BLOCK,
         SCAN_BLOCK,
         SCAN_SUMS,
@@ -196,5 +197,7 @@ def gather_builds() -> list[tuple[str, Build, str]]:
             (("ROWS", DEQUANT_ROWS),),
         ),  # fmt: skip
     )
-    return [(f"copy16 {name}", Build(f"{GATHER}:_{name}_kernel", ptrs, consts, 4), "")
+    warps = {"dequantize": DEQUANT_WARPS}
+    return [(f"copy16 {name}", Build(f"{GATHER}:_{name}_kernel", ptrs, consts,
+                                     warps.get(name, 4)), "")
             for name, ptrs, consts in passes]  # fmt: skip

@@ -40,7 +40,8 @@ INT32_MAX = 2**31 - 1  # the list passes address entry t · topk + k by an int32
 GATHER_BLOCK = 1024  # list entries a program of the list passes handles
 SCAN_BLOCK = 4096  # cache rows a program of the count and number passes handles
 SCAN_SUMS = 1024  # block sums the number pass adds at a time
-DEQUANT_ROWS = 16  # copy rows a dequantize program writes
+DEQUANT_ROWS = 8  # copy rows a dequantize program writes
+DEQUANT_WARPS = 8  # its warps (the shapes timed: docs/design/sparse.md, the fp16 copy)
 # the packed row's layout, as the compiled kernels read globals
 _LATENT = tl.constexpr(NOPE_DIM)
 _ROPE = tl.constexpr(ROPE_DIM)
@@ -148,7 +149,7 @@ def gather_rows(lists, counts, topk: int, rows, claimed, block_sums, counter, so
                            BLOCK=SCAN_BLOCK, SUMS=SCAN_SUMS)  # fmt: skip
     _rewrite_kernel[grid](lists, counts, copy_row, topk, num_rows, BLOCK=GATHER_BLOCK)
     _dequantize_kernel[(triton.cdiv(copy.shape[0], DEQUANT_ROWS),)](
-        rows, rows.stride(0), source, counter, copy, ROWS=DEQUANT_ROWS
+        rows, rows.stride(0), source, counter, copy, ROWS=DEQUANT_ROWS, num_warps=DEQUANT_WARPS
     )
 
 
