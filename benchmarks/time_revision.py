@@ -171,7 +171,7 @@ def main() -> int:
     ap.add_argument(
         "--sparse-kernel",
         default="auto",
-        help="plan()'s kernel for the sparse cases (auto, portable, fp8qk, pingpong8)",
+        help="plan()'s kernel for the sparse cases (auto, portable, fp8qk, pingpong8, pingpong)",
     )
     args = ap.parse_args()
     if args.sparse_lists != "plan":

@@ -1,6 +1,7 @@
 """Which kernel a sparse plan takes (``sparse_plan.sm90_kernel``): the SM90
 FP8 × FP8 kernel for bf16 queries over the packed cache where the target's table says so, the
 FP8 ping-pong kernel where a plan names it (or a table takes it from some head count on), the
+16-bit ping-pong kernel where a plan names it, the
 portable kernel elsewhere, and a ValueError naming the reason when a named SM90 kernel cannot
 serve."""
 
@@ -37,7 +38,7 @@ def test_auto_keeps_the_portable_kernel_elsewhere(target, q, kv, interp):
     [(SM90, FP16, U8, "bf16 queries"), (SM90, BF16, BF16, "packed FP8 cache"),
      (TARGETS["sm120"], BF16, U8, "SM90")],
 )  # fmt: skip
-@pytest.mark.parametrize("kernel", ["fp8qk", "pingpong8"])
+@pytest.mark.parametrize("kernel", ["fp8qk", "pingpong8", "pingpong"])
 def test_sm90_kernel_asked_where_it_cannot_serve_says_why(target, q, kv, why, kernel):
     with pytest.raises(ValueError, match=f'"{kernel}".*{why}'):
         sm90_kernel(kernel, target, 32, q, kv, interpreted=False)
@@ -50,6 +51,7 @@ def test_pingpong8_only_where_named_on_the_sm90_table(heads):
     assert SPARSE_TABLES["sm90"].pingpong8_from_heads is None
     assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == "fp8qk"
     assert sm90_kernel("pingpong8", SM90, heads, BF16, U8, interpreted=False) == "pingpong8"
+    assert sm90_kernel("pingpong", SM90, heads, BF16, U8, interpreted=False) == "pingpong"
     assert sm90_kernel("portable", SM90, heads, BF16, U8, interpreted=False) is None
 
 
@@ -64,20 +66,21 @@ def test_a_table_takes_pingpong8_from_its_head_count_on(monkeypatch, heads, want
     assert sm90_kernel("fp8qk", SM90, heads, BF16, U8, interpreted=False) == "fp8qk"
 
 
-def test_pingpong8_plans_compacted_lists_and_16bit_rope():
-    """The ping-pong kernel has no in-place lists build: a plan asking for one is refused
-    before anything is allocated, and its options are the 16-bit RoPE mode alone (the launch
-    adds ``WAIT_PRIOR`` where it is the compaction's dependent)."""
+@pytest.mark.parametrize("config", ["pingpong8", "pingpong"])
+def test_pingpong_kernels_plan_compacted_lists_and_16bit_rope(config):
+    """The ping-pong kernels have no in-place lists build: a plan asking for one is refused
+    before anything is allocated, and their options are the 16-bit RoPE mode alone (the
+    launch adds ``WAIT_PRIOR`` where it is the compaction's dependent)."""
     from fp8mla.dsa.sparse_sm90 import fp8qk_options, fp8qk_sparse, sparse_options
 
     with pytest.raises(ValueError, match="compacted lists"):
         fp8qk_sparse(1, 128, 2048, 0.1, torch.empty(0, dtype=U8), torch.device("cpu"),
-                     lists=True, config="pingpong8")  # fmt: skip
-    with pytest.raises(ValueError, match="fp8qk or pingpong8"):
+                     lists=True, config=config)  # fmt: skip
+    with pytest.raises(ValueError, match="fp8qk.*pingpong8.*pingpong"):
         fp8qk_sparse(1, 128, 2048, 0.1, torch.empty(0, dtype=U8), torch.device("cpu"),
                      config="rows")  # fmt: skip
     for waits in (False, True):
-        assert sparse_options("pingpong8", waits) == {"ROPE_16BIT": True}
+        assert sparse_options(config, waits) == {"ROPE_16BIT": True}
         for lists in (False, True):
             assert sparse_options("fp8qk", waits, lists) == fp8qk_options(waits, lists)
 
@@ -86,8 +89,8 @@ def test_the_wrapper_names_the_sm90_kernels_in_its_error():
     import fp8mla
 
     w = fp8mla.SparseMLAWrapper(torch.empty(1 << 20, dtype=U8))
-    with pytest.raises(ValueError, match="fp8qk, pingpong8 or copy16"):
-        w.plan(1, 16, 64, 64, BF16, 0.1, kernel="pingpong")
+    with pytest.raises(ValueError, match="fp8qk, pingpong8, pingpong or copy16"):
+        w.plan(1, 16, 64, 64, BF16, 0.1, kernel="pingpong16")
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Sparse MLA attention through the SM90 Gluon kernels (``fp8mla.dsa.sparse_sm90``: the FP8 × FP8
-kernel, and the FP8 ping-pong kernel where named) against float64 on the same packed bytes, on
+kernel, and the FP8 and 16-bit ping-pong kernels where named) against float64 on the same packed bytes, on
 an H200: one token to a prefill chunk, 16 to 128 heads,
 -1 padding, ``topk_length``, tokens with nothing to attend to (out 0, LSE +inf), ids outside
 the cache (that token's rows NaN, the others exact), duplicates, both vLLM's and SGLang's cache
@@ -88,7 +88,7 @@ def _rel(a, b):
     [(1, 32, 2048, 1 << 16, 64), (4, 16, 64, 4096, 1), (3, 64, 300, 8192, 64),
      (2, 128, 2048, 1 << 16, 64), (64, 16, 517, 1 << 15, 64), (512, 128, 128, 1 << 14, 64)],
 )  # fmt: skip
-@pytest.mark.parametrize("config", ["fp8qk", "pingpong8"])
+@pytest.mark.parametrize("config", ["fp8qk", "pingpong8", "pingpong"])
 def test_matches_float64(tokens, heads, topk, slots, page, config):
     torch.manual_seed(tokens * 7 + heads)
     cache, used = _cache(slots, page, tokens)
@@ -149,7 +149,7 @@ def test_lists_in_place_and_compacted_agree_with_float64(tokens, heads, topk):
                 assert (out.cpu()[empty] == 0).all()
 
 
-@pytest.mark.parametrize("config, heads", [("fp8qk", 32), ("pingpong8", 128)])
+@pytest.mark.parametrize("config, heads", [("fp8qk", 32), ("pingpong8", 128), ("pingpong", 128)])
 def test_bad_ids_poison_only_their_token(config, heads):
     cache, used = _cache(4096, 64, 3)
     indices = used[torch.randint(0, used.numel(), (4, 96), device="cuda")].to(torch.int32)
@@ -193,7 +193,8 @@ def test_pages_with_a_gap_read_the_same_rows():
 
 
 @pytest.mark.parametrize("config, lists, h_n", [("fp8qk", True, 32), ("fp8qk", False, 32),
-                                               ("pingpong8", False, 128)])  # fmt: skip
+                                               ("pingpong8", False, 128),
+                                               ("pingpong", False, 128)])  # fmt: skip
 def test_cuda_graph_replays_new_indices(config, lists, h_n):
     from fp8mla.dsa.layout import token_view
     from fp8mla.dsa.sparse_sm90 import fp8qk_sparse, run_fp8qk_sparse
@@ -233,10 +234,11 @@ def test_cuda_graph_replays_new_indices(config, lists, h_n):
         assert _rel(lse, ref_lse) <= 1e-4
 
 
+@pytest.mark.parametrize("kernel", ["pingpong8", "pingpong"])
 @pytest.mark.parametrize("heads", [64, 128])
-def test_the_wrapper_runs_pingpong8_where_named(heads):
-    """``SparseMLAWrapper.plan(kernel="pingpong8")``: the plan names the kernel, the call
-    matches float64 (the public route to the ping-pong kernel's sparse build)."""
+def test_the_wrapper_runs_a_pingpong_kernel_where_named(heads, kernel):
+    """``SparseMLAWrapper.plan(kernel="pingpong8" or "pingpong")``: the plan names the kernel,
+    the call matches float64 (the public route to the ping-pong kernels' sparse builds)."""
     import fp8mla
 
     cache, used = _cache(1 << 15, 64, 13)
@@ -245,8 +247,8 @@ def test_the_wrapper_runs_pingpong8_where_named(heads):
     q_nope = torch.randn(3, heads, 512, device="cuda", dtype=torch.bfloat16)
     q_pe = torch.randn(3, heads, 64, device="cuda", dtype=torch.bfloat16)
     w = fp8mla.SparseMLAWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
-    w.plan(3, heads, 700, 64, torch.bfloat16, SM_SCALE, kernel="pingpong8")
-    assert w._plan.kernel == "pingpong8"
+    w.plan(3, heads, 700, 64, torch.bfloat16, SM_SCALE, kernel=kernel)
+    assert w._plan.kernel == kernel
     out, lse = w.run(q_nope, q_pe, cache, indices, return_lse=True)
     ref, ref_lse = _reference(q_nope, q_pe, cache, indices.cpu(), None)
     assert _rel(out, ref) <= 3e-3

@@ -122,16 +122,18 @@ class SparseMLAWrapper:
         float8_e4m3fn) for the packed cache, bf16/fp16 for a 16-bit one. ``num_splits`` and
         ``tile`` override the planner (tuning, tests); ``fp8_cvt`` the e4m3 decoding (auto: the
         target's table's; ptx, int, portable, native). ``kernel``: ``"auto"`` (the target's
-        table), ``"portable"`` (the Triton kernel every target runs), ``"fp8qk"`` or
-        ``"pingpong8"`` (SM90, bf16 queries, the packed cache with its token rows following each
-        other: the dense path's FP8 × FP8 decode kernel, or its FP8 ping-pong kernel of 64-row
-        tiles for many heads; ``fp8mla.dsa.sparse_sm90``), or ``"copy16"`` (the packed cache
+        table), ``"portable"`` (the Triton kernel every target runs), ``"fp8qk"``,
+        ``"pingpong8"`` or ``"pingpong"`` (SM90, bf16 queries, the packed cache with its token
+        rows following each other: the dense path's FP8 × FP8 decode kernel, or its ping-pong
+        kernels of 64-row tiles for many heads -- FP8 stages, or fp16 tiles converted once by a
+        producer warpgroup; ``fp8mla.dsa.sparse_sm90``), or ``"copy16"`` (the packed cache
         with its token rows following each other: the rows the lists reference dequantized
         once a call into an fp16 copy, then the dense path's 16-bit kernels; SM90's choice for
         prefill chunks at 128 heads; ``fp8mla.dsa.sparse_copy``)."""
         if kernel not in ("auto", "portable", COPY16, *SM90_KERNELS):
             raise ValueError(
-                f"expected kernel auto, portable, fp8qk, pingpong8 or copy16, got {kernel!r}"
+                f"expected kernel auto, portable, fp8qk, pingpong8, pingpong or copy16, got "
+                f"{kernel!r}"
             )
         for name, value, lo, hi in (
             ("num_tokens", num_tokens, 1, None),

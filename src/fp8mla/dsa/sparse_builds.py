@@ -97,6 +97,34 @@ def sm90_rope16_builds(target: Target) -> list[tuple[str, Build, str]]:
             label = v.split(" ", 1)[1].replace("direct", "direct+group")
             out.append((f"packed {label} rope16", _packed_scales(job.build, opts),
                         "pingpong8-rope16"))  # fmt: skip
+    out += _pingpong16_builds(target)
+    return out
+
+
+def _pingpong16_builds(target: Target) -> list[tuple[str, Build, str]]:
+    """The 16-bit ping-pong kernel's sparse builds (split and direct, page size 1): the dense
+    matrix's bf16 32-token builds over the packed rows -- e4m3 bytes converted to fp16 by the
+    producer times their token-group scales, the RoPE part bf16 (``ROPE_16BIT``)."""
+    from fp8mla.attention.launch import fp8_conversion
+    from fp8mla.tools.compile_matrix import attention_jobs
+
+    # the decoding the launch takes for this kernel's SM90 tile (its KernelConfig's "ptx")
+    cvt = fp8_conversion(torch.float8_e4m3fn, torch.device("cuda"), False, "ptx", target)
+    out = []
+    for job in attention_jobs(target):
+        v = job.variant
+        if not (v.startswith("bf16") and job.build.kernel.endswith(":_mla_pingpong_kernel")):
+            continue
+        consts = dict(job.build.constexprs)
+        if consts["BLOCK_N"] != 32:
+            continue
+        consts.update(PAGE_SIZE=1, TOKEN_GROUP=True, DOT_DTYPE="tl.float16", FP8_CVT=cvt,
+                      **sparse_options("pingpong", False))  # fmt: skip
+        ptrs = dict(job.build.pointers, ckv_ptr="u8", kpe_ptr="u8", ckv_scale_ptr="u8",
+                    kpe_scale_ptr="u8")  # fmt: skip
+        build = dataclasses.replace(job.build, pointers=tuple(ptrs.items()))
+        label = v.split(" ", 1)[1].rsplit(" ", 1)[0] + "+group"
+        out.append((f"packed {label} rope16", _packed_scales(build, consts), "pingpong-rope16"))
     return out
 
 

@@ -188,7 +188,7 @@ class SparsePlan:
     split_len: int
     merge_block_d: int = 512
     merge_block_s: int = 1
-    # "portable" (kernels/portable/sparse_mla.py), on SM90 "fp8qk" or "pingpong8"
+    # "portable" (kernels/portable/sparse_mla.py), on SM90 "fp8qk", "pingpong8" or "pingpong"
     # (sparse_sm90.py), or "copy16" (sparse_copy.py: the dense 16-bit kernels over an fp16
     # copy of the referenced rows)
     kernel: str = "portable"
@@ -229,7 +229,7 @@ def merge_blocks(rows: int, splits: int, sms: int) -> tuple[int, int]:
     return block_d, block_s
 
 
-SM90_KERNELS = ("fp8qk", "pingpong8")  # the dense path's Gluon kernels a sparse plan can take
+SM90_KERNELS = ("fp8qk", "pingpong8", "pingpong")  # the dense path's Gluon kernels a sparse plan can take
 COPY16 = "copy16"  # the dense 16-bit kernels over an fp16 copy of the referenced rows
 
 

@@ -1,6 +1,8 @@
 """Sparse MLA attention on SM90 through the dense path's Gluon kernels: the FP8 × FP8 decode
-kernel (``kernels/sm90/fp8qk.py``) or, named by the plan, the FP8 ping-pong kernel of 64-row
-tiles (``kernels/sm90/pingpong8.py``, many heads).
+kernel (``kernels/sm90/fp8qk.py``) or, named by the plan, a ping-pong kernel of 64-row tiles
+(many heads): the FP8 one (``kernels/sm90/pingpong8.py``) or the 16-bit one
+(``kernels/sm90/pingpong.py``), whose producer warpgroup converts each row to fp16 once, times
+its group scales, for both consumers' products.
 
 A sparse query token is a paged-attention request of page size 1 whose page table is its own
 index list. Where one program a split reads each list (a token's rows in one row tile) or each
@@ -12,7 +14,7 @@ the entries a token attends to at the front, turned into rows, their count as th
 length). The kernel reads the packed ``fp8_ds_mla`` rows in place -- the latent part's e4m3
 bytes as its FP8 pool, the four float32 scales as its per-token, per-128-channel scales, the
 bf16 RoPE part in its 16-bit RoPE mode (``ROPE_16BIT``). On the FP8 × FP8 kernel rows of 16 to
-32 heads run as one tile a token, more heads as 32-row tiles; on the ping-pong kernel as 64-row
+32 heads run as one tile a token, more heads as 32-row tiles; on the ping-pong kernels as 64-row
 tiles (two a token at 128 heads), over compacted lists only. Long lists split over the GPU
 with the dense split merge. The dense path's conventions (base-2 LSE, -inf for a token with
 nothing to attend to) are turned into the sparse API's (natural log, +inf) here.
@@ -41,6 +43,10 @@ from fp8mla.attention.workspace import split_capacity, split_partials
 from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, ROPE_OFFSET, SCALE_OFFSET, TOKEN_BYTES
 from fp8mla.formats import Scales
 
+# the dense kernels a sparse plan takes here: the FP8 × FP8 decode kernel, then the ping-pong
+# kernels of 64-row tiles (FP8 stages; fp16 tiles converted by the producer)
+PINGPONG_CONFIGS = ("pingpong8", "pingpong")
+CONFIGS = ("fp8qk",) + PINGPONG_CONFIGS
 COMPACT_MAX_BLOCK = 4096  # index-list entries per step of the compaction, at most
 # 64-token tiles a split of a token's list may read for the plan to read the lists in place
 # when a token's rows take several row tiles (each of which reads the list)
@@ -117,16 +123,16 @@ def fp8qk_sparse(
     config: str = "fp8qk",
 ) -> FP8QKSparse:
     """Plan ``num_tokens`` query tokens of ``num_heads`` heads, each over its own ``topk``
-    slots, on the dense kernel ``config`` (``"fp8qk"`` or ``"pingpong8"``): one request of
-    page size 1 per token. The FP8 × FP8 kernel reads the index lists in place where
-    :func:`plans_lists` (``lists``: True or False in its place); the ping-pong kernel reads
-    compacted lists only."""
-    if config == "pingpong8":
+    slots, on the dense kernel ``config`` (:data:`CONFIGS`): one request of page size 1 per
+    token. The FP8 × FP8 kernel reads the index lists in place where :func:`plans_lists`
+    (``lists``: True or False in its place); the ping-pong kernels read compacted lists
+    only."""
+    if config in PINGPONG_CONFIGS:
         if lists:
-            raise ValueError('expected compacted lists (lists=None or False) for "pingpong8"')
+            raise ValueError(f'expected compacted lists (lists=None or False) for "{config}"')
         lists = False
     elif config != "fp8qk":
-        raise ValueError(f"expected config fp8qk or pingpong8, got {config!r}")
+        raise ValueError(f"expected a config among {CONFIGS}, got {config!r}")
     compacted = torch.zeros(max(1, num_tokens * topk), dtype=torch.int32, device=device)
     counts = torch.zeros(num_tokens, dtype=torch.int32, device=device)
     target = launch_target(device, False)
@@ -207,10 +213,10 @@ def token_attention(plan: LaunchPlan, num_heads: int, sm_scale: float, tokens: t
 
 def sparse_options(config: str, waits: bool, lists: bool = False) -> dict:
     """The sparse path's options of the dense kernel ``config``: :func:`fp8qk_options`, or
-    for the ping-pong kernel the RoPE part in bf16 (a programmatic dependent of the
+    for the ping-pong kernels the RoPE part in bf16 (a programmatic dependent of the
     compaction waits for it at its start, as the dense launches do: ``WAIT_PRIOR``, set by
     the launch)."""
-    if config == "pingpong8":
+    if config in PINGPONG_CONFIGS:
         return {"ROPE_16BIT": True}
     return fp8qk_options(waits, lists)
 
@@ -334,9 +340,8 @@ def natural_lse(lse: torch.Tensor | None) -> None:
 
 
 class FP8QKSparseLaunch:
-    """The launch ``SparseMLAWrapper`` keeps for a plan on an SM90 kernel (``config``:
-    ``"fp8qk"`` or ``"pingpong8"``): :func:`fp8qk_sparse` once, :func:`run_fp8qk_sparse` per
-    call."""
+    """The launch ``SparseMLAWrapper`` keeps for a plan on an SM90 kernel (``config`` among
+    :data:`CONFIGS`): :func:`fp8qk_sparse` once, :func:`run_fp8qk_sparse` per call."""
 
     def __init__(self, num_tokens: int, num_heads: int, topk: int, sm_scale: float,
                  workspace: torch.Tensor, device: torch.device,

@@ -266,12 +266,13 @@ def stage_query(
     q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads, num_tokens,
     pe_factor,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    BLOCK_M: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr, DOT_DTYPE: gl.constexpr,
+    BLOCK_M: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     ROW0: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[ROW0, ROW0 + ROWS)`` of the tile's query rows (row = token × heads + head) into
-    the same rows of shared memory in the dot dtype, ``q_pe`` times ``pe_factor``; rows past
-    ``rows_total`` as 0. Run by ``WARPS`` warps (a partition's)."""
+    the same rows of shared memory, each part in its buffer's dtype (the dot dtype; the RoPE
+    part bf16 beside a packed cache's bf16 RoPE values), ``q_pe`` times ``pe_factor``; rows
+    past ``rows_total`` as 0. Run by ``WARPS`` warps (a partition's)."""
     q_ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [WARPS, 1], [1, 0])
     pe_ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     if ROWS == BLOCK_M:
@@ -287,14 +288,14 @@ def stage_query(
     for c in gl.static_range(D_CKV // CHUNK):
         d = c * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(0, q_ld))
         q = gl.load(q_rows[:, None] + d[None, :], mask=r_ok[:, None], other=0.0)
-        q_dst.slice(c * CHUNK, CHUNK, dim=1).store(q.to(DOT_DTYPE))
+        q_dst.slice(c * CHUNK, CHUNK, dim=1).store(q.to(q_dst.dtype))
     rp = m_tile * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, pe_ld))
     rp_ok = (rp < rows_total) & (q_start + rp // num_heads < num_tokens)
     qp_rows = q_pe_ptr + (q_start + rp // num_heads).to(gl.int64) * stride_qp_t
     qp_rows += (rp % num_heads) * stride_qp_h
     e = gl.arange(0, D_KPE, layout=gl.SliceLayout(0, pe_ld))
     qp = gl.load(qp_rows[:, None] + e[None, :], mask=rp_ok[:, None], other=0.0)
-    qpe_dst.store((qp.to(gl.float32) * pe_factor).to(DOT_DTYPE))
+    qpe_dst.store((qp.to(gl.float32) * pe_factor).to(qpe_dst.dtype))
     fence_async_shared()
     thread_barrier()
 

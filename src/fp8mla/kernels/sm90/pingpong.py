@@ -293,7 +293,7 @@ def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV
      kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor, v_scale,
      stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_o_split, stride_o_t, stride_o_h,
      stride_lse_split, stride_lse_t) = args  # fmt: skip
-    DOT_DTYPE: gl.constexpr = qpe_smem.dtype
+    DOT_DTYPE: gl.constexpr = q_smem.dtype
     HALF: gl.constexpr = D_CKV // 2
     V0: gl.constexpr = ROLE * HALF
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -309,7 +309,7 @@ def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV
         q_smem if BLOCK_N == 32 else q_smem.index(0), qpe_smem, q_nope_ptr, q_pe_ptr, m_tile,
         q_start, rows_total, num_heads,
         num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV,
-        D_KPE, DOT_DTYPE, ROLE * (BLOCK_M // 2), BLOCK_M // 2, 4,
+        D_KPE, ROLE * (BLOCK_M // 2), BLOCK_M // 2, 4,
     )  # fmt: skip
     mbarrier.arrive(q_ready)
     mbarrier.wait(q_ready, 0)  # both halves staged
@@ -408,6 +408,7 @@ def _mla_pingpong_kernel(
     WRITE_LSE: gl.constexpr,
     FP8_CVT: gl.constexpr,
     WHOLE_TILE: gl.constexpr = True,
+    ROPE_16BIT: gl.constexpr = False,
 ):
     gl.static_assert(BLOCK_M == 64, "64 query rows per program")
     gl.static_assert(BLOCK_N == 32 or BLOCK_N == 64, "32- or 64-token KV tiles")
@@ -417,6 +418,9 @@ def _mla_pingpong_kernel(
     IS16: gl.constexpr = ckv_ptr.dtype.element_ty.primitive_bitwidth == 16
     gl.static_assert(not (IS16 and TOKEN_GROUP), "token-group scales come with FP8 KV")
     gl.static_assert(IS16 or BLOCK_N == 32, "64-token tiles are copied, not converted: 16-bit KV")
+    gl.static_assert(not (IS16 and ROPE_16BIT), "a bf16 RoPE part beside FP8 latent bytes")
+    # the RoPE operands: bf16 as the packed cache holds them (ROPE_16BIT), else the dot dtype
+    PE_DTYPE: gl.constexpr = gl.bfloat16 if ROPE_16BIT else DOT_DTYPE
     NBUF: gl.constexpr = BUFFERED // BLOCK_N
 
     sh: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -429,9 +433,9 @@ def _mla_pingpong_kernel(
         q_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_CKV], sh)
     else:
         q_smem = gl.allocate_shared_memory(DOT_DTYPE, [1, BLOCK_M, D_CKV], sh)
-    qpe_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_KPE], sh)
+    qpe_smem = gl.allocate_shared_memory(PE_DTYPE, [BLOCK_M, D_KPE], sh)
     k_bufs = gl.allocate_shared_memory(DOT_DTYPE, [NBUF, BLOCK_N, D_CKV], sh)
-    kpe_bufs = gl.allocate_shared_memory(DOT_DTYPE, [NBUF, BLOCK_N, D_KPE], sh)
+    kpe_bufs = gl.allocate_shared_memory(PE_DTYPE, [NBUF, BLOCK_N, D_KPE], sh)
     p_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, BLOCK_N], p_sh)
     stat_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_sh)  # maximum, factor
     l_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_sh)
@@ -479,14 +483,14 @@ def _mla_pingpong_kernel(
             [(_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
              (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1)),
              (pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
-                             WHOLE_TILE, NBUF))],
+                             WHOLE_TILE, NBUF, ROPE_16BIT))],
             [4, PRODUCER_WARPS],
             [CONSUMER_REGS, PRODUCER_REGS],
         )  # fmt: skip
     else:  # the copier the default partition, both consumers workers
         gl.warp_specialize(
             [(pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
-                             WHOLE_TILE, NBUF)),
+                             WHOLE_TILE, NBUF, ROPE_16BIT)),
              (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
              (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1))],
             [4, 4],

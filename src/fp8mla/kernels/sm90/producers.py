@@ -60,13 +60,14 @@ def kv_producer(
     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, NBUF: gl.constexpr,
-    WHOLE_TILE: gl.constexpr,
+    WHOLE_TILE: gl.constexpr, ROPE_16BIT: gl.constexpr = False,
 ):  # fmt: skip
     """The producer: each KV tile of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared tile
     ``j % NBUF`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the NaN row),
     with ``TOKEN_GROUP`` each 128 columns times their tokens' group scale; ``ready`` is
     signalled when a tile is in place, ``empty`` is waited for before a buffer is
-    overwritten.
+    overwritten. ``ROPE_16BIT``: the RoPE part is bf16 values, ``2 · D_KPE`` bytes a token at
+    ``kpe_ptr`` (the packed sparse cache's), stored as they are into bf16 ``kpe_bufs``.
 
     Its loads are latency-bound (one warpgroup, 96 registers), so: the RoPE bytes are loaded
     with the first latent chunk, each chunk's bytes while the previous chunk is converted (all
@@ -107,7 +108,11 @@ def kv_producer(
             stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE,
         )  # fmt: skip
         pe_ok = gl.convert_layout(ok, pe_rows_l)
-        xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
+        if ROPE_16BIT:  # the row's byte offset, then bf16 elements
+            pe_at = (kpe_ptr + pe_rows).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+            xp = gl.load(pe_at[:, None] + e[None, :], mask=pe_ok[:, None], other=0.0)
+        else:
+            xp = gl.load(kpe_ptr + pe_rows[:, None] + e[None, :], mask=pe_ok[:, None], other=0)
         # the next tile: its page-table entries (loaded a tile ago: their latency has passed)
         # and its latent rows into the L2; the entries of the tile after it requested
         next_pos = pos + BLOCK_N
@@ -140,7 +145,10 @@ def kv_producer(
                 k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
                 if c + 1 < D_CKV // CHUNK:
                     x = x_next
-        kpe_bufs.index(buf).store(fp8_to_f16(xp, FP8_CVT))
+        if ROPE_16BIT:
+            kpe_bufs.index(buf).store(xp)
+        else:
+            kpe_bufs.index(buf).store(fp8_to_f16(xp, FP8_CVT))
         # all four warps' stores are visible to wgmma before one thread signals
         fence_async_shared()
         thread_barrier()
@@ -406,7 +414,7 @@ def _prefetch_tile(
 def pingpong_producer(
     args, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
     D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
-    WHOLE_TILE: gl.constexpr, NBUF: gl.constexpr,
+    WHOLE_TILE: gl.constexpr, NBUF: gl.constexpr, ROPE_16BIT: gl.constexpr = False,
 ):  # fmt: skip
     """The ping-pong kernel's producer warpgroup (``pingpong.py``): 16-bit tiles copied by
     ``cp.async`` (:func:`kv_copier`; by column halves for 64-token tiles,
@@ -432,5 +440,5 @@ def pingpong_producer(
             k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
             n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
             stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
-            BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE,
+            BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE, ROPE_16BIT,
         )  # fmt: skip

@@ -82,7 +82,7 @@ def _attn_consumer(
     stage_query(
         q_smem, qpe_smem, q_nope_ptr, q_pe_ptr, m_tile, q_start, rows_total, num_heads,
         num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV, D_KPE,
-        DOT_DTYPE, 0, BLOCK_M, 8,
+        0, BLOCK_M, 8,
     )  # fmt: skip
 
     rs = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=s_rows)
