@@ -386,12 +386,19 @@ def captured(call) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def seeded_lengths(tokens: int, low: int, high: int, seed: int) -> torch.Tensor:
+    """``tokens`` list lengths drawn from ``[low, high]`` by ``seed`` (int32, on the GPU):
+    the same values in every test process, whatever ran in it before."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high + 1, (tokens,), generator=gen, dtype=torch.int32).cuda()
+
+
 def replay_new_lists(graph, idx, length, seed):
     """``graph`` replayed after new index lists (10% -1) and lengths (0 to topk) are written
     in place of ``idx`` and ``length``."""
     tokens, topk = idx.shape
     idx.copy_(random_indices(tokens, topk, POOL, seed=seed, pad=0.1, device="cuda"))
-    length.copy_(torch.randint(0, topk + 1, (tokens,), device="cuda", dtype=torch.int32))
+    length.copy_(seeded_lengths(tokens, 0, topk, seed))
     graph.replay()
     torch.cuda.synchronize()
 
@@ -421,7 +428,7 @@ def test_gpu_few_tokens_merging_in_the_grid(monkeypatch, tokens, heads):
     topk = 2048
     q_nope, q_pe, cache, idx = gpu_case(tokens, heads, topk, seed=8, pad=0.1)
     idx[0, 5] = POOL  # outside the cache: token 0 NaN
-    length = torch.randint(1, topk + 1, (tokens,), device="cuda", dtype=torch.int32)
+    length = seeded_lengths(tokens, 1, topk, seed=8)
     length[-1] = 0 if tokens > 1 else length[-1]  # nothing to attend to: 0 and +inf
     w = SparseMLAWrapper(workspace(64 << 20), use_cuda_graph=True)
     w.plan(tokens, heads, topk, 64, torch.bfloat16, SM_SCALE)
@@ -442,6 +449,37 @@ def test_gpu_few_tokens_merging_in_the_grid(monkeypatch, tokens, heads):
     for seed in (9, 10):
         replay_new_lists(graph, idx, length, seed)
         check(out, lse, q_nope, q_pe, cache, idx, length)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_gpu_merging_in_the_grid_at_split_edges(monkeypatch, tokens):
+    """Lengths at and beside the splits' edges (one 64-entry tile a split at one token: none,
+    one entry, a split's last entry, whole splits and one past, the whole list), each token a
+    different one: against float64 and the merge launch, eagerly and in graph replays."""
+    topk = 2048
+    q_nope, q_pe, cache, idx = gpu_case(tokens, 32, topk, seed=11, pad=0.1)
+    edges = [0, 1, 63, 64, 65, 127, 128, 1024, 1983, 1984, 1985, 2047, 2048]
+    w = SparseMLAWrapper(workspace(64 << 20), use_cuda_graph=True)
+    w.plan(tokens, 32, topk, 64, torch.bfloat16, SM_SCALE)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert w._launch.sparse.lists.merge_in_grid
+    out = torch.empty(tokens, 32, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(tokens, 32, dtype=torch.float32, device="cuda")
+    length = torch.zeros(tokens, dtype=torch.int32, device="cuda")
+    graph = captured(lambda: w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse))
+    for first in range(0, len(edges), tokens):
+        chosen = [edges[(first + t) % len(edges)] for t in range(tokens)]
+        length.copy_(torch.tensor(chosen, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, lse, q_nope, q_pe, cache, idx, length)
+        w.run(q_nope, q_pe, cache, idx, length, out=out, lse=lse)
+        check(out, lse, q_nope, q_pe, cache, idx, length)
+    monkeypatch.setenv("FP8MLA_MERGE_IN_GRID", "0")
+    launched = run(q_nope, q_pe, cache, idx, length)
+    torch.testing.assert_close(out.float(), launched[0].float(), rtol=8e-3, atol=1e-4,
+                               equal_nan=True)  # fmt: skip
 
 
 def every_table_tile() -> list[SparseTile]:
