@@ -1,8 +1,8 @@
 """The sparse MLA kernels as the compile matrix builds them: every tile a target's table can
 choose (``sparse_plan.SPARSE_TABLES``), for the packed cache (with its FP8 decoding there) and a
 bf16 cache, writing split partials and the output directly, and the split merge; the index
-lists' compaction; on SM90 the FP8 × FP8 decode kernel and the FP8 ping-pong kernel in their
-16-bit RoPE mode over the packed cache (``sparse_sm90.py``), split and in row tiles.
+lists' compaction; on SM90 the FP8 × FP8 decode kernel and the FP8 and 16-bit ping-pong kernels
+in their 16-bit RoPE mode over the packed cache (``sparse_sm90.py``), split and in row tiles.
 
 ``sparse_builds(target)`` returns ``(label, Build, tile)`` triples (``tile``: the spill limits'
 key) for

@@ -47,8 +47,9 @@ compile error, on spills above the limit, or on shared memory over the target's 
 - **sparse** (`fp8mla.dsa.sparse_builds`): the portable sparse MLA kernel in every tile of the
   target's sparse table over the packed cache (split and direct; `v`: value-split tiles), its
   split merge, the index-list compaction (cache rows that follow each other, and pages with a
-  gap), and on SM90 the FP8 × FP8 decode kernel (`rope16`) and the FP8 ping-pong kernel
-  (`pingpong8-rope16`) in their 16-bit RoPE mode.
+  gap), and on SM90 the FP8 × FP8 decode kernel (`rope16`), the FP8 ping-pong kernel
+  (`pingpong8-rope16`) and the 16-bit ping-pong kernel over the packed rows converted by its
+  producer (`pingpong-rope16`) in their 16-bit RoPE mode.
 - **indexer**: DSA's lightning indexer (`fp8mla.dsa.indexer_builds`): the 132-byte key writer,
   the paged and ragged logits kernels and the fused logits + top-k kernel (1-2 tokens a
   request, 32 and 64 heads), the top-k's chunk and merge programs at k = 2,048 and the slot
