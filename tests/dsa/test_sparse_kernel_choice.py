@@ -55,13 +55,15 @@ def test_pingpong8_only_where_named_on_the_sm90_table(heads):
     assert sm90_kernel("portable", SM90, heads, BF16, U8, interpreted=False) is None
 
 
-@pytest.mark.parametrize("heads, want", [(32, "fp8qk"), (63, "fp8qk"), (64, "pingpong8"),
-                                         (128, "pingpong8")])  # fmt: skip
-def test_a_table_takes_pingpong8_from_its_head_count_on(monkeypatch, heads, want):
+@pytest.mark.parametrize("heads, tiles64", [(32, False), (63, False), (64, True), (128, True)])
+@pytest.mark.parametrize("kernel", ["pingpong8", "pingpong"])
+def test_a_table_takes_a_pingpong_kernel_from_its_head_count_on(monkeypatch, heads, tiles64,
+                                                                 kernel):  # fmt: skip
     import dataclasses
 
-    table = dataclasses.replace(SPARSE_TABLES["sm90"], pingpong8_from_heads=64)
+    table = dataclasses.replace(SPARSE_TABLES["sm90"], **{f"{kernel}_from_heads": 64})
     monkeypatch.setitem(SPARSE_TABLES, "sm90", table)
+    want = kernel if tiles64 else "fp8qk"
     assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == want
     assert sm90_kernel("fp8qk", SM90, heads, BF16, U8, interpreted=False) == "fp8qk"
 

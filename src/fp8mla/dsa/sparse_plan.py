@@ -68,6 +68,10 @@ class SparseTable:
     # ... and the FP8 ping-pong kernel (64-row tiles, ``kernels/sm90/pingpong8.py``) from this
     # many heads on (None: only when a plan names it)
     pingpong8_from_heads: int | None = None
+    # ... and the 16-bit ping-pong kernel (64-row tiles, each row converted to fp16 once a tile
+    # by its producer: ``kernels/sm90/pingpong.py``) from this many heads on (None: only when a
+    # plan names it)
+    pingpong_from_heads: int | None = None
     # the portable kernel's e4m3 decoding where a plan asks for "auto"
     # (``attention.launch.fp8_conversion``'s choices)
     fp8_cvt: str = "auto"
@@ -290,6 +294,7 @@ def sm90_kernel(
         return None
     table = sparse_table(target)
     for name, first in (("pingpong8", table.pingpong8_from_heads),
+                        ("pingpong", table.pingpong_from_heads),
                         ("fp8qk", table.fp8qk_from_heads)):  # fmt: skip
         if first is not None and num_heads >= first:
             return name
