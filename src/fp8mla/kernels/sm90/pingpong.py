@@ -35,6 +35,11 @@ Shared memory: the query 72 KB, four fp16 KV buffers 144 KB, ``P`` 4 KB, the sta
 ``_mla_rows_kernel``; ``BLOCK_M`` 64 and ``BLOCK_N`` 32, launched with 4 warps (the other
 partitions' 8 warps come on top), a 64-dim RoPE part. Gluon has no interpreter: SM90 only.
 
+``ROPE_16BIT`` (FP8 pools whose rows carry their RoPE part as bf16 values: the sparse path
+over the packed ``fp8_ds_mla`` cache, ``dsa/sparse_sm90.py``): the RoPE operands are bf16,
+the query's RoPE part staged in bf16 and the rows' RoPE values stored by the producer as they
+are; the RoPE product is a wgmma group of its own, so the latent part stays fp16.
+
 **64-token tiles** (``BLOCK_N`` 64, 16-bit pools; the planner's choice for requests of more
 than one row tile, whose programs share each KV tile through the L2). The owner's
 ``S_j [64, 64]`` reads the query once per 64 tokens instead of twice. Two buffers of 64
