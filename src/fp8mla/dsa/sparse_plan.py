@@ -233,7 +233,8 @@ def merge_blocks(rows: int, splits: int, sms: int) -> tuple[int, int]:
     return block_d, block_s
 
 
-SM90_KERNELS = ("fp8qk", "pingpong8", "pingpong")  # the dense path's Gluon kernels a sparse plan can take
+# the dense path's Gluon kernels a sparse plan can take
+SM90_KERNELS = ("fp8qk", "pingpong8", "pingpong")
 COPY16 = "copy16"  # the dense 16-bit kernels over an fp16 copy of the referenced rows
 
 
