@@ -106,10 +106,13 @@ def _pingpong16_builds(target: Target) -> list[tuple[str, Build, str]]:
     matrix's bf16 32-token builds over the packed rows -- e4m3 bytes converted to fp16 by the
     producer times their token-group scales, the RoPE part bf16 (``ROPE_16BIT``)."""
     from fp8mla.attention.launch import fp8_conversion
+    from fp8mla.attention.planner import PINGPONG_TILE
     from fp8mla.tools.compile_matrix import attention_jobs
 
-    # the decoding the launch takes for this kernel's SM90 tile (its KernelConfig's "ptx")
-    cvt = fp8_conversion(torch.float8_e4m3fn, torch.device("cuda"), False, "ptx", target)
+    # the decoding the launch takes for this kernel's tile
+    cvt = fp8_conversion(
+        torch.float8_e4m3fn, torch.device("cuda"), False, PINGPONG_TILE.fp8_cvt, target
+    )
     out = []
     for job in attention_jobs(target):
         v = job.variant

@@ -41,12 +41,12 @@ from fp8mla.attention.planner import device_sm_count, make_launch_plan
 from fp8mla.attention.targets import launch_target
 from fp8mla.attention.workspace import split_capacity, split_partials
 from fp8mla.dsa.layout import NOPE_DIM, ROPE_DIM, ROPE_OFFSET, SCALE_OFFSET, TOKEN_BYTES
+from fp8mla.dsa.sparse_plan import SM90_KERNELS as CONFIGS
 from fp8mla.formats import Scales
 
-# the dense kernels a sparse plan takes here: the FP8 × FP8 decode kernel, then the ping-pong
-# kernels of 64-row tiles (FP8 stages; fp16 tiles converted by the producer)
-PINGPONG_CONFIGS = ("pingpong8", "pingpong")
-CONFIGS = ("fp8qk",) + PINGPONG_CONFIGS
+# the ping-pong kernels of 64-row tiles (FP8 stages; fp16 tiles converted by the producer):
+# every SM90 kernel a sparse plan takes but the FP8 × FP8 decode kernel
+PINGPONG_CONFIGS = tuple(c for c in CONFIGS if c != "fp8qk")
 COMPACT_MAX_BLOCK = 4096  # index-list entries per step of the compaction, at most
 # 64-token tiles a split of a token's list may read for the plan to read the lists in place
 # when a token's rows take several row tiles (each of which reads the list)
