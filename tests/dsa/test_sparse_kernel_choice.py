@@ -1,7 +1,7 @@
 """Which kernel a sparse plan takes (``sparse_plan.sm90_kernel``): the SM90
 FP8 × FP8 kernel for bf16 queries over the packed cache where the target's table says so, the
 FP8 ping-pong kernel where a plan names it (or a table takes it from some head count on), the
-16-bit ping-pong kernel where a plan names it, the
+16-bit ping-pong kernel from 64 heads on (SM90's table) or where a plan names it, the
 portable kernel elsewhere, and a ValueError naming the reason when a named SM90 kernel cannot
 serve."""
 
@@ -17,9 +17,12 @@ SM90 = TARGETS["sm90"]
 BF16, FP16, U8 = torch.bfloat16, torch.float16, torch.uint8
 
 
-@pytest.mark.parametrize("heads", [1, 16, 32, 64, 128])
-def test_auto_takes_fp8qk_on_sm90_for_bf16_queries_over_the_packed_cache(heads):
-    assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == "fp8qk"
+@pytest.mark.parametrize("heads, kernel", [(1, "fp8qk"), (16, "fp8qk"), (32, "fp8qk"),
+                                           (63, "fp8qk"), (64, "pingpong"), (128, "pingpong")])  # fmt: skip
+def test_auto_on_sm90_for_bf16_queries_over_the_packed_cache(heads, kernel):
+    """The FP8 × FP8 kernel below 64 heads, the 16-bit ping-pong kernel (64-row tiles, a row
+    converted once a tile) from 64 on."""
+    assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == kernel
 
 
 @pytest.mark.parametrize(
@@ -46,10 +49,10 @@ def test_sm90_kernel_asked_where_it_cannot_serve_says_why(target, q, kv, why, ke
 
 @pytest.mark.parametrize("heads", [1, 16, 64, 128])
 def test_pingpong8_only_where_named_on_the_sm90_table(heads):
-    """The ping-pong kernel's sparse route is taken when a plan names it; the SM90 table's
-    automatic choice stays the FP8 × FP8 kernel (``pingpong8_from_heads`` None)."""
+    """The FP8 ping-pong kernel's sparse route is taken when a plan names it, never by the
+    SM90 table (``pingpong8_from_heads`` None)."""
     assert SPARSE_TABLES["sm90"].pingpong8_from_heads is None
-    assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == "fp8qk"
+    assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) != "pingpong8"
     assert sm90_kernel("pingpong8", SM90, heads, BF16, U8, interpreted=False) == "pingpong8"
     assert sm90_kernel("pingpong", SM90, heads, BF16, U8, interpreted=False) == "pingpong"
     assert sm90_kernel("portable", SM90, heads, BF16, U8, interpreted=False) is None

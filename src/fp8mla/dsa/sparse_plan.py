@@ -113,6 +113,10 @@ SPARSE_TABLES: dict[str, SparseTable] = {
         heads32=SparseTile(32, 32, 8, 2),
         heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
         fp8qk_from_heads=1,
+        # 64 heads on: the 16-bit ping-pong kernel, a row converted once a 64-row program
+        # (H100, run s21a: 138.4 against 155.4 us at 128 tokens x 64 heads, 255.3 against 268.6
+        # at 128 heads, 504.6 against 553.1 with two query tokens; design/sparse.md)
+        pingpong_from_heads=64,
         fp8_cvt="ptx",
         # prefill: the 16-bit kernel over the copy, the copy included, is faster than the
         # FP8 x FP8 kernel at 128 heads from 1,024 tokens of 2,048 entries and at 64 heads
