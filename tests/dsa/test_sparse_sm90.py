@@ -109,6 +109,44 @@ def test_matches_float64(tokens, heads, topk, slots, page, config):
     assert (out.cpu()[empty] == 0).all()
 
 
+@pytest.mark.parametrize("magnitude", [1e-4, 1e-2, 1e3, None])
+@pytest.mark.parametrize("config", ["fp8qk", "pingpong8", "pingpong"])
+def test_group_scales_far_from_one(config, magnitude):
+    """Caches whose latent values are all about ``magnitude`` (group scales from ~1e-6 to ~10;
+    None: each token's four groups about 1e-4, 1e-2, 1 and 1e3) match float64 as closely as
+    values near 1 do. The group scales are arbitrary fp32 (GLM's caches): rounded to fp16 as
+    they are, those of values ~1e-4 are subnormals, and the answer is off by ~3e-2."""
+    import fp8mla
+
+    torch.manual_seed(5)
+    slots, tokens, heads, topk = 1 << 14, 3, 64, 512
+    cache = torch.full((slots // 64, 64, 656), 0x7F, dtype=torch.uint8, device="cuda")
+    used = torch.randperm(slots, device="cuda")[: slots // 2]
+    ckv = torch.randn(used.numel(), 4, 128, device="cuda")
+    if magnitude is None:
+        ckv *= torch.tensor([1e-4, 1e-2, 1.0, 1e3], device="cuda")[:, None]
+    else:
+        ckv *= magnitude
+    kpe = torch.randn(used.numel(), 64, device="cuda")
+    fp8mla.pack_ds_mla(ckv.view(-1, 512).bfloat16(), kpe.bfloat16(), cache, used, validate=False)
+    indices = used[torch.randint(0, used.numel(), (tokens, topk), device="cuda")].to(torch.int32)
+    q_nope = torch.randn(tokens, heads, 512, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(tokens, heads, 64, device="cuda", dtype=torch.bfloat16)
+    # scores of order 1 (not one token each): the query's parts over values ~1e3 scaled down
+    if magnitude is None:
+        q_nope = (
+            q_nope.view(tokens, heads, 4, 128)
+            / torch.tensor([1, 1, 1, 1e3], device="cuda")[:, None]
+        )
+        q_nope = q_nope.view(tokens, heads, 512).bfloat16()
+    elif magnitude > 1:
+        q_nope = q_nope / magnitude
+    out, lse, _ = _run(q_nope, q_pe, cache, indices, None, config=config)
+    ref, ref_lse = _reference(q_nope, q_pe, cache, indices.cpu(), None)
+    assert _rel(out, ref) <= 3e-3
+    assert _rel(lse, ref_lse) <= 1e-4
+
+
 @pytest.mark.parametrize("tokens, heads, topk", [(1, 32, 2048), (5, 128, 300), (64, 16, 517)])
 def test_lists_in_place_and_compacted_agree_with_float64(tokens, heads, topk):
     """The index lists read as the caller gives them (-1 masked in the kernel) and compacted
