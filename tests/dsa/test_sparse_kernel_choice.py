@@ -17,12 +17,16 @@ SM90 = TARGETS["sm90"]
 BF16, FP16, U8 = torch.bfloat16, torch.float16, torch.uint8
 
 
-@pytest.mark.parametrize("heads, kernel", [(1, "fp8qk"), (16, "fp8qk"), (32, "fp8qk"),
-                                           (63, "fp8qk"), (64, "pingpong"), (128, "pingpong")])  # fmt: skip
-def test_auto_on_sm90_for_bf16_queries_over_the_packed_cache(heads, kernel):
-    """The FP8 × FP8 kernel below 64 heads, the 16-bit ping-pong kernel (64-row tiles, a row
-    converted once a tile) from 64 on."""
-    assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == kernel
+@pytest.mark.parametrize(
+    "heads, tokens, kernel",
+    [(1, 1, "fp8qk"), (16, 4096, "fp8qk"), (32, 128, "fp8qk"), (63, 256, "fp8qk"),
+     (64, 1, "fp8qk"), (128, 127, "fp8qk"), (64, 128, "pingpong"), (128, 256, "pingpong")],
+)  # fmt: skip
+def test_auto_on_sm90_for_bf16_queries_over_the_packed_cache(heads, tokens, kernel):
+    """The FP8 × FP8 kernel below 64 heads and for small batches, the 16-bit ping-pong kernel
+    (64-row tiles, a row converted once a tile) from 64 heads and 128 tokens on."""
+    assert sm90_kernel("auto", SM90, heads, BF16, U8, False, num_tokens=tokens) == kernel
+    assert sm90_kernel("auto", SM90, heads, BF16, U8, False) == "fp8qk"  # one token
 
 
 @pytest.mark.parametrize(
@@ -64,7 +68,8 @@ def test_a_table_takes_a_pingpong_kernel_from_its_head_count_on(monkeypatch, hea
                                                                  kernel):  # fmt: skip
     import dataclasses
 
-    table = dataclasses.replace(SPARSE_TABLES["sm90"], **{f"{kernel}_from_heads": 64})
+    first = {"pingpong8_from_heads": 64} if kernel == "pingpong8" else {"pingpong_from": ((64, 1),)}
+    table = dataclasses.replace(SPARSE_TABLES["sm90"], **first)
     monkeypatch.setitem(SPARSE_TABLES, "sm90", table)
     want = kernel if tiles64 else "fp8qk"
     assert sm90_kernel("auto", SM90, heads, BF16, U8, interpreted=False) == want

@@ -189,7 +189,9 @@ class SparseMLAWrapper:
             sm90 = (
                 None
                 if copy and asked != "auto"
-                else sm90_kernel(asked, target, num_heads, q_data_type, kv_data_type, interp)
+                else sm90_kernel(
+                    asked, target, num_heads, q_data_type, kv_data_type, interp, num_tokens
+                )  # fmt: skip
             )
             if copy:
                 fallback = None if sm90 is None else FP8QKSparseLaunch(

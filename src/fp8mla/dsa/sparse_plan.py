@@ -69,9 +69,11 @@ class SparseTable:
     # many heads on (None: only when a plan names it)
     pingpong8_from_heads: int | None = None
     # ... and the 16-bit ping-pong kernel (64-row tiles, each row converted to fp16 once a tile
-    # by its producer: ``kernels/sm90/pingpong.py``) from this many heads on (None: only when a
-    # plan names it)
-    pingpong_from_heads: int | None = None
+    # by its producer: ``kernels/sm90/pingpong.py``) at (heads, query tokens) pairs: a call of
+    # at least that many heads and tokens takes it (none: only when a plan names it). Its
+    # 64-row programs are half as many as the FP8 x FP8 kernel's 32-row ones, and a short
+    # list splits into fewer of them, so a small batch fills less of the GPU
+    pingpong_from: tuple[tuple[int, int], ...] = ()
     # the portable kernel's e4m3 decoding where a plan asks for "auto"
     # (``attention.launch.fp8_conversion``'s choices)
     fp8_cvt: str = "auto"
@@ -113,10 +115,10 @@ SPARSE_TABLES: dict[str, SparseTable] = {
         heads32=SparseTile(32, 32, 8, 2),
         heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
         fp8qk_from_heads=1,
-        # 64 heads on: the 16-bit ping-pong kernel, a row converted once a 64-row program
-        # (H100, run s21a: 138.4 against 155.4 us at 128 tokens x 64 heads, 255.3 against 268.6
-        # at 128 heads, 504.6 against 553.1 with two query tokens; design/sparse.md)
-        pingpong_from_heads=64,
+        # 64 heads on from 128 tokens: the 16-bit ping-pong kernel, a row converted once a
+        # 64-row program, faster than the FP8 x FP8 kernel at the sizes timed (design/sparse.md,
+        # run s21a); smaller batches split into fewer of its programs and are not yet timed
+        pingpong_from=((64, 128),),
         fp8_cvt="ptx",
         # prefill: the 16-bit kernel over the copy, the copy included, is faster than the
         # FP8 x FP8 kernel at 128 heads from 1,024 tokens of 2,048 entries and at 64 heads
@@ -273,10 +275,12 @@ def sm90_kernel(
     q_dtype: torch.dtype,
     kv_dtype: torch.dtype,
     interpreted: bool,
+    num_tokens: int = 1,
 ) -> str | None:
     """The SM90 Gluon kernel of the dense path a plan takes (``sparse_sm90.py``), or None for
     the portable kernel: the one asked for (``kernel`` in :data:`SM90_KERNELS`; ``ValueError``
-    where it cannot serve) or, with ``"auto"``, the target's table's choice for these heads.
+    where it cannot serve) or, with ``"auto"``, the target's table's choice for these heads and
+    query tokens.
     Both need SM90 with Gluon, bf16 queries and the packed cache."""
     from fp8mla.attention.variants import get_variant
 
@@ -298,11 +302,12 @@ def sm90_kernel(
     if kernel != "auto" or why is not None:
         return None
     table = sparse_table(target)
-    for name, first in (("pingpong8", table.pingpong8_from_heads),
-                        ("pingpong", table.pingpong_from_heads),
-                        ("fp8qk", table.fp8qk_from_heads)):  # fmt: skip
-        if first is not None and num_heads >= first:
-            return name
+    if table.pingpong8_from_heads is not None and num_heads >= table.pingpong8_from_heads:
+        return "pingpong8"
+    if any(num_heads >= h and num_tokens >= t for h, t in table.pingpong_from):
+        return "pingpong"
+    if table.fp8qk_from_heads is not None and num_heads >= table.fp8qk_from_heads:
+        return "fp8qk"
     return None
 
 
