@@ -1,9 +1,9 @@
 """Which kernel a sparse plan takes (``sparse_plan.sm90_kernel``): the SM90
 FP8 × FP8 kernel for bf16 queries over the packed cache where the target's table says so, the
 FP8 ping-pong kernel where a plan names it (or a table takes it from some head count on), the
-16-bit ping-pong kernel from 64 heads on (SM90's table) or where a plan names it, the
-portable kernel elsewhere, and a ValueError naming the reason when a named SM90 kernel cannot
-serve."""
+16-bit ping-pong kernel from 64 heads and 128 tokens on (SM90's table) or where a plan names it,
+the portable kernel elsewhere, and a ValueError naming the reason when a named SM90 kernel
+cannot serve."""
 
 from __future__ import annotations
 

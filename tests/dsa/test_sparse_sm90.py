@@ -19,14 +19,16 @@ pytestmark = pytest.mark.skipif(not IS_SM90, reason="the FP8 x FP8 kernel runs o
 SM_SCALE = 1 / math.sqrt(192)
 
 
-def _cache(slots: int, page: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A packed cache of random tokens (vLLM's ``[pages, page, 656]``), unused bytes NaN."""
+def _cache(slots: int, page: int, seed: int, magnitude=3.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed cache of random tokens (vLLM's ``[pages, page, 656]``), unused bytes NaN; the
+    latent values about ``magnitude`` (a float, or four: one for each 128-value group)."""
     import fp8mla
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     cache = torch.full((slots // page, page, 656), 0x7F, dtype=torch.uint8, device="cuda")
     used = torch.randperm(slots, device="cuda", generator=g)[: slots // 2]
-    ckv = torch.randn(used.numel(), 512, device="cuda", generator=g) * 3
+    group = torch.tensor(magnitude, device="cuda").view(-1, 1)
+    ckv = (torch.randn(used.numel(), 4, 128, device="cuda", generator=g) * group).view(-1, 512)
     kpe = torch.randn(used.numel(), 64, device="cuda", generator=g)
     fp8mla.pack_ds_mla(ckv.bfloat16(), kpe.bfloat16(), cache, used, validate=False)
     return cache, used
@@ -116,31 +118,18 @@ def test_group_scales_far_from_one(config, magnitude):
     None: each token's four groups about 1e-4, 1e-2, 1 and 1e3) match float64 as closely as
     values near 1 do. The group scales are arbitrary fp32 (GLM's caches): rounded to fp16 as
     they are, those of values ~1e-4 are subnormals, and the answer is off by ~3e-2."""
-    import fp8mla
-
     torch.manual_seed(5)
-    slots, tokens, heads, topk = 1 << 14, 3, 64, 512
-    cache = torch.full((slots // 64, 64, 656), 0x7F, dtype=torch.uint8, device="cuda")
-    used = torch.randperm(slots, device="cuda")[: slots // 2]
-    ckv = torch.randn(used.numel(), 4, 128, device="cuda")
-    if magnitude is None:
-        ckv *= torch.tensor([1e-4, 1e-2, 1.0, 1e3], device="cuda")[:, None]
-    else:
-        ckv *= magnitude
-    kpe = torch.randn(used.numel(), 64, device="cuda")
-    fp8mla.pack_ds_mla(ckv.view(-1, 512).bfloat16(), kpe.bfloat16(), cache, used, validate=False)
+    tokens, heads, topk = 3, 64, 512
+    mixed = magnitude is None
+    cache, used = _cache(1 << 14, 64, 5, (1e-4, 1e-2, 1.0, 1e3) if mixed else magnitude)
     indices = used[torch.randint(0, used.numel(), (tokens, topk), device="cuda")].to(torch.int32)
     q_nope = torch.randn(tokens, heads, 512, device="cuda", dtype=torch.bfloat16)
     q_pe = torch.randn(tokens, heads, 64, device="cuda", dtype=torch.bfloat16)
     # scores of order 1 (not one token each): the query's parts over values ~1e3 scaled down
-    if magnitude is None:
-        q_nope = (
-            q_nope.view(tokens, heads, 4, 128)
-            / torch.tensor([1, 1, 1, 1e3], device="cuda")[:, None]
-        )
-        q_nope = q_nope.view(tokens, heads, 512).bfloat16()
+    if mixed:
+        q_nope.view(tokens, heads, 4, 128)[:, :, 3] /= 1e3
     elif magnitude > 1:
-        q_nope = q_nope / magnitude
+        q_nope /= magnitude
     out, lse, _ = _run(q_nope, q_pe, cache, indices, None, config=config)
     ref, ref_lse = _reference(q_nope, q_pe, cache, indices.cpu(), None)
     assert _rel(out, ref) <= 3e-3
