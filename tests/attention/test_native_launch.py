@@ -233,9 +233,9 @@ def test_kinds_and_ranges():
 def test_value_specialized_parameter_is_not_bound():
     """A per-call parameter Triton compiled as a constant because of its value (an int equal
     to 1) would keep that value for every later call: such a kernel stays on Triton's path."""
-    from fp8mla.kernels.portable.merge import _mla_merge_kernel
+    from fp8mla.kernels.portable.merge import mla_merge_kernel
 
-    fn = _jit(_mla_merge_kernel)
+    fn = _jit(mla_merge_kernel)
     kw = {p.name: (1 if p.name == "num_heads" else 16) for p in fn.params if not p.is_constexpr}
     kw.update(D=512, BLOCK_D=128, BLOCK_S=16, WRITE_LSE=False, WAIT_PRIOR=False, LAUNCH_NEXT=False)
     compiled = _Compiled(fn, kw, {}, False)
@@ -246,9 +246,9 @@ def test_value_specialized_parameter_is_not_bound():
 
 
 def test_scratch_memory_is_not_bound():
-    from fp8mla.kernels.portable.merge import _mla_merge_kernel
+    from fp8mla.kernels.portable.merge import mla_merge_kernel
 
-    fn = _jit(_mla_merge_kernel)
+    fn = _jit(mla_merge_kernel)
     kw = {p.name: 16 for p in fn.params if not p.is_constexpr}
     kw.update(D=512, BLOCK_D=128, BLOCK_S=16, WRITE_LSE=False, WAIT_PRIOR=False, LAUNCH_NEXT=False)
     compiled = _Compiled(fn, kw, {}, False)

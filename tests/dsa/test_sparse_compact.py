@@ -57,7 +57,7 @@ def test_compact_shape_one_step_up_to_4096(topk):
     "topk, block", [(40, 64), (300, 128), (7, 8), (300, None), (5000, None)]
 )  # None: the launch's own shape (compact_shape), one step or two of 4,096
 def test_compaction_matches_python(paged, topk, block):
-    from fp8mla.kernels.portable.sparse_compact import _sparse_compact_kernel
+    from fp8mla.kernels.portable.sparse_compact import sparse_compact_kernel
 
     g = torch.Generator().manual_seed(topk + paged)
     tokens, num_tokens, page_size, rows_per_page, num_slots = 6, 5, 64, 65, 512
@@ -73,7 +73,7 @@ def test_compaction_matches_python(paged, topk, block):
     out = torch.full((tokens, topk), 12345, dtype=torch.int32)
     count = torch.full((tokens,), -1, dtype=torch.int32)
     dev = [t.to(DEVICE) for t in (indices, topk_length, out, count)]
-    _sparse_compact_kernel[(tokens,)](
+    sparse_compact_kernel[(tokens,)](
         dev[0], dev[1], dev[2], dev[3], num_tokens, topk, topk, num_slots, page_size,
         rows_per_page, HAS_TOPK_LENGTH=True, PAGED=paged, BLOCK=block, num_warps=warps,
     )  # fmt: skip

@@ -3,7 +3,8 @@
 - ``kernels/`` holds one folder per architecture (``portable/``, ``sm90/``) of modules: no
   deeper, no module outside them but the package's ``__init__``;
 - no kernel module imports a private name (``_x``) of another, or reaches one through a
-  module it imported;
+  module it imported; nor does any module of the package, nor name one as a build's
+  ``"module:function"`` (the registry's and the compile matrix's kernel names);
 - the kernel modules' imports form no circle and no chain longer than :data:`MAX_FLOORS`
   modules (a kernel, its building blocks, the shared pieces under them);
 - nothing in ``src/fp8mla`` carries measurement instrumentation (``PROBE`` switches, cycle
@@ -36,9 +37,15 @@ def _modules() -> dict[str, Path]:
     return {_name(p): p for p in KERNELS.rglob("*.py")}
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> tuple[set[str], list[str]]:
-    """The kernel modules ``path`` imports, and its uses of private names of them
-    (``from m import _x``, ``m._x`` through an imported module)."""
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _imports(
+    path: Path, modules: dict[str, Path], prefix: str = PREFIX
+) -> tuple[set[str], list[str]]:
+    """The modules under ``prefix`` that ``path`` imports, and its uses of private names of
+    them (``from m import _x``, ``m._x`` through an imported module)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     deps: set[str] = set()
     private: list[str] = []
@@ -49,7 +56,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> tuple[set[str], list[str]]
                 if a.name in modules:
                     deps.add(a.name)
                     aliases[a.asname or a.name] = a.name
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PREFIX):
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(prefix):
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
                 if sub in modules:  # a module imported from its package
@@ -57,14 +64,14 @@ def _imports(path: Path, modules: dict[str, Path]) -> tuple[set[str], list[str]]
                     aliases[a.asname or a.name] = sub
                 else:
                     deps.add(node.module)
-                    if a.name.startswith("_"):
+                    if _private(a.name):
                         private.append(f"from {node.module} import {a.name}")
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name)
             and node.value.id in aliases
-            and node.attr.startswith("_")
+            and _private(node.attr)
         ):
             private.append(f"{aliases[node.value.id]}.{node.attr}")
     return deps, private
@@ -88,6 +95,28 @@ def test_kernels_are_laid_out_by_architecture():
 def test_no_private_name_crosses_kernel_modules():
     modules = _modules()
     found = {m: _imports(p, modules)[1] for m, p in modules.items()}
+    assert not {m: uses for m, uses in found.items() if uses}
+
+
+def _build_names(path: Path) -> list[str]:
+    """The ``"module:_x"`` build names in ``path``'s strings, f-strings included (a private
+    function named for a launch or a compile elsewhere)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        else:
+            continue
+        if re.search(r"^[\w.{}]+:_\w", text):
+            found.append(text)
+    return found
+
+
+def test_no_private_name_crosses_package_modules():
+    package = {_name(p): p for p in SRC.joinpath("fp8mla").rglob("*.py")}
+    found = {m: _imports(p, package, "fp8mla")[1] + _build_names(p) for m, p in package.items()}
     assert not {m: uses for m, uses in found.items() if uses}
 
 

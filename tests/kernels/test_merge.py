@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fp8mla.attention.planner import merge_block_s
-from fp8mla.kernels.portable.merge import _mla_merge_kernel
+from fp8mla.kernels.portable.merge import mla_merge_kernel
 
 
 def _merge64(mid_o: torch.Tensor, mid_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +38,7 @@ def test_merge_matches_float64(splits, block_d, device):
     lse = torch.empty(1, heads, device=device)
     qo = torch.tensor([0, 1], dtype=torch.int32, device=device)
     grid = (D // block_d, heads, 1)
-    _mla_merge_kernel[grid](
+    mla_merge_kernel[grid](
         mid_o, mid_lse, out, lse, qo, splits, heads, 1, mid_o.stride(0), mid_lse.stride(0),
         out.stride(0), out.stride(1), lse.stride(0), D=D, BLOCK_D=block_d,
         BLOCK_S=merge_block_s(splits, block_d), WRITE_LSE=True,
@@ -67,7 +67,7 @@ def test_merge_imports_without_gluon():
                     raise ImportError(name)
         sys.meta_path.insert(0, Hide())
         import fp8mla.kernels.portable.grid_dependency as g
-        from fp8mla.kernels.portable.merge import _mla_merge_kernel
+        from fp8mla.kernels.portable.merge import mla_merge_kernel
         assert not hasattr(g, "launch_dependents")
         print("ok")
         """
@@ -99,7 +99,7 @@ def test_merge_of_fp16_partials_with_their_factor(splits, block_d, warps, device
     out = torch.empty(1, heads, D, dtype=torch.bfloat16, device=device)
     lse = torch.empty(1, heads, device=device)
     qo = torch.tensor([0, 1], dtype=torch.int32, device=device)
-    _mla_merge_kernel[(D // block_d, heads, 1)](
+    mla_merge_kernel[(D // block_d, heads, 1)](
         part.o, part.lse, out, lse, qo, splits, heads, 1, part.o.stride(0), part.lse.stride(0),
         out.stride(0), out.stride(1), lse.stride(0), D=D, BLOCK_D=block_d,
         BLOCK_S=merge_block_s(splits, block_d, warps, True), WRITE_LSE=True,
@@ -146,7 +146,7 @@ def test_empty_rows_of_fp16_partials_stay_zero(device):
     part.lse[:, 0] = float("-inf")  # row 0: no split has a token
     out = torch.empty(1, heads, D, dtype=torch.bfloat16, device=device)
     qo = torch.tensor([0, 1], dtype=torch.int32, device=device)
-    _mla_merge_kernel[(1, heads, 1)](
+    mla_merge_kernel[(1, heads, 1)](
         part.o, part.lse, out, out, qo, splits, heads, 1, part.o.stride(0), part.lse.stride(0),
         out.stride(0), out.stride(1), 0, D=D, BLOCK_D=D, BLOCK_S=2, WRITE_LSE=False,
         mid_mult_ptr=part.mult, num_warps=2,

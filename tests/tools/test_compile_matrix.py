@@ -227,7 +227,7 @@ def test_a_build_measured_before_is_read_back(tmp_path, monkeypatch):
         return Resources(ok=True, regs=96, spill_bytes=0, smem_bytes=1024, extra={"x": 1})
 
     monkeypatch.setattr(build_runs, "measure", measure)
-    build = Build("fp8mla.kernels.merge:_mla_merge_kernel", (("o_ptr", "bf16"),), (("D", 512),), 4)
+    build = Build("fp8mla.kernels.merge:mla_merge_kernel", (("o_ptr", "bf16"),), (("D", 512),), 4)
     target = next(t for t in TARGETS.values() if t.backend == "hip")  # no ptxas needed
     first = build_runs.cached_measure(build, target, str(tmp_path))
     again = build_runs.cached_measure(build, target, str(tmp_path))

@@ -162,7 +162,7 @@ def _merge_launch(
     plan: LaunchPlan, partials: Partials, qo: torch.Tensor, heads: int, batch: int, index: int
 ) -> tuple[KernelLauncher, dict[str, Any]]:
     """The split merge of ``plan``: its launcher and the arguments bound at plan()."""
-    from fp8mla.kernels.portable.merge import _mla_merge_kernel
+    from fp8mla.kernels.portable.merge import mla_merge_kernel
 
     block_s = merge_block_s(
         plan.num_splits, plan.merge_block_d, plan.merge_warps, plan.half_partials
@@ -188,7 +188,7 @@ def _merge_launch(
     options = {"num_warps": plan.merge_warps}
     if plan.merge_waits:  # Triton launches it with the programmatic-dependency attribute
         options["launch_pdl"] = True
-    return KernelLauncher(_mla_merge_kernel, grid, options, index), fixed
+    return KernelLauncher(mla_merge_kernel, grid, options, index), fixed
 
 
 class AttentionLaunch:

@@ -135,7 +135,7 @@ def check_q_scale(
 
 
 class QueryPrep:
-    """The fused pass over one plan's queries (``_q_quant_kernel``, one launch) and its output
+    """The fused pass over one plan's queries (``q_quant_kernel``, one launch) and its output
     buffers, allocated at ``plan()`` (``reuse``: the previous plan's, when they are big enough,
     as a captured CUDA graph keeps reading them).
 
@@ -156,7 +156,7 @@ class QueryPrep:
         device: torch.device,
         reuse: QueryPrep | None = None,
     ) -> None:
-        from fp8mla.kernels.portable.q_quant import _q_quant_kernel
+        from fp8mla.kernels.portable.q_quant import q_quant_kernel
 
         self.plan = plan
         self.out_fp8 = plan.direct  # codes and row scales for the FP8-query build
@@ -174,7 +174,7 @@ class QueryPrep:
         self.q_nope, self.q_pe = flat[..., :HEAD_DIM_CKV], flat[..., HEAD_DIM_CKV:]
         self.row_scales = self._scales[: tokens * heads].view(tokens, heads)
         self.kernel = KernelLauncher(
-            _q_quant_kernel, (-(-rows // PREP_ROWS), 1, 1), {"num_warps": 4},
+            q_quant_kernel, (-(-rows // PREP_ROWS), 1, 1), {"num_warps": 4},
             device.index if device.type == "cuda" and device.index is not None else 0,
         )  # fmt: skip
         # the kernel writes integers: e4m3 codes, or bf16 bits

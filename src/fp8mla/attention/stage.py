@@ -82,7 +82,7 @@ class KVStage:
         width = HEAD_DIM_CKV + head_dim_kpe
         import triton
 
-        from fp8mla.kernels.portable.kv_stage import STAGE_TOKENS, _kv_stage_kernel
+        from fp8mla.kernels.portable.kv_stage import STAGE_TOKENS, kv_stage_kernel
 
         self.front = front
         self.buffer = region.view(STAGE_DTYPE).view(pages, page_size, width)
@@ -94,7 +94,7 @@ class KVStage:
         self.d_kpe = head_dim_kpe
         self.kv_indices = kv_indices
         self.fp8_cvt = fp8_conversion(kv_dtype, device, interpreted, "ptx", target)
-        self.kernel = _kv_stage_kernel[(triton.cdiv(entries * page_size, STAGE_TOKENS),)]
+        self.kernel = kv_stage_kernel[(triton.cdiv(entries * page_size, STAGE_TOKENS),)]
         self.tokens = STAGE_TOKENS
 
     def __call__(

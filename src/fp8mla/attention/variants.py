@@ -233,7 +233,7 @@ def _tile_few(config: KernelConfig) -> str | None:
 ROWS = register(
     Variant(
         name="rows",
-        kernel="fp8mla.kernels.portable.rows:_mla_rows_kernel",
+        kernel="fp8mla.kernels.portable.rows:mla_rows_kernel",
         summary="Triton; S = Q·Kᵀ then O += P·V with the query rows as M (any target); "
         "FP8 queries read as they are (e4m3 × e4m3 dots on SM89+)",
         supports=_anywhere,
@@ -244,7 +244,7 @@ ROWS = register(
 VSPLIT = register(
     Variant(
         name="vsplit",
-        kernel="fp8mla.kernels.portable.vsplit:_mla_vsplit_kernel",
+        kernel="fp8mla.kernels.portable.vsplit:mla_vsplit_kernel",
         summary="Triton; two programs per row tile, each with half of the 512 output columns "
         "(many rows: the accumulator fits in registers); FP8 queries as in rows",
         supports=_anywhere,
@@ -256,7 +256,7 @@ VSPLIT = register(
 WGMMA = register(
     Variant(
         name="wgmma",
-        kernel="fp8mla.kernels.sm90.wgmma:_mla_wgmma_kernel",
+        kernel="fp8mla.kernels.sm90.wgmma:mla_wgmma_kernel",
         summary="Gluon, SM90; a producer warpgroup converts FP8 tiles into fp16 shared memory "
         "(or copies 16-bit tiles by cp.async), two consumer warpgroups split the columns of "
         "Q·Kᵀ and of the output (many rows)",
@@ -268,7 +268,7 @@ WGMMA = register(
 PINGPONG = register(
     Variant(
         name="pingpong",
-        kernel="fp8mla.kernels.sm90.pingpong:_mla_pingpong_kernel",
+        kernel="fp8mla.kernels.sm90.pingpong:mla_pingpong_kernel",
         summary="Gluon, SM90; two consumer warpgroups take alternate 32-token KV tiles (one's "
         "softmax beside the other's products), each holding half of the output columns; a "
         "producer warpgroup converts FP8 tiles into fp16 shared memory or copies 16-bit tiles "
@@ -281,7 +281,7 @@ PINGPONG = register(
 PINGPONG64 = register(
     Variant(
         name="pingpong64",
-        kernel="fp8mla.kernels.sm90.pingpong:_mla_pingpong_kernel",
+        kernel="fp8mla.kernels.sm90.pingpong:mla_pingpong_kernel",
         summary="Gluon, SM90; the ping-pong kernel on 64-token tiles of 16-bit pools: two "
         "buffers, each column half refilled as soon as the warpgroup holding those output "
         "columns is done with it and handed over by its own copies' arrivals (the query read "
@@ -294,7 +294,7 @@ PINGPONG64 = register(
 PINGPONG8 = register(
     Variant(
         name="pingpong8",
-        kernel="fp8mla.kernels.sm90.pingpong8:_mla_pingpong8_kernel",
+        kernel="fp8mla.kernels.sm90.pingpong8:mla_pingpong8_kernel",
         summary="Gluon, SM90, FP8 pools; the ping-pong order on 64-token FP8 tiles staged by "
         "cp.async as they are: Q·Kᵀ in FP8 × FP8 wgmma with the query's hi and lo parts in "
         "one accumulator chain (e4m3 queries: their codes, one operand), each consumer "
@@ -314,7 +314,7 @@ PINGPONG8 = register(
 FEWROWS = register(
     Variant(
         name="fewrows",
-        kernel="fp8mla.kernels.sm90.fewrows:_mla_fewrows_kernel",
+        kernel="fp8mla.kernels.sm90.fewrows:mla_fewrows_kernel",
         summary="Gluon, SM90; KV tokens as wgmma's M and ≤ 32 query rows as N, two producers "
         "convert FP8 tiles into fp16 shared memory, or one copies 16-bit tiles by cp.async "
         "(decode of 16-32 heads)",
@@ -376,7 +376,7 @@ def _fp8qk_alternatives(config: KernelConfig, tables: Sequence, rows: int) -> li
 FP8QK = register(
     Variant(
         name="fp8qk",
-        kernel="fp8mla.kernels.sm90.fp8qk:_mla_fp8qk_kernel",
+        kernel="fp8mla.kernels.sm90.fp8qk:mla_fp8qk_kernel",
         summary="Gluon, SM90, FP8 pools; a cp.async copier stages FP8 tiles as they are, Q·Kᵀ "
         "in FP8 × FP8 wgmma with the query split hi/lo (e4m3 queries: their codes, zero lo), "
         "two value warpgroups convert V into wgmma's register operand (decode; more than 32 "

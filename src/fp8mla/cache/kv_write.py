@@ -29,7 +29,7 @@ def kv_write_triton(
     """Quantize ``ckv [n, 512]`` / ``kpe [n, 64]`` into ``cache [num_slots, 1, 576]`` at
     ``slots [n]`` in one launch; per-token-group scales go to ``scale_arr [num_slots, 4]``.
     Inputs are validated by the caller (:class:`fp8mla.cache.MLAKVCache`)."""
-    from fp8mla.kernels.portable.kv_write import _kv_write_kernel
+    from fp8mla.kernels.portable.kv_write import kv_write_kernel
 
     n = slots.numel()
     if n == 0:
@@ -40,7 +40,7 @@ def kv_write_triton(
     kind, view_dtype = STORE_KIND[cache.dtype]
     mbits, emin, bias = FP8_FIELDS.get(cache.dtype, (0, 0, 0))
     bits = cache.view(view_dtype)
-    _kv_write_kernel[(n,)](
+    kv_write_kernel[(n,)](
         ckv,
         kpe,
         slots,

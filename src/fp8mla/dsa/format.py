@@ -159,7 +159,7 @@ def _pack_triton(
         kind = int(K.IN_FP16 if ckv.dtype == torch.float16 else K.IN_FP32)
     page_size, stride_page, stride_token = view.addressing()
     n = slots.numel()
-    K._ds_mla_pack_kernel[(triton.cdiv(n, PACK_TOKENS),)](
+    K.ds_mla_pack_kernel[(triton.cdiv(n, PACK_TOKENS),)](
         ckv,
         kpe,
         slots,

@@ -210,7 +210,7 @@ def _pack_triton(view: IndexCacheView, k: torch.Tensor, slots: torch.Tensor, pow
     else:
         kind = int(K.IN_FP16 if k.dtype == torch.float16 else K.IN_FP32)
     n = slots.numel()
-    K._index_pack_kernel[(triton.cdiv(n, PACK_TOKENS),)](
+    K.index_pack_kernel[(triton.cdiv(n, PACK_TOKENS),)](
         k,
         slots,
         view.data,

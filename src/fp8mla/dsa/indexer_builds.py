@@ -26,17 +26,17 @@ from fp8mla.dsa.indexer_plan import (
 from fp8mla.tools.kernel_builds import Build
 
 PORTABLE = "fp8mla.kernels.portable"
-PACK = f"{PORTABLE}.indexer_pack:_index_pack_kernel"
-PAGED = f"{PORTABLE}.indexer_logits:_paged_logits_kernel"
-RAGGED = f"{PORTABLE}.indexer_logits:_ragged_logits_kernel"
-FUSED = f"{PORTABLE}.indexer_fused:_paged_topk_kernel"
-CHUNK = f"{PORTABLE}.indexer_topk:_topk_chunk_kernel"
-MERGE = f"{PORTABLE}.indexer_topk:_topk_merge_kernel"
-SLOTS = f"{PORTABLE}.indexer_topk:_to_slots_kernel"
-HIST = f"{PORTABLE}.indexer_topk:_topk_hist_kernel"
-PRUNE = f"{PORTABLE}.indexer_topk:_topk_prune_kernel"
-GATHER = f"{PORTABLE}.indexer_topk:_topk_gather_kernel"
-DIGIT = f"{PORTABLE}.indexer_topk:_topk_digit_kernel"
+PACK = f"{PORTABLE}.indexer_pack:index_pack_kernel"
+PAGED = f"{PORTABLE}.indexer_logits:paged_logits_kernel"
+RAGGED = f"{PORTABLE}.indexer_logits:ragged_logits_kernel"
+FUSED = f"{PORTABLE}.indexer_fused:paged_topk_kernel"
+CHUNK = f"{PORTABLE}.indexer_topk:topk_chunk_kernel"
+MERGE = f"{PORTABLE}.indexer_topk:topk_merge_kernel"
+SLOTS = f"{PORTABLE}.indexer_topk:to_slots_kernel"
+HIST = f"{PORTABLE}.indexer_topk:topk_hist_kernel"
+PRUNE = f"{PORTABLE}.indexer_topk:topk_prune_kernel"
+GATHER = f"{PORTABLE}.indexer_topk:topk_gather_kernel"
+DIGIT = f"{PORTABLE}.indexer_topk:topk_digit_kernel"
 TOPK = 2048
 RADIX_CHECK = 8  # the histogram steps' build compiled beside each table's own
 DOT_MODES = {"fp8": 0, "fp16": 1, "fp32": 2}

@@ -73,7 +73,7 @@ def paged_logits(
     out: torch.Tensor,
     launch: Launch,
 ) -> None:
-    from fp8mla.kernels.portable.indexer_logits import _paged_logits_kernel
+    from fp8mla.kernels.portable.indexer_logits import paged_logits_kernel
 
     batch, next_n, heads, _ = q.shape
     tile = launch.table.logits
@@ -81,7 +81,7 @@ def paged_logits(
     chunk, programs = logits_grid(batch, max_len, launch.sms, tile)
     np_ = pow2_at_least(next_n)
     hp = _head_pad(heads, np_)
-    _paged_logits_kernel[(programs, batch)](
+    paged_logits_kernel[(programs, batch)](
         q, weights, view.data, block_table, lens, out,
         q.stride(0), q.stride(1), q.stride(2), weights.stride(0), block_table.stride(0),
         out.stride(0), view.page_stride, view.num_pages, heads, max_len, chunk,
@@ -101,7 +101,7 @@ def ragged_logits(
     out: torch.Tensor,
     launch: Launch,
 ) -> None:
-    from fp8mla.kernels.portable.indexer_logits import _ragged_logits_kernel
+    from fp8mla.kernels.portable.indexer_logits import ragged_logits_kernel
 
     rows, heads, _ = q.shape
     tile = launch.table.logits
@@ -110,7 +110,7 @@ def ragged_logits(
     hp = _head_pad(heads, per)
     row_blocks = -(-rows // per)
     chunk, programs = logits_grid(row_blocks, keys.shape[0], launch.sms, tile)
-    _ragged_logits_kernel[(programs, row_blocks)](
+    ragged_logits_kernel[(programs, row_blocks)](
         q, weights, keys, key_scales, ks, ke, out,
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(0), out.stride(0),
         rows, keys.shape[0], heads, chunk,
@@ -134,7 +134,7 @@ class Slots:
 def _merge(pos, keys, counts, regions, stride, capr, k, kp, group, levels, out, slots, launch):
     """Merge levels over ``regions`` regions a row (entries ``stride`` apart, at most ``capr``
     each), the last writing ``out`` (and the slots)."""
-    from fp8mla.kernels.portable.indexer_topk import _topk_merge_kernel
+    from fp8mla.kernels.portable.indexer_topk import topk_merge_kernel
 
     rows = out.shape[0]
     dev = out.device
@@ -148,7 +148,7 @@ def _merge(pos, keys, counts, regions, stride, capr, k, kp, group, levels, out, 
             cnt_o = torch.empty(rows, groups, dtype=torch.int32, device=dev)
         g = pow2_at_least(min(group, regions))
         s = slots if final else None
-        _topk_merge_kernel[(groups, rows)](
+        topk_merge_kernel[(groups, rows)](
             pos, keys, counts,
             o, key_o, cnt_o, s.out if s else o, s.block_table if s else counts,
             out.stride(0), s.block_table.stride(0) if s else 0, s.rows_per_request if s else 1,
@@ -170,7 +170,7 @@ def topk(
     slots: Slots | None = None,
 ) -> None:
     """Top-k of ``logits [rows, cols]`` over ``[starts, ends)`` into ``out [rows, k]``."""
-    from fp8mla.kernels.portable.indexer_topk import _topk_chunk_kernel
+    from fp8mla.kernels.portable.indexer_topk import topk_chunk_kernel
 
     rows, cols = logits.shape
     select = launch.table.select_entries
@@ -190,7 +190,7 @@ def topk(
         keys = torch.empty(rows, plan.regions, plan.kp, dtype=torch.int32, device=dev)
         counts = torch.empty(rows, plan.regions, dtype=torch.int32, device=dev)
     s = slots if plan.single else None
-    _topk_chunk_kernel[(plan.regions, rows)](
+    topk_chunk_kernel[(plan.regions, rows)](
         logits, starts if starts is not None else ends, ends, pos, keys, counts,
         s.out if s else pos, s.block_table if s else ends,
         logits.stride(0), out.stride(0), s.block_table.stride(0) if s else 0,
@@ -209,7 +209,7 @@ def _digits_topk(logits, starts, ends, k, out, launch, slots) -> None:
     """The digits path of :func:`topk` (``kernels/portable/indexer_topk.py``): five grids
     over the row's chunks of ``digit_chunk`` columns, the k-th key's four digits and then
     the output."""
-    from fp8mla.kernels.portable.indexer_topk import DIGITS, _topk_digit_kernel
+    from fp8mla.kernels.portable.indexer_topk import DIGITS, topk_digit_kernel
 
     rows, cols = logits.shape
     dev = logits.device
@@ -220,7 +220,7 @@ def _digits_topk(logits, starts, ends, k, out, launch, slots) -> None:
     start = starts if starts is not None else ends
     s = slots
     for p in range(DIGITS + 1):
-        _topk_digit_kernel[(chunks, rows)](
+        topk_digit_kernel[(chunks, rows)](
             logits, start, ends, hist, above, out, s.out if s else out,
             s.block_table if s else ends, logits.stride(0), out.stride(0),
             s.block_table.stride(0) if s else 0, s.rows_per_request if s else 1, cols,
@@ -235,9 +235,9 @@ def _histogram_topk(logits, starts, ends, k, out, launch, plan, slots) -> None:
     """The histogram path of :func:`topk` (``kernels/portable/indexer_topk.py``): the chunks'
     histograms, each chunk's keys above the row's threshold, one gathering program a row."""
     from fp8mla.kernels.portable.indexer_topk import (
-        _topk_gather_kernel,
-        _topk_hist_kernel,
-        _topk_prune_kernel,
+        topk_gather_kernel,
+        topk_hist_kernel,
+        topk_prune_kernel,
     )
 
     rows, cols = logits.shape
@@ -253,18 +253,18 @@ def _histogram_topk(logits, starts, ends, k, out, launch, plan, slots) -> None:
     start = starts if starts is not None else ends
     warps = select_warps(plan.chunk, launch.table)
     grid = (plan.regions, rows)
-    _topk_hist_kernel[grid](
+    topk_hist_kernel[grid](
         logits, start, ends, hist, logits.stride(0), cols,
         HAS_START=starts is not None, CHUNK=plan.chunk, NB_BITS=HIST_BITS, num_warps=warps,
     )  # fmt: skip
-    _topk_prune_kernel[grid](
+    topk_prune_kernel[grid](
         logits, start, ends, hist, pos, keys, counts, logits.stride(0), cols, k,
         HAS_START=starts is not None, CHUNK=plan.chunk, KP=plan.kp, NB_BITS=HIST_BITS,
         RADIX_BITS=launch.table.radix_bits,
         num_warps=warps,
     )  # fmt: skip
     s = slots
-    _topk_gather_kernel[(1, rows)](
+    topk_gather_kernel[(1, rows)](
         pos, keys, counts, stage_pos, stage_keys, out, s.out if s else out,
         s.block_table if s else counts, out.stride(0), s.block_table.stride(0) if s else 0,
         s.rows_per_request if s else 1, plan.regions, s.num_pages if s else 0, k,
@@ -287,7 +287,7 @@ def fused_topk(
     slots: Slots | None = None,
 ) -> None:
     """Logits and top-k in one pass (``indexer_fused``), then the merge levels."""
-    from fp8mla.kernels.portable.indexer_fused import _paged_topk_kernel
+    from fp8mla.kernels.portable.indexer_fused import paged_topk_kernel
 
     batch, next_n, heads, _ = q.shape
     tile = launch.table.logits
@@ -297,7 +297,7 @@ def fused_topk(
     keys = torch.empty(rows, plan.regions, plan.cap, dtype=torch.int32, device=dev)
     counts = torch.empty(rows, plan.regions, dtype=torch.int32, device=dev)
     np_ = pow2_at_least(next_n)
-    _paged_topk_kernel[(plan.regions, batch)](
+    paged_topk_kernel[(plan.regions, batch)](
         q, weights, view.data, block_table, lens, pos, keys, counts,
         q.stride(0), q.stride(1), q.stride(2), weights.stride(0), block_table.stride(0),
         view.page_stride, view.num_pages, heads, max_context_len, plan.chunk, k,
@@ -320,12 +320,12 @@ def to_slots(
     num_pages: int,
     out: torch.Tensor,
 ) -> None:
-    from fp8mla.kernels.portable.indexer_topk import _to_slots_kernel
+    from fp8mla.kernels.portable.indexer_topk import to_slots_kernel
 
     t, k = positions.shape
     batch = block_table.shape[0]
     block = min(1024, pow2_at_least(k, 16))
-    _to_slots_kernel[(-(-k // block), t)](
+    to_slots_kernel[(-(-k // block), t)](
         positions, req_ids if req_ids is not None else positions, block_table, out,
         positions.stride(0), out.stride(0), block_table.stride(0), max(1, t // max(batch, 1)),
         batch, block_table.shape[1], num_pages, k,

@@ -22,9 +22,9 @@ from fp8mla.dsa.sparse_plan import MAX_SPLITS, MAX_TOPK, merge_blocks, sparse_ta
 from fp8mla.dsa.sparse_sm90 import compact_shape, fp8qk_options, sparse_options
 from fp8mla.tools.kernel_builds import SCALE_ARR_STRIDES, Build
 
-KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
-COMPACT = "fp8mla.kernels.portable.sparse_compact:_sparse_compact_kernel"
-MERGE = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_merge_kernel"
+KERNEL = "fp8mla.kernels.portable.sparse_mla:sparse_mla_kernel"
+COMPACT = "fp8mla.kernels.portable.sparse_compact:sparse_compact_kernel"
+MERGE = "fp8mla.kernels.portable.sparse_mla:sparse_mla_merge_kernel"
 GATHER = "fp8mla.kernels.portable.sparse_gather"
 
 
@@ -79,7 +79,7 @@ def sm90_rope16_builds(target: Target) -> list[tuple[str, Build, str]]:
             continue
         consts = dict(job.build.constexprs, TOKEN_GROUP=True)
         waits = bool(consts.get("WAIT_PRIOR"))
-        if job.build.kernel.endswith(":_mla_fp8qk_kernel") and ("group" in v or "rowtiles" in v):
+        if job.build.kernel.endswith(":mla_fp8qk_kernel") and ("group" in v or "rowtiles" in v):
             for lists in (False, True):
                 opts = dict(consts, **fp8qk_options(waits, lists))
                 if lists:
@@ -90,7 +90,7 @@ def sm90_rope16_builds(target: Target) -> list[tuple[str, Build, str]]:
                     for mode, name in ((1, "merge-in-grid"), (2, "merge-in-grid+helpers")):
                         out.append((f"{label} {name}", _merge_in_grid(
                             _packed_scales(job.build, opts), mode), "rope16"))  # fmt: skip
-        elif job.build.kernel.endswith(":_mla_pingpong8_kernel") and (
+        elif job.build.kernel.endswith(":mla_pingpong8_kernel") and (
             "split+group" in v or "direct" in v
         ):
             opts = dict(consts, PAGE_SIZE=1, **sparse_options("pingpong8", waits))
@@ -116,7 +116,7 @@ def _pingpong16_builds(target: Target) -> list[tuple[str, Build, str]]:
     out = []
     for job in attention_jobs(target):
         v = job.variant
-        if not (v.startswith("bf16") and job.build.kernel.endswith(":_mla_pingpong_kernel")):
+        if not (v.startswith("bf16") and job.build.kernel.endswith(":mla_pingpong_kernel")):
             continue
         consts = dict(job.build.constexprs)
         if consts["BLOCK_N"] != 32:
@@ -229,6 +229,6 @@ def gather_builds() -> list[tuple[str, Build, str]]:
         ),  # fmt: skip
     )
     warps = {"dequantize": DEQUANT_WARPS}
-    return [(f"copy16 {name}", Build(f"{GATHER}:_{name}_kernel", ptrs, consts,
+    return [(f"copy16 {name}", Build(f"{GATHER}:{name}_kernel", ptrs, consts,
                                      warps.get(name, 4)), "")
             for name, ptrs, consts in passes]  # fmt: skip

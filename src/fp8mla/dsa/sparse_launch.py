@@ -25,8 +25,8 @@ from fp8mla.attention.workspace import Partials
 from fp8mla.dsa.sparse_cache import SparseCache
 from fp8mla.dsa.sparse_plan import SparsePlan, sparse_table
 
-KERNEL = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_kernel"
-MERGE = "fp8mla.kernels.portable.sparse_mla:_sparse_mla_merge_kernel"
+KERNEL = "fp8mla.kernels.portable.sparse_mla:sparse_mla_kernel"
+MERGE = "fp8mla.kernels.portable.sparse_mla:sparse_mla_merge_kernel"
 TORCH_TO_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 MERGE_WARPS = 4
 
@@ -149,12 +149,12 @@ class SparseLaunch:
         cap = tile.max_registers(target.warp_size) if target.backend == "cuda" else None
         if cap is not None and not interpreted:
             options["maxnreg"] = cap
-        self.kernel = KernelLauncher(module._sparse_mla_kernel, (plan.programs, 1, 1), options,
+        self.kernel = KernelLauncher(module.sparse_mla_kernel, (plan.programs, 1, 1), options,
                                      index)  # fmt: skip
         self.merge = None
         if plan.split:
             grid = (plan.num_tokens * plan.num_heads, 512 // plan.merge_block_d, 1)
-            self.merge = KernelLauncher(module._sparse_mla_merge_kernel, grid,
+            self.merge = KernelLauncher(module.sparse_mla_merge_kernel, grid,
                                         {"num_warps": MERGE_WARPS}, index)  # fmt: skip
             self.merge_fixed: dict[str, Any] = dict(
                 part_o_ptr=partials.o,

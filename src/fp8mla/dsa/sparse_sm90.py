@@ -321,11 +321,11 @@ def compact_lists(compacted, counts, topk, indices, topk_length, rows: CacheRows
     at the front of ``compacted[t]``, turned into rows of ``rows``, their number into
     ``counts[t]`` (``kernels/portable/sparse_compact.py``); ``launch_next``: the next grid may
     launch from this one's start (it waits for it)."""
-    from fp8mla.kernels.portable.sparse_compact import _sparse_compact_kernel
+    from fp8mla.kernels.portable.sparse_compact import sparse_compact_kernel
 
     n = counts.shape[0]
     block, warps = compact_shape(topk)
-    _sparse_compact_kernel[(n,)](
+    sparse_compact_kernel[(n,)](
         indices, topk_length if topk_length is not None else indices, compacted, counts,
         indices.shape[0], topk, indices.stride(0), rows.num_slots, rows.page_size,
         rows.rows_per_page, HAS_TOPK_LENGTH=topk_length is not None, PAGED=rows.paged,

@@ -21,7 +21,7 @@ import torch
 from fp8mla.attention.targets import Target
 from fp8mla.tools.kernel_builds import SCALE_ARR_STRIDES, TORCH_TO_TRITON, Build
 
-Q_QUANT = "fp8mla.kernels.portable.q_quant:_q_quant_kernel"
+Q_QUANT = "fp8mla.kernels.portable.q_quant:q_quant_kernel"
 KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16)
 SHORT = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.bfloat16: "bf16"}
 

@@ -43,7 +43,7 @@ class Build:
     """One kernel variant to compile: the function's module path, argument types, constexprs
     and launch options."""
 
-    kernel: str  # "module:function", e.g. "fp8mla.kernels.portable.merge:_mla_merge_kernel"
+    kernel: str  # "module:function", e.g. "fp8mla.kernels.portable.merge:mla_merge_kernel"
     pointers: tuple[tuple[str, str], ...]  # (argument, Triton element type)
     constexprs: tuple[tuple[str, object], ...]
     num_warps: int

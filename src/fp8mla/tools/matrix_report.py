@@ -39,10 +39,10 @@ compile error, on spills above the limit, or on shared memory over the target's 
   Representative constexprs: page size 1, no causal mask, per-tensor scales, 512 + 64 head
   dims, bf16 queries (fp16 where the tile reads the launcher's fp16 query copy), strides
   divisible by 16 (16+ heads).
-- **merge** (`_mla_merge_kernel`): split partials into a bf16 output, with and without LSE.
-- **kv_write** (`_kv_write_kernel`): every storage dtype, per-tensor and per-token-group scales.
-- **kv_stage** (`_kv_stage_kernel`): FP8 pages staged in fp16 for long extend chunks.
-- **ds_mla_pack** (`_ds_mla_pack_kernel`): the packed 656-byte `fp8_ds_mla` writer of DSA
+- **merge** (`mla_merge_kernel`): split partials into a bf16 output, with and without LSE.
+- **kv_write** (`kv_write_kernel`): every storage dtype, per-tensor and per-token-group scales.
+- **kv_stage** (`kv_stage_kernel`): FP8 pages staged in fp16 for long extend chunks.
+- **ds_mla_pack** (`ds_mla_pack_kernel`): the packed 656-byte `fp8_ds_mla` writer of DSA
   models, bf16/fp16/fp32 rows, arbitrary and power-of-two scales.
 - **sparse** (`fp8mla.dsa.sparse_builds`): the portable sparse MLA kernel in every tile of the
   target's sparse table over the packed cache (split and direct; `v`: value-split tiles), its
@@ -59,7 +59,7 @@ FP8 attention is also built with per-token-group scales (`split+group`). FP8 que
 (`fp8mla.tools.fp8_query_builds`): `rows` and `vsplit` in their FP8-query build (`fp8q-e4m3-dot`:
 e4m3 × e4m3 dots, SM89+ e4m3 pools; `fp8q-decoded`: the codes decoded to fp16), per-row query
 scales, no register cap; on SM90 `pingpong8` and `fp8qk` in their FP8-query build (`fp8q`:
-the codes as the score operand; run where a plan names it); **q_quant** (`_q_quant_kernel`):
+the codes as the score operand; run where a plan names it); **q_quant** (`q_quant_kernel`):
 the fused query pass (e4m3 to bf16, bf16 to e4m3 codes and row scales, bf16 rounded through
 e4m3).
 

@@ -26,10 +26,10 @@ CVT_NAMES = {
     5: "int-triton",
     6: "int-triton",
 }
-MERGE = "fp8mla.kernels.portable.merge:_mla_merge_kernel"
-KV_WRITE = "fp8mla.kernels.portable.kv_write:_kv_write_kernel"
-KV_STAGE = "fp8mla.kernels.portable.kv_stage:_kv_stage_kernel"
-DS_MLA_PACK = "fp8mla.kernels.portable.ds_mla_pack:_ds_mla_pack_kernel"
+MERGE = "fp8mla.kernels.portable.merge:mla_merge_kernel"
+KV_WRITE = "fp8mla.kernels.portable.kv_write:kv_write_kernel"
+KV_STAGE = "fp8mla.kernels.portable.kv_stage:kv_stage_kernel"
+DS_MLA_PACK = "fp8mla.kernels.portable.ds_mla_pack:ds_mla_pack_kernel"
 
 
 def merge_builds(target: Target) -> list[tuple[str, Build]]:

@@ -41,7 +41,7 @@ def _load_f32(ptr, offs, mask, IN_KIND: tl.constexpr):
 
 
 @triton.jit
-def _ds_mla_pack_kernel(
+def ds_mla_pack_kernel(
     ckv_ptr,  # [n, 512] latent rows: bf16 (as uint16 bits), fp16 or fp32
     kpe_ptr,  # [n, 64] RoPE rows, same element type
     slot_ptr,  # [n] int32/int64 slot of each row; -1 and ids outside the cache are skipped

@@ -9,7 +9,7 @@ left for another tile (its capacity ``CAP`` holds ``k`` and a tile) the program 
 the earlier position first among equal keys), compacts the list to them in place and raises
 the threshold to the k-th key: a later position with a key equal to it loses to every kept one,
 so it is turned away too. At the chunk's end each list holds at most ``k`` entries, its chunk's
-exact top-k, and ``indexer_topk._topk_merge_kernel`` merges the chunks' lists of a row.
+exact top-k, and ``indexer_topk.topk_merge_kernel`` merges the chunks' lists of a row.
 """
 
 import triton
@@ -39,7 +39,7 @@ def entries_before(flags, NP: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=LOGITS_DYNAMIC_ARGS + ["k"])
-def _paged_topk_kernel(
+def paged_topk_kernel(
     q_ptr,  # [B, next_n, H, 128] e4m3 codes (uint8)
     w_ptr,  # [B * next_n, H] float32
     cache_ptr,  # uint8 index-cache pages

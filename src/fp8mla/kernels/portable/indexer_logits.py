@@ -114,7 +114,7 @@ def paged_key_tile(
 
 
 @triton.jit(do_not_specialize=LOGITS_DYNAMIC_ARGS)
-def _paged_logits_kernel(
+def paged_logits_kernel(
     q_ptr,  # [B, next_n, H, 128] e4m3 codes (uint8)
     w_ptr,  # [B * next_n, H] float32
     cache_ptr,  # uint8 pages of [PAGE_SIZE × 128 codes | PAGE_SIZE × float32 scales]
@@ -179,7 +179,7 @@ def _paged_logits_kernel(
 
 
 @triton.jit(do_not_specialize=LOGITS_DYNAMIC_ARGS)
-def _ragged_logits_kernel(
+def ragged_logits_kernel(
     q_ptr,  # [S, H, 128] e4m3 codes (uint8)
     w_ptr,  # [S, H] float32
     k_ptr,  # [SK, 128] e4m3 codes (uint8)

@@ -24,7 +24,7 @@ IN_FP32 = tl.constexpr(2)
 
 
 @triton.jit
-def _index_pack_kernel(
+def index_pack_kernel(
     k_ptr,  # [n, 128] keys: bf16 (as uint16 bits), fp16 or fp32
     slot_ptr,  # [n] int32/int64 slot of each key; -1 and ids outside the cache are skipped
     cache_ptr,  # uint8: page p at p * page_stride

@@ -12,9 +12,9 @@ of the keys equal to it the first ones in order until ``k``; a prefix sum over t
 ones gives each its place, so the order of the candidates is kept. A block holds at most
 2^21 - 1 candidates (the two-bit steps' packed counts).
 
-A long row is cut into chunks (``_topk_chunk_kernel``): each program keeps its chunk's own
+A long row is cut into chunks (``topk_chunk_kernel``): each program keeps its chunk's own
 top-k -- a superset of the row's top-k within the chunk -- as a list of (key, position) in
-position order, its "region". ``_topk_merge_kernel`` selects again over a group of regions
+position order, its "region". ``topk_merge_kernel`` selects again over a group of regions
 (their concatenation is in position order too) into one region, level after level, the last
 level writing the row's output (and, given a block table, the cache slots of the positions).
 """
@@ -138,7 +138,7 @@ def chunk_keys(logits_ptr, start_ptr, end_ptr, row, c, stride_l_row, num_cols,
 def threshold_key(hist_ptr, row, chunks, k, NB_BITS: tl.constexpr):
     """The lowest key of the histogram bin that holds the row's k-th largest key: every key of
     the row's top k is at or above it (0 when the row has fewer than ``k`` keys). The row's
-    histogram is the sum of its chunks' (``_topk_hist_kernel``)."""
+    histogram is the sum of its chunks' (``topk_hist_kernel``)."""
     NB: tl.constexpr = 1 << NB_BITS
     b = tl.arange(0, NB)
     total = tl.zeros([NB], tl.int32)
@@ -184,7 +184,7 @@ def store_region(pos_ptr, key_ptr, count_ptr, region, pos, keys, chosen, place, 
 
 
 @triton.jit(do_not_specialize=["k", "num_pages"])
-def _topk_chunk_kernel(
+def topk_chunk_kernel(
     logits_ptr,  # [rows, L] float32
     start_ptr,  # [rows] int32 first column of each row (HAS_START)
     end_ptr,  # [rows] int32 one past its last column
@@ -227,7 +227,7 @@ def _topk_chunk_kernel(
 
 
 @triton.jit(do_not_specialize=["k", "num_pages", "regions_in"])
-def _topk_merge_kernel(
+def topk_merge_kernel(
     in_pos_ptr,  # [rows, regions_in, region_stride] int32 positions
     in_key_ptr,  # [rows, regions_in, region_stride] keys (uint32 bits in int32)
     in_count_ptr,  # [rows, regions_in] int32 sizes (each <= CAPR)
@@ -279,7 +279,7 @@ def _topk_merge_kernel(
 
 
 @triton.jit(do_not_specialize=["num_cols"])
-def _topk_hist_kernel(
+def topk_hist_kernel(
     logits_ptr,  # [rows, L] float32
     start_ptr,  # [rows] int32 first column of each row (HAS_START)
     end_ptr,  # [rows] int32 one past its last column
@@ -304,11 +304,11 @@ def _topk_hist_kernel(
 
 
 @triton.jit(do_not_specialize=["k", "num_cols"])
-def _topk_prune_kernel(
+def topk_prune_kernel(
     logits_ptr,  # [rows, L] float32
     start_ptr,  # [rows] int32 (HAS_START)
     end_ptr,  # [rows] int32
-    hist_ptr,  # [rows, chunks, 2^NB_BITS] int32 (_topk_hist_kernel)
+    hist_ptr,  # [rows, chunks, 2^NB_BITS] int32 (topk_hist_kernel)
     out_ptr,  # [rows, chunks, KP] region positions
     key_ptr,  # [rows, chunks, KP] region keys (uint32 bits in int32)
     count_ptr,  # [rows, chunks] int32 region sizes
@@ -341,8 +341,8 @@ def _topk_prune_kernel(
 
 
 @triton.jit(do_not_specialize=["k", "num_pages", "regions"])
-def _topk_gather_kernel(
-    in_pos_ptr,  # [rows, regions, KP] int32 positions (_topk_prune_kernel)
+def topk_gather_kernel(
+    in_pos_ptr,  # [rows, regions, KP] int32 positions (topk_prune_kernel)
     in_key_ptr,  # [rows, regions, KP] keys
     in_count_ptr,  # [rows, regions] int32 sizes (each <= k)
     stage_pos_ptr,  # [rows, STAGE] int32 workspace
@@ -391,7 +391,7 @@ def _topk_gather_kernel(
 
 
 @triton.jit
-def _to_slots_kernel(
+def to_slots_kernel(
     pos_ptr,  # [T, k] int32 request-relative positions (-1: none)
     req_ptr,  # [T] int32 block-table row of each token (HAS_REQ), else t // rows_per_request
     bt_ptr,  # [B, max_pages] int32
@@ -464,7 +464,7 @@ def shares_digits(keys, live, t, FOUND: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["k", "num_cols", "num_pages"])
-def _topk_digit_kernel(
+def topk_digit_kernel(
     logits_ptr,  # [rows, L] float32
     start_ptr,  # [rows] int32 first column of each row (HAS_START)
     end_ptr,  # [rows] int32 one past its last column

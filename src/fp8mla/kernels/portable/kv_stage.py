@@ -54,7 +54,7 @@ def _stage_cols(
 
 
 @triton.jit
-def _kv_stage_kernel(
+def kv_stage_kernel(
     ckv_ptr,  # [num_pages, PAGE_SIZE, D_CKV] FP8 (bytes where FP8_CVT decodes bits)
     kpe_ptr,  # [num_pages, PAGE_SIZE, D_KPE] FP8
     scale_arr_ptr,  # [num_pages, PAGE_SIZE, D_CKV // 128] fp32 (TOKEN_GROUP only)

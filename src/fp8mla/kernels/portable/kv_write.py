@@ -32,7 +32,7 @@ def _quantize(
 
 
 @triton.jit
-def _kv_write_kernel(
+def kv_write_kernel(
     ckv_ptr,  # [n, D_CKV] new latent rows (bf16/fp16/fp32)
     kpe_ptr,  # [n, D_KPE] new RoPE rows
     slot_ptr,  # [n] destination slot of each row (int32/int64)

@@ -27,7 +27,7 @@ NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
-def _mla_merge_kernel(
+def mla_merge_kernel(
     mid_o_ptr,  # [splits, rows_cap, D] fp32 (or fp16), partial outputs (row = token * H + head)
     mid_lse_ptr,  # [splits, rows_cap] fp32, base-2 partial LSE (-inf for empty splits)
     o_ptr,  # [T, H, D] output

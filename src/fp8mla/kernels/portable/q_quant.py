@@ -60,7 +60,7 @@ def _store_part(
 
 
 @triton.jit(do_not_specialize=["num_tokens", "scale_val"])
-def _q_quant_kernel(
+def q_quant_kernel(
     q_nope_ptr,  # [T, H, D_CKV] bf16/fp16, or e4m3 codes as bytes (IN_FP8)
     q_pe_ptr,  # [T, H, D_KPE]
     scale_ptr,  # fp32: the input's scale, one value (SCALE == QS_TENSOR) or [T, H] (QS_ROWS)

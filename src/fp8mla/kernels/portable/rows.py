@@ -43,7 +43,7 @@ from fp8mla.kernels.portable.tiles import (
 
 
 @triton.jit(do_not_specialize=DYNAMIC_ARGS + ["stride_qs_t"])
-def _mla_rows_kernel(
+def mla_rows_kernel(
     q_nope_ptr,  # [T, H, D_CKV] (e4m3 codes as bytes with Q_FP8)
     q_pe_ptr,  # [T, H, D_KPE]
     ckv_ptr,  # [num_pages, PAGE_SIZE, D_CKV] (strided)

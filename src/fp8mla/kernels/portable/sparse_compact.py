@@ -22,7 +22,7 @@ from fp8mla.kernels.portable.grid_dependency import launch_next_grid
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_slots", "page_size", "rows_per_page"])
-def _sparse_compact_kernel(
+def sparse_compact_kernel(
     indices_ptr,  # [T, topk] int32 slot ids (-1: no token)
     topk_length_ptr,  # [T] int32 (HAS_TOPK_LENGTH only)
     out_ptr,  # [T_cap, topk] int32: the entries kept, at the front of each row

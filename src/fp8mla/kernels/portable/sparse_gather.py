@@ -61,21 +61,21 @@ def _entries(lists_ptr, counts_ptr, topk, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["topk", "num_rows"])
-def _claim_kernel(lists_ptr, counts_ptr, claimed_ptr, topk, num_rows, BLOCK: tl.constexpr):
+def claim_kernel(lists_ptr, counts_ptr, claimed_ptr, topk, num_rows, BLOCK: tl.constexpr):
     e, row, kept = _entries(lists_ptr, counts_ptr, topk, BLOCK)
     inside = kept & (row >= 0) & (row < num_rows)
     tl.store(claimed_ptr + row, tl.full([BLOCK], 1, tl.int8), mask=inside)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
-def _count_kernel(claimed_ptr, block_sums_ptr, num_rows, BLOCK: tl.constexpr):
+def count_kernel(claimed_ptr, block_sums_ptr, num_rows, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     claimed = tl.load(claimed_ptr + rows, mask=rows < num_rows, other=0).to(tl.int32)
     tl.store(block_sums_ptr + tl.program_id(0), tl.sum(claimed, axis=0))
 
 
 @triton.jit(do_not_specialize=["num_rows"])
-def _number_kernel(claimed_ptr, block_sums_ptr, copy_row_ptr, source_ptr, counter_ptr,
+def number_kernel(claimed_ptr, block_sums_ptr, copy_row_ptr, source_ptr, counter_ptr,
                    num_rows, BLOCK: tl.constexpr, SUMS: tl.constexpr):  # fmt: skip
     b = tl.program_id(0)
     base = 0
@@ -95,7 +95,7 @@ def _number_kernel(claimed_ptr, block_sums_ptr, copy_row_ptr, source_ptr, counte
 
 
 @triton.jit(do_not_specialize=["topk", "num_rows"])
-def _rewrite_kernel(lists_ptr, counts_ptr, copy_row_ptr, topk, num_rows, BLOCK: tl.constexpr):
+def rewrite_kernel(lists_ptr, counts_ptr, copy_row_ptr, topk, num_rows, BLOCK: tl.constexpr):
     e, row, kept = _entries(lists_ptr, counts_ptr, topk, BLOCK)
     inside = kept & (row >= 0) & (row < num_rows)
     new = tl.load(copy_row_ptr + row, mask=inside, other=-2)
@@ -103,7 +103,7 @@ def _rewrite_kernel(lists_ptr, counts_ptr, copy_row_ptr, topk, num_rows, BLOCK: 
 
 
 @triton.jit(do_not_specialize=["row_stride"])
-def _dequantize_kernel(rows_ptr, row_stride, source_ptr, counter_ptr, copy_ptr,
+def dequantize_kernel(rows_ptr, row_stride, source_ptr, counter_ptr, copy_ptr,
                        ROWS: tl.constexpr):  # fmt: skip
     ids = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = ids < tl.load(counter_ptr)
@@ -143,12 +143,12 @@ def gather_rows(lists, counts, topk: int, rows, claimed, block_sums, counter, so
     num_rows = rows.shape[0]
     grid = (num_tokens, triton.cdiv(topk, GATHER_BLOCK))
     blocks = (scan_blocks(num_rows),)
-    _claim_kernel[grid](lists, counts, claimed, topk, num_rows, BLOCK=GATHER_BLOCK)
-    _count_kernel[blocks](claimed, block_sums, num_rows, BLOCK=SCAN_BLOCK)
-    _number_kernel[blocks](claimed, block_sums, copy_row, source, counter, num_rows,
+    claim_kernel[grid](lists, counts, claimed, topk, num_rows, BLOCK=GATHER_BLOCK)
+    count_kernel[blocks](claimed, block_sums, num_rows, BLOCK=SCAN_BLOCK)
+    number_kernel[blocks](claimed, block_sums, copy_row, source, counter, num_rows,
                            BLOCK=SCAN_BLOCK, SUMS=SCAN_SUMS)  # fmt: skip
-    _rewrite_kernel[grid](lists, counts, copy_row, topk, num_rows, BLOCK=GATHER_BLOCK)
-    _dequantize_kernel[(triton.cdiv(copy.shape[0], DEQUANT_ROWS),)](
+    rewrite_kernel[grid](lists, counts, copy_row, topk, num_rows, BLOCK=GATHER_BLOCK)
+    dequantize_kernel[(triton.cdiv(copy.shape[0], DEQUANT_ROWS),)](
         rows, rows.stride(0), source, counter, copy, ROWS=DEQUANT_ROWS, num_warps=DEQUANT_WARPS
     )
 

@@ -23,7 +23,7 @@ A 16-bit cache (``[slots, 576]`` bf16/fp16, ``PACKED=False``) runs the same loop
 Entries past ``topk_length`` are not read; ``-1`` is no token; an index below -1 or past the
 cache's slots is never read either, and makes the token's rows NaN. A token with nothing to
 attend to gets out 0 and LSE +inf (-inf in a split's base-2 partial). With more than one split
-each program writes an fp32 partial and its base-2 LSE, and ``_sparse_mla_merge_kernel``
+each program writes an fp32 partial and its base-2 LSE, and ``sparse_mla_merge_kernel``
 combines them into the output and the natural-log LSE.
 """
 
@@ -154,7 +154,7 @@ def store_group(o_rows, acc, factor, head_ok, g, bad):
 
 
 @triton.jit(do_not_specialize=SPARSE_DYNAMIC_ARGS)
-def _sparse_mla_kernel(
+def sparse_mla_kernel(
     q_nope_ptr,  # [T, H, 512] bf16/fp16
     q_pe_ptr,  # [T, H, 64]
     kv_ptr,  # packed: the cache as bytes (or e4m3 with CVT_NATIVE); 16-bit: the cache
@@ -329,7 +329,7 @@ def _sparse_mla_kernel(
 
 
 @triton.jit(do_not_specialize=["num_rows"])
-def _sparse_mla_merge_kernel(
+def sparse_mla_merge_kernel(
     part_o_ptr,  # [splits, rows_cap, 512] fp32 partial outputs (row = t * H + h)
     part_lse_ptr,  # [splits, rows_cap] fp32 base-2 partial LSEs (-inf: the split saw nothing)
     o_ptr,  # [T, H, 512] output

@@ -56,7 +56,7 @@ def load_half(
 
 
 @triton.jit(do_not_specialize=DYNAMIC_ARGS + ["stride_qs_t"])
-def _mla_vsplit_kernel(
+def mla_vsplit_kernel(
     q_nope_ptr,
     q_pe_ptr,
     ckv_ptr,
@@ -112,7 +112,7 @@ def _mla_vsplit_kernel(
     ROUND_INT: tl.constexpr = False,
     P_PARTS: tl.constexpr = 2,
 ):
-    """Same arguments and result as ``_mla_rows_kernel``; the grid's first axis has two
+    """Same arguments and result as ``mla_rows_kernel``; the grid's first axis has two
     programs per row tile (``2 * m_tile + half``), each writing its 256 output columns (the
     LSE comes from half 0)."""
     HALF: tl.constexpr = D_CKV // 2

@@ -27,7 +27,7 @@ partitions:
 * the **value warpgroup** accumulates output columns 256–511 from the same ``Pᵀ``.
 
 Shared memory for R = 32: two fp16 KV tiles 144 KB, the query 36 KB, two ``Pᵀ`` buffers 8 KB
-(about 190 KB: one program per SM). Same arguments and results as ``_mla_rows_kernel``
+(about 190 KB: one program per SM). Same arguments and results as ``mla_rows_kernel``
 (``portable/rows.py``) plus the bounds of the cache and of the index array; FP8 KV with
 a 64-dim RoPE part; launched with 4 warps (the other partitions' warps come on top). Gluon has
 no interpreter: this kernel runs on SM90 GPUs only.
@@ -241,7 +241,7 @@ def _value_wg(
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
-def _mla_fewrows_kernel(
+def mla_fewrows_kernel(
     q_nope_ptr,
     q_pe_ptr,
     ckv_ptr,

@@ -36,7 +36,7 @@ nothing from its smaller bytes there (``docs/design/sm90-fp8qk.md``). Here:
 
 Shared memory for ``STAGES`` = 4: the stages 160 KB (37 KB each with the RoPE part, 1 KB of
 token-group scales where used), the query 36 KB, ``P`` 8 KB (about 190 KB: one program per
-SM). Same arguments and results as ``_mla_fewrows_kernel``; a request of more query rows
+SM). Same arguments and results as ``mla_fewrows_kernel``; a request of more query rows
 than ``BLOCK_M`` runs as row tiles, one program each along the grid's first axis (a build of
 its own, ``ROW_TILES``, so that the one-tile decode keeps its code). FP8 pools (e4m3 or e5m2,
 as ``FP8_CVT`` names them) with per-tensor or token-group scales and a 64-dim RoPE part;
@@ -171,7 +171,7 @@ def _value_wg(
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
-def _mla_fp8qk_kernel(
+def mla_fp8qk_kernel(
     q_nope_ptr,
     q_pe_ptr,
     ckv_ptr,

@@ -32,7 +32,7 @@ sums are added once, after the loop. Nothing is in flight across a loop iteratio
 
 Shared memory: the query 72 KB, four fp16 KV buffers 144 KB, ``P`` 4 KB, the statistics
 1 KB (about 221 KB: one program per SM). Same arguments and results as
-``_mla_rows_kernel``; ``BLOCK_M`` 64 and ``BLOCK_N`` 32, launched with 4 warps (the other
+``mla_rows_kernel``; ``BLOCK_M`` 64 and ``BLOCK_N`` 32, launched with 4 warps (the other
 partitions' 8 warps come on top), a 64-dim RoPE part. Gluon has no interpreter: SM90 only.
 
 ``ROPE_16BIT`` (FP8 pools whose rows carry their RoPE part as bf16 values: the sparse path
@@ -362,7 +362,7 @@ def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
-def _mla_pingpong_kernel(
+def mla_pingpong_kernel(
     q_nope_ptr,
     q_pe_ptr,
     ckv_ptr,

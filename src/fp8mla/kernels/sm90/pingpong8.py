@@ -49,7 +49,7 @@ warpgroups applied its tile (``empty`` counts two).
 
 Shared memory for ``STAGES`` = 3: the stages 114 KB (37 KB each with the RoPE part, 1 KB of
 token-group scales), the query's hi and lo operands 72 KB, ``P`` 32 KB (about 220 KB: one
-program per SM). Same arguments and results as ``_mla_pingpong_kernel``; ``BLOCK_M`` 64,
+program per SM). Same arguments and results as ``mla_pingpong_kernel``; ``BLOCK_M`` 64,
 ``BLOCK_N`` 64, FP8 pools (e4m3 or e5m2, as ``FP8_CVT`` names them) with per-tensor or
 token-group scales, a 64-dim RoPE part; launched with 4 warps (the consumers' 8 come on top).
 On SM90 the planner launches it as a programmatic dependent (``WAIT_PRIOR``; its programs set
@@ -407,7 +407,7 @@ def _pingpong8_consumer(args, D_CKV: gl.constexpr, D_KPE: gl.constexpr, CAUSAL: 
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
-def _mla_pingpong8_kernel(
+def mla_pingpong8_kernel(
     q_nope_ptr,
     q_pe_ptr,
     ckv_ptr,

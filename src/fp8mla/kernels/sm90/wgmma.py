@@ -25,7 +25,7 @@ base 2 as in the Triton kernels; ``S`` and the output are fp32 accumulators.
 
 Shared memory (RoPE part included): the query 72 KB, two fp16 KV tiles 144 KB, P 8 KB, the
 row maxima 0.5 KB (224.5 KB: one program per SM). Same arguments and results as
-``_mla_rows_kernel`` (``portable/rows.py``); ``BLOCK_M`` and ``BLOCK_N`` are 64,
+``mla_rows_kernel`` (``portable/rows.py``); ``BLOCK_M`` and ``BLOCK_N`` are 64,
 ``num_warps`` 8 (the producer's 4 warps come on top), the KV FP8 (read as bytes) with a 64-dim
 RoPE part. Gluon has no interpreter: this kernel runs on SM90 GPUs only, and the planner picks
 it only there.
@@ -150,7 +150,7 @@ def _attn_consumer(
 
 
 @gluon.jit(do_not_specialize=["num_tokens", "num_pages"])
-def _mla_wgmma_kernel(
+def mla_wgmma_kernel(
     q_nope_ptr,
     q_pe_ptr,
     ckv_ptr,
