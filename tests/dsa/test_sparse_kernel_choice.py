@@ -20,11 +20,13 @@ BF16, FP16, U8 = torch.bfloat16, torch.float16, torch.uint8
 @pytest.mark.parametrize(
     "heads, tokens, kernel",
     [(1, 1, "fp8qk"), (16, 4096, "fp8qk"), (32, 128, "fp8qk"), (63, 256, "fp8qk"),
-     (64, 1, "fp8qk"), (128, 127, "fp8qk"), (64, 128, "pingpong"), (128, 256, "pingpong")],
+     (64, 1, "fp8qk"), (64, 127, "fp8qk"), (64, 128, "pingpong"), (127, 64, "fp8qk"),
+     (128, 63, "fp8qk"), (128, 64, "pingpong"), (128, 256, "pingpong")],
 )  # fmt: skip
 def test_auto_on_sm90_for_bf16_queries_over_the_packed_cache(heads, tokens, kernel):
     """The FP8 × FP8 kernel below 64 heads and for small batches, the 16-bit ping-pong kernel
-    (64-row tiles, a row converted once a tile) from 64 heads and 128 tokens on."""
+    (64-row tiles, a row converted once a tile) from 64 heads and 128 tokens on, and from 128
+    heads and 64 tokens."""
     assert sm90_kernel("auto", SM90, heads, BF16, U8, False, num_tokens=tokens) == kernel
     assert sm90_kernel("auto", SM90, heads, BF16, U8, False) == "fp8qk"  # one token
 
