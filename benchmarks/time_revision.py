@@ -12,7 +12,8 @@ small ones), with the same seeds in every revision.
 
 ``--sparse`` times sparse MLA instead (``fp8mla.SparseMLAWrapper`` as ``plan()`` chooses, on the
 sparse bench's packed pool and index lists; default cases B128_H16_K2048, B128_H128_K2048,
-B1_H32_K2048; other shapes by name, e.g. B128_H64_K2048): ten calls alternating two index
+B1_H32_K2048; other shapes by name, e.g. B128_H64_K2048, or T4096_H128_K2048_C32768: a
+chunk whose lists come from its own 32K-token context): ten calls alternating two index
 lists per CUDA-graph replay, each row with the relative error of its first tokens against the
 float64 reference, so that a revision that times well but answers wrong shows in the same
 file, and the same for lists with -1 entries, a ``topk_length`` and an empty row

@@ -23,7 +23,7 @@ from fp8mla.bench.sparse_cases import (
     packed_bytes,
     sparse_flops,
 )
-from fp8mla.bench.sparse_inputs import bf16_twin, packed_pool, sparse_inputs
+from fp8mla.bench.sparse_inputs import bf16_twin, causal_lists, packed_pool, sparse_inputs
 from fp8mla.bench.sparse_report import goal_lines, main
 from fp8mla.bench.sparse_runner import (
     ROTATIONS,
@@ -61,9 +61,52 @@ def test_case_from_name_reads_every_form_back():
         assert case_from_name(case.name) == dataclasses.replace(case, goal="")
     assert case_from_name("B128_H64_K2048") == SparseCase(128, 64, 2048)
     assert case_from_name("T4096_H64_K2048") == SparseCase(1, 64, 2048, qo_len=4096, prefill=True)
-    for bad in ("B128_H64", "B128_H64_K2048_Q1", "B0_H16_K2048", "T4096_H64_K2048_Q2", "b1_h1_k1"):
+    assert case_from_name("T4096_H128_K2048_C32768") == SparseCase(
+        1, 128, 2048, qo_len=4096, prefill=True, context=32768
+    )
+    for bad in ("B128_H64", "B128_H64_K2048_Q1", "B0_H16_K2048", "T4096_H64_K2048_Q2", "b1_h1_k1",
+                "B128_H64_K2048_C4096", "T4096_H64_K2048_C0"):  # fmt: skip
         with pytest.raises(ValueError, match="sparse case name"):
             case_from_name(bad)
+    for short_or_long in ("T4096_H64_K2048_C4095", f"T1_H64_K2048_C{(1 << 20) + 1}"):
+        with pytest.raises(ValueError, match="expected a context of at least"):
+            case_from_name(short_or_long)
+
+
+def test_a_chunk_lists_distinct_tokens_of_its_own_causal_prefix():
+    """Where topk covers every prefix, each token lists exactly its prefix: one more token than
+    the token before it (itself), then -1. Where it does not, ``topk`` distinct slots, all of
+    them the context's."""
+    g = torch.Generator().manual_seed(3)
+    tokens, context = 8, 12
+    lists = causal_lists(tokens, 16, context, 512, g)
+    assert lists.dtype == torch.int32 and lists.shape == (tokens, 16)
+    before: set[int] = set()
+    for t in range(tokens):
+        prefix = context - tokens + t + 1
+        valid = lists[t, :prefix]
+        assert (valid >= 0).all() and (lists[t, prefix:] == -1).all()
+        seen = set(valid.tolist())
+        assert len(seen) == prefix and before < seen
+        before = seen
+    wide = causal_lists(40, 16, 100, 512, g)  # every prefix (61+) longer than topk
+    assert (wide >= 0).all() and int(wide.max()) < 512
+    assert all(torch.unique(row).numel() == 16 for row in wide)
+    assert 16 < torch.unique(wide).numel() <= 100
+    with pytest.raises(ValueError, match="expected a context of at least"):
+        causal_lists(40, 16, 39, 512, g)
+
+
+def test_a_case_with_context_builds_its_lists_from_the_prefix():
+    case = SparseCase(1, 16, 8, qo_len=6, prefill=True, pool_slots=512, context=10)
+    pool = packed_pool(512, 64, torch.device("cpu"))
+    inp = sparse_inputs(case, pool, seed=1)
+    assert inp.indices.shape == (6, 8)
+    # the first token's prefix holds 5 tokens, the last's 10
+    assert [int((row >= 0).sum()) for row in inp.indices] == [5, 6, 7, 8, 8, 8]
+    listed = inp.indices[inp.indices >= 0]
+    assert int(listed.max()) < 512 and torch.unique(listed).numel() <= 10
+    assert not torch.equal(inp.indices, sparse_inputs(case, pool, seed=2).indices)
 
 
 def test_a_replay_holds_enough_calls_to_hide_its_start():

@@ -3,7 +3,10 @@
 Decode: ``batch`` requests of ``qo_len`` query tokens (2: a multi-token-prediction step), each
 token with its own ``topk`` slots; prefill: one chunk of ``qo_len`` tokens. Every case draws its
 slots at random from one packed pool of 2^20 tokens (page size 64), as the engines' pools hold
-them (``fp8mla.dsa.layout``).
+them (``fp8mla.dsa.layout``). A prefill case with a ``context`` (``T4096_H128_K2048_C32768``)
+draws each token's slots from its own causal prefix instead: the chunk ends a request of that
+many tokens, which sit on random slots of the pool, so a call references at most ``context``
+distinct rows, as a real chunk does (the uniform cases reference nearly the whole pool).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ class SparseCase:
     pool_slots: int = SPARSE_POOL_SLOTS
     page_size: int = SPARSE_PAGE_SIZE
     goal: str = ""
+    # prefill: the request's tokens up to the chunk's end, which the lists draw from (0: the
+    # whole pool, uniformly)
+    context: int = 0
 
     @property
     def tokens(self) -> int:
@@ -38,7 +44,8 @@ class SparseCase:
     @property
     def name(self) -> str:
         if self.prefill:
-            return f"T{self.tokens}_H{self.heads}_K{self.topk}"
+            name = f"T{self.tokens}_H{self.heads}_K{self.topk}"
+            return name + (f"_C{self.context}" if self.context else "")
         name = f"B{self.batch}_H{self.heads}_K{self.topk}"
         return name + (f"_Q{self.qo_len}" if self.qo_len > 1 else "")
 
@@ -67,22 +74,31 @@ SPARSE_CASES: list[SparseCase] = [
 LAYERS_CASE = SPARSE_CASES[3]  # the one-stream case, also timed as 78 layers in one graph
 
 
-_NAME = re.compile(r"(?:B(\d+)_H(\d+)_K(\d+)(?:_Q(\d+))?|T(\d+)_H(\d+)_K(\d+))")
+_NAME = re.compile(r"(?:B(\d+)_H(\d+)_K(\d+)(?:_Q(\d+))?|T(\d+)_H(\d+)_K(\d+)(?:_C(\d+))?)")
 
 
 def case_from_name(name: str) -> SparseCase:
     """The case a name describes (``B128_H64_K2048``, ``B64_H128_K2048_Q2``,
-    ``T4096_H64_K2048``), on the bench's pool: for timing shapes the bench does not list."""
+    ``T4096_H64_K2048``, ``T4096_H128_K2048_C32768``), on the bench's pool: for timing shapes
+    the bench does not list."""
     m = _NAME.fullmatch(name)
     if m is None:
         raise ValueError(
             f"expected a sparse case name B<batch>_H<heads>_K<topk>[_Q<tokens>] or "
-            f"T<tokens>_H<heads>_K<topk>, got {name!r}"
+            f"T<tokens>_H<heads>_K<topk>[_C<context>], got {name!r}"
         )
-    b, h, k, q, t, th, tk = (int(g) if g else 0 for g in m.groups())
-    case = SparseCase(1, th, tk, qo_len=t, prefill=True) if t else SparseCase(b, h, k, q or 1)
+    b, h, k, q, t, th, tk, c = (int(g) if g else 0 for g in m.groups())
+    if t:
+        case = SparseCase(1, th, tk, qo_len=t, prefill=True, context=c)
+    else:
+        case = SparseCase(b, h, k, q or 1)
     if case.name != name or min(case.batch, case.heads, case.topk, case.qo_len) < 1:
         raise ValueError(f"expected a sparse case name in its canonical form, got {name!r}")
+    if case.context and not case.tokens <= case.context <= case.pool_slots:
+        raise ValueError(
+            f"expected a context of at least the chunk's {case.tokens} tokens and at most the "
+            f"pool's {case.pool_slots} slots, got {case.context}"
+        )
     return case
 
 

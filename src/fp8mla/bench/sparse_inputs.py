@@ -72,12 +72,45 @@ class SparseInputs:
 
 def sparse_inputs(case: SparseCase, pool: torch.Tensor, seed: int = 0) -> SparseInputs:
     """Random queries and ``case.topk`` uniformly random slots of the pool per query token (a
-    repeat within a token's list is as rare as in 2,048 draws from 2^20 slots, and counted)."""
+    repeat within a token's list is as rare as in 2,048 draws from 2^20 slots, and counted),
+    or with a ``case.context`` each token's :func:`causal_lists`."""
     device = pool.device
     g = torch.Generator(device=device).manual_seed(seed + 1)
     slots = pool.shape[0] * pool.shape[1]
     q = torch.randn(case.tokens, case.heads, NOPE_DIM + ROPE_DIM, generator=g, device=device)
-    indices = torch.randint(
-        0, slots, (case.tokens, case.topk), generator=g, device=device, dtype=torch.int32
-    )
+    if case.context:
+        indices = causal_lists(case.tokens, case.topk, case.context, slots, g)
+    else:
+        indices = torch.randint(
+            0, slots, (case.tokens, case.topk), generator=g, device=device, dtype=torch.int32
+        )
     return SparseInputs(case, pool, q.to(torch.bfloat16), indices)
+
+
+def causal_lists(
+    tokens: int, topk: int, context: int, slots: int, g: torch.Generator
+) -> torch.Tensor:
+    """``[tokens, topk]`` int32 lists of a prefill chunk that ends a request of ``context``
+    tokens: the request's tokens sit on ``context`` distinct random slots of a pool of
+    ``slots`` (its pages scattered), and each chunk token lists ``topk`` distinct tokens of its
+    causal prefix (itself included) in random order, -1 after them where the prefix is shorter.
+    The positions are uniform over the prefix: the distinct rows a call references are the
+    context's, as with an indexer's choices, but without their locality."""
+    if not tokens <= context <= slots:
+        raise ValueError(
+            f"expected a context of at least {tokens} tokens and at most {slots}, got {context}"
+        )
+    device = g.device
+    where = torch.randperm(slots, generator=g, device=device)[:context].to(torch.int32)
+    first = context - tokens  # tokens of the request before the chunk
+    out = torch.full((tokens, topk), -1, dtype=torch.int32, device=device)
+    positions = torch.arange(context, device=device)
+    rows = max(1, (1 << 26) // context)  # chunk tokens a pass draws for (256 MB of keys)
+    for s in range(0, tokens, rows):
+        e = min(tokens, s + rows)
+        seen = first + 1 + torch.arange(s, e, device=device)  # each token's prefix length
+        keys = torch.rand(e - s, context, generator=g, device=device)
+        keys.masked_fill_(positions[None, :] >= seen[:, None], -1.0)
+        val, pos = keys.topk(min(topk, context), dim=1)
+        out[s:e, : pos.shape[1]] = torch.where(val >= 0, where[pos], -1)
+    return out
