@@ -116,9 +116,10 @@ SPARSE_TABLES: dict[str, SparseTable] = {
         heads64=SparseTile(64, 16, 4, 3, occupancy=2, value_split=2),
         fp8qk_from_heads=1,
         # 64 heads from 128 tokens on and 128 heads from 64: the 16-bit ping-pong kernel, a row
-        # converted once a 64-row program, faster than the FP8 x FP8 kernel there (design/
-        # sparse.md, runs s21a and s22a); smaller batches split into fewer of its programs,
-        # which leave SMs idle (32 tokens of 128 heads, 32 of 64, one token: fp8qk faster)
+        # converted once a 64-row program, faster than the FP8 x FP8 kernel there
+        # (design/sparse-pingpong16.md, runs s21a and s22a); smaller batches split into fewer
+        # of its programs, which leave SMs idle (32 tokens of 128 heads, 32 of 64, one token:
+        # fp8qk faster)
         pingpong_from=((64, 128), (128, 64)),
         fp8_cvt="ptx",
         # prefill: the 16-bit kernel over the copy, the copy included, is faster than the
