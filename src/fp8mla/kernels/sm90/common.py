@@ -21,7 +21,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
-from fp8mla.kernels.portable.fp8_decode import CVT_NATIVE, fp8_bytes_to_f16
+from fp8mla.kernels.portable.fp8_decode import (
+    CVT_INT_E4M3,
+    CVT_NATIVE,
+    CVT_TRITON_INT_E4M3,
+    fp8_bytes_to_f16,
+)
 
 # a barrier over the calling partition's warps (renamed after Triton 3.6)
 thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
@@ -97,6 +102,28 @@ def fp8_to_f16(b, FP8_CVT: gl.constexpr):
     if FP8_CVT == CVT_NATIVE:
         return b.to(gl.float16)
     return fp8_bytes_to_f16(b, FP8_CVT)
+
+
+@gluon.jit
+def times_group_scale(k, sc, FP8_CVT: gl.constexpr):
+    """:func:`fp8_to_f16`'s values ``k`` [rows, columns] times their rows' fp32 group scales
+    ``sc`` [rows], in fp16 arithmetic: ``(2^-8 · k) · hi + (2^-8 · k) · lo`` with one fused
+    multiply-add, where ``hi + lo`` is ``2^8 · sc`` to 22 bits (``hi`` its fp16 rounding,
+    ``lo`` the fp16 rounding of the rest).
+
+    The scales are arbitrary fp32 (GLM's caches among them). ``2^8 · sc`` stays an fp16 normal
+    down to ``sc`` = 2^-22 (values of ~1e-4) where ``sc`` alone would be subnormal below 2^-14.
+    ``hi`` alone would scale every value of a token's group by the same rounding error (up to
+    2^-12), which the scores do not average away; with ``lo`` each value carries only its own
+    fp16 rounding, as the fp32 product rounded to 16 bits does. ``2^-8 · k`` is exact for
+    every code (the integer e4m3 decodings yield it as they are). A scale above ~256 (values
+    past fp16's range either way) overflows."""
+    s32 = sc * 256.0
+    hi = s32.to(gl.float16)
+    lo = (s32 - hi.to(gl.float32)).to(gl.float16)
+    if FP8_CVT != CVT_INT_E4M3 and FP8_CVT != CVT_TRITON_INT_E4M3:
+        k = k * 0.00390625
+    return gl.fma(k, hi[:, None], k * lo[:, None])
 
 
 @gluon.jit

@@ -36,6 +36,7 @@ from fp8mla.kernels.sm90.common import (
     prefetch_l2,
     thread_barrier,
     tile_cache_rows,
+    times_group_scale,
 )
 
 PRODUCER_WARPS = gl.constexpr(4)
@@ -49,7 +50,7 @@ def _store_chunk(k_dst, x, sa, ok, c: gl.constexpr, TOKEN_GROUP: gl.constexpr,
     k = fp8_to_f16(x, FP8_CVT)
     if TOKEN_GROUP:
         sc = gl.load(sa + c, mask=ok, other=0.0)
-        k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
+        k = times_group_scale(k, sc, FP8_CVT)
     k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
 
 
@@ -141,7 +142,7 @@ def kv_producer(
                 k = fp8_to_f16(x, FP8_CVT)
                 if TOKEN_GROUP:
                     sc = gl.load(sa + c, mask=ok, other=0.0)
-                    k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
+                    k = times_group_scale(k, sc, FP8_CVT)
                 k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
                 if c + 1 < D_CKV // CHUNK:
                     x = x_next
@@ -346,7 +347,7 @@ def kv_producer_alternate(
             k = fp8_to_f16(x, FP8_CVT)
             if TOKEN_GROUP:
                 sc = gl.load(sa + c, mask=ok, other=0.0)
-                k = (k.to(gl.float32) * sc[:, None]).to(gl.float16)
+                k = times_group_scale(k, sc, FP8_CVT)
             k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
         kpe_dst.store(fp8_to_f16(xp, FP8_CVT))
         # all warps' stores are visible to wgmma before one thread signals
