@@ -66,6 +66,7 @@ to ptxas). Otherwise ptxas hoists the 32 wgmma descriptors of the query out of t
 registers, which leaves both consumers 224.
 """
 
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -98,6 +99,15 @@ PRODUCER_REGS = gl.constexpr(80)  # per thread; consumer 0 (the default partitio
 
 
 CONSUMER_REGS = gl.constexpr(192)  # consumer 1
+
+
+# FP8 pools: the converting producer takes 8 of consumer 1's registers under Triton 3.6 (at 80
+# it spills registers that its loop reloads, each reload a memory latency on the tiles' path;
+# at 88 / 184 nothing spills). Triton 3.9 builds that split with more spill than 80 / 192 (144
+# against 112 bytes), so other releases keep the 16-bit split.
+_SPLIT_88 = triton.__version__.startswith("3.6.")
+PRODUCER_REGS_FP8 = gl.constexpr(88 if _SPLIT_88 else 80)
+CONSUMER_REGS_FP8 = gl.constexpr(184 if _SPLIT_88 else 192)
 
 
 # 64-token tiles: the producer (a copier, 56 registers) is the default partition and both
@@ -483,6 +493,9 @@ def mla_pingpong_kernel(
         num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
         stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
     )  # fmt: skip
+    CONVERTS: gl.constexpr = ckv_ptr.dtype.element_ty.primitive_bitwidth == 8
+    P_REGS: gl.constexpr = PRODUCER_REGS_FP8 if CONVERTS else PRODUCER_REGS
+    C_REGS: gl.constexpr = CONSUMER_REGS_FP8 if CONVERTS else CONSUMER_REGS
     if BLOCK_N == 32:  # consumer 0 the default partition
         gl.warp_specialize(
             [(_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
@@ -490,7 +503,7 @@ def mla_pingpong_kernel(
              (pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
                              WHOLE_TILE, NBUF, ROPE_16BIT))],
             [4, PRODUCER_WARPS],
-            [CONSUMER_REGS, PRODUCER_REGS],
+            [C_REGS, P_REGS],
         )  # fmt: skip
     else:  # the copier the default partition, both consumers workers
         gl.warp_specialize(

@@ -43,13 +43,12 @@ PRODUCER_WARPS = gl.constexpr(4)
 
 
 @gluon.jit
-def _store_chunk(k_dst, x, sa, ok, c: gl.constexpr, TOKEN_GROUP: gl.constexpr,
+def _store_chunk(k_dst, x, sc, c: gl.constexpr, TOKEN_GROUP: gl.constexpr,
                  FP8_CVT: gl.constexpr):  # fmt: skip
-    """FP8 bytes ``x`` of latent chunk ``c`` → fp16 (times their tokens' group scale with
-    ``TOKEN_GROUP``) into the shared tile ``k_dst``."""
+    """FP8 bytes ``x`` of latent chunk ``c`` → fp16 (times their tokens' group scales ``sc``
+    with ``TOKEN_GROUP``) into the shared tile ``k_dst``."""
     k = fp8_to_f16(x, FP8_CVT)
     if TOKEN_GROUP:
-        sc = gl.load(sa + c, mask=ok, other=0.0)
         k = times_group_scale(k, sc, FP8_CVT)
     k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
 
@@ -103,6 +102,20 @@ def kv_producer(
             x1 = load_chunk(ckv_ptr, rows, ok, 1, ld)
             x2 = load_chunk(ckv_ptr, rows, ok, 2, ld)
             x3 = load_chunk(ckv_ptr, rows, ok, 3, ld)
+        # the token-group scales (where used) with the bytes, before the buffer is waited for,
+        # so that their latency passes with the bytes' (the next tile's lines are in the L2)
+        sa = scale_arr_ptr
+        s0 = 0.0  # (unused without TOKEN_GROUP)
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        if TOKEN_GROUP:
+            sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
+            s0 = gl.load(sa, mask=ok, other=0.0)
+            if WHOLE_TILE:
+                s1 = gl.load(sa + 1, mask=ok, other=0.0)
+                s2 = gl.load(sa + 2, mask=ok, other=0.0)
+                s3 = gl.load(sa + 3, mask=ok, other=0.0)
         pe_pos = gl.convert_layout(pos, pe_rows_l)
         pe_rows = cache_rows(
             gl.convert_layout(slot, pe_rows_l), pe_pos, gl.convert_layout(bad, pe_rows_l),
@@ -124,26 +137,25 @@ def kv_producer(
         next_rows = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_ckv_p
         next_rows += (next_pos % PAGE_SIZE) * stride_ckv_s
         prefetch_l2(ckv_ptr + next_rows[:, None] + seg_end[None, :])
-        sa = scale_arr_ptr  # (the token-group scales' pointers, where used)
-        if TOKEN_GROUP:
-            sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
+        if TOKEN_GROUP:  # and its group scales, which the latent rows' prefetch does not reach
+            next_sa = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_sa_p
+            prefetch_l2(scale_arr_ptr + next_sa + (next_pos % PAGE_SIZE) * stride_sa_s)
         # the consumers are done with this buffer (tile j - NBUF); passes at once at first
         mbarrier.wait(empty.index(buf), ((j // NBUF) & 1) ^ 1)
         k_dst = k_bufs.index(buf)
         if WHOLE_TILE:
-            _store_chunk(k_dst, x, sa, ok, 0, TOKEN_GROUP, FP8_CVT)
-            _store_chunk(k_dst, x1, sa, ok, 1, TOKEN_GROUP, FP8_CVT)
-            _store_chunk(k_dst, x2, sa, ok, 2, TOKEN_GROUP, FP8_CVT)
-            _store_chunk(k_dst, x3, sa, ok, 3, TOKEN_GROUP, FP8_CVT)
+            _store_chunk(k_dst, x, s0, 0, TOKEN_GROUP, FP8_CVT)
+            _store_chunk(k_dst, x1, s1, 1, TOKEN_GROUP, FP8_CVT)
+            _store_chunk(k_dst, x2, s2, 2, TOKEN_GROUP, FP8_CVT)
+            _store_chunk(k_dst, x3, s3, 3, TOKEN_GROUP, FP8_CVT)
         else:
             for c in gl.static_range(D_CKV // CHUNK):
                 if c + 1 < D_CKV // CHUNK:
                     x_next = load_chunk(ckv_ptr, rows, ok, c + 1, ld)
-                k = fp8_to_f16(x, FP8_CVT)
-                if TOKEN_GROUP:
+                sc = s0
+                if TOKEN_GROUP and c > 0:
                     sc = gl.load(sa + c, mask=ok, other=0.0)
-                    k = times_group_scale(k, sc, FP8_CVT)
-                k_dst.slice(c * CHUNK, CHUNK, dim=1).store(k)
+                _store_chunk(k_dst, x, sc, c, TOKEN_GROUP, FP8_CVT)
                 if c + 1 < D_CKV // CHUNK:
                     x = x_next
         if ROPE_16BIT:
