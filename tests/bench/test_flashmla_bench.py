@@ -290,6 +290,41 @@ def test_goal_cases_and_their_goal_lines():
     assert "not measured" in lines["B32_H32_L4096 fp8mla time"]
 
 
+@pytest.mark.parametrize(
+    "value, goal, side, spec, shown",
+    [
+        (10.022, 10, dict(higher=False), ".3g", "10.02"),  # ".3g" alone: "10", but MISSED
+        (9.9996, 10, dict(higher=False), ".3g", "10"),  # met, and "10" meets it too
+        (449.6, 450, dict(higher=True), ".0f", "449.6"),
+        (1.0996, 1.1, dict(higher=True), ".2f", "1.0996"),
+        (1.1, 1.1, dict(higher=True, strict=True), ".2f", "1.10"),  # not above: MISSED either way
+        (1.1004, 1.1, dict(higher=True, strict=True), ".2f", "1.1004"),
+        (296.3, 450, dict(higher=True), ".3g", "296"),
+    ],
+)
+def test_a_goal_value_is_shown_on_its_own_side_of_the_goal(value, goal, side, spec, shown):
+    from fp8mla.bench.report import beside_goal
+
+    assert beside_goal(value, goal, spec=spec, **side) == shown
+
+
+def test_a_goal_value_spec_must_be_fixed_or_general():
+    from fp8mla.bench.report import beside_goal
+
+    with pytest.raises(ValueError, match="'.3g' or '.1f'"):
+        beside_goal(1.0, 2.0, higher=True, spec="e")
+
+
+def test_goal_lines_show_the_digits_that_decide(tmp_path):
+    h128 = "B64_H128_L4096_float8_e4m3fn"
+    records = [dict(case=h128, impl="fp8mla", us_median=125.04, rel_err=1.7e-3, goal="g",
+                    tflops=499.6)]  # fmt: skip
+    lines = {line.split(":")[0]: line for line in goal_lines(records)}
+    assert lines["B64_H128_L4096 fp8mla time"].startswith("B64_H128_L4096 fp8mla time: 125.04 us")
+    assert lines["B64_H128_L4096 fp8mla time"].endswith("-> MISSED")
+    assert "499.6 TFLOP/s (goal >= 500" in lines["B64_H128_L4096 fp8mla TFLOP/s"]
+
+
 def test_report_command_reads_the_files_last_run(tmp_path, capsys):
     from fp8mla.bench.report import append_jsonl, main
 

@@ -188,6 +188,12 @@ def test_records_and_goal_report(tmp_path):
     assert any("B128_H16_K2048 fp8mla packed TB/s: 2.87 TB/s" in x and "met" in x for x in lines)
     assert any("vs vllm-triton-sparse: 2.5x" in x and "met" in x for x in lines)
     assert any("vs gather-dequant: not measured" in x for x in lines)
+    t = types.SimpleNamespace(us_median=10.022, us_p20=10.0, us_p80=10.05)
+    sparse_record(ctx, SparseCase(1, 32, 2048), "fp8mla", t, None)["case"] = (
+        "LAYERS78_B1_H32_K2048"  # as the layers section names its record
+    )
+    per_layer = next(x for x in goal_lines(ctx.records) if "us per layer" in x)
+    assert "10.02 us (goal <= 10 us) -> MISSED" in per_layer  # not "10 us", beside MISSED
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in ctx.records))
     assert main([str(path)]) == 0

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from fp8mla.bench.indexer_cases import INDEXER_CASES, LAYER_CASE
-from fp8mla.bench.report import print_last_run
+from fp8mla.bench.report import beside_goal, print_last_run
 
 
 def _pick(records: Sequence[dict], case: str, impl: str, timing: str) -> dict | None:
@@ -39,7 +39,8 @@ def goal_lines(records: Sequence[dict]) -> list[str]:
             lines.append(f"{what}: not measured (goal >= {goal:g}{unit})")
             return
         value, timing = got
-        lines.append(f"{what}: {value:.3g}{unit} ({timing}; goal >= {goal:g}{unit}) -> "
+        shown = beside_goal(value, goal, higher=True)
+        lines.append(f"{what}: {shown}{unit} ({timing}; goal >= {goal:g}{unit}) -> "
                      f"{'met' if value >= goal else 'MISSED'}")  # fmt: skip
 
     for case in INDEXER_CASES:

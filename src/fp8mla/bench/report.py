@@ -145,6 +145,30 @@ GOAL_CHECKS: list[GoalCheck] = [
 ]
 
 
+def beside_goal(value: float, goal: float, *, higher: bool, strict: bool = False,
+                spec: str = ".3g") -> str:  # fmt: skip
+    """``value`` as ``spec`` formats it, with more digits (up to six more) where that rounding
+    would land on the other side of ``goal`` than the value itself: 10.022 µs against a goal
+    of at most 10 reads ``10.02``, not ``10``, beside its "MISSED". ``higher``: the goal is a
+    floor (``strict``: strictly above it), else a ceiling."""
+
+    def ok(v: float) -> bool:
+        if higher:
+            return v > goal if strict else v >= goal
+        return v <= goal
+
+    m = re.fullmatch(r"\.(\d+)([fg])", spec)
+    if m is None:
+        raise ValueError(f"expected a spec of the form '.3g' or '.1f', got {spec!r}")
+    digits, kind = int(m.group(1)), m.group(2)
+    shown = format(value, spec)
+    for more in range(1, 7):
+        if ok(float(shown)) == ok(value):
+            break
+        shown = format(value, f".{digits + more}{kind}")
+    return shown
+
+
 def _pick(records: Sequence[dict], case: str, impl: str) -> dict | None:
     found = [r for r in records if r.get("case") == case and r.get("impl") == impl]
     return found[-1] if found else None
@@ -173,17 +197,24 @@ def goal_line(records: Sequence[dict], check: GoalCheck) -> str:
     theirs = _pick(records, check.case, check.other) if check.other else None
     if mine is None or (check.other and theirs is None):
         return f"{what}: not measured ({goal})"
+    higher = check.kind in ("tflops", "speedup")
+    goal_side = dict(higher=higher, strict=check.strict and higher)
+
     if check.kind == "us":
-        value, shown = mine["us_median"], f"{mine['us_median']:.1f} us"
+        value = mine["us_median"]
+        shown = f"{beside_goal(value, check.target, **goal_side, spec='.1f')} us"
     elif check.kind == "tflops":
-        value, shown = mine["tflops"], f"{mine['tflops']:.0f} TFLOP/s"
+        value = mine["tflops"]
+        shown = f"{beside_goal(value, check.target, **goal_side, spec='.0f')} TFLOP/s"
     elif check.kind == "x_time":
         value = mine["us_median"] / theirs["us_median"]
-        shown = f"{value:.2f}x ({mine['us_median']:.1f} / {theirs['us_median']:.1f} us)"
+        shown = (f"{beside_goal(value, check.target, **goal_side, spec='.2f')}x "
+                 f"({mine['us_median']:.1f} / {theirs['us_median']:.1f} us)")  # fmt: skip
     else:
         value = theirs["us_median"] / mine["us_median"]
-        shown = f"{value:.2f}x ({theirs['us_median']:.1f} / {mine['us_median']:.1f} us)"
-    if check.kind in ("tflops", "speedup"):
+        shown = (f"{beside_goal(value, check.target, **goal_side, spec='.2f')}x "
+                 f"({theirs['us_median']:.1f} / {mine['us_median']:.1f} us)")  # fmt: skip
+    if higher:
         ok = value > check.target if check.strict else value >= check.target
     else:
         ok = value <= check.target
