@@ -148,8 +148,8 @@ GOAL_CHECKS: list[GoalCheck] = [
 def beside_goal(value: float, goal: float, *, higher: bool, strict: bool = False,
                 spec: str = ".3g") -> str:  # fmt: skip
     """``value`` as ``spec`` formats it, with more digits (up to six more) where that rounding
-    would land on the other side of ``goal`` than the value itself: 10.022 µs against a goal
-    of at most 10 reads ``10.02``, not ``10``, beside its "MISSED". ``higher``: the goal is a
+    would land on the other side of ``goal`` than the value itself: 10.022 against a ceiling
+    of 10 reads ``10.02``, not ``10``, beside its "MISSED". ``higher``: the goal is a
     floor (``strict``: strictly above it), else a ceiling."""
 
     def ok(v: float) -> bool:
