@@ -54,12 +54,12 @@ def main() -> int:
 
 
 def sparse_case(name: str, kernel: str, calls: int) -> int:
-    from fp8mla.bench.sparse_cases import SPARSE_CASES, case_from_name
+    from fp8mla.bench.sparse_cases import case_from_name
     from fp8mla.bench.sparse_impls import SM_SCALE, WORKSPACE_BYTES
     from fp8mla.bench.sparse_inputs import packed_pool, sparse_inputs
     from fp8mla.dsa.sparse import SparseMLAWrapper
 
-    case = {c.name: c for c in SPARSE_CASES}.get(name) or case_from_name(name)
+    case = case_from_name(name)
     dev = torch.device("cuda")
     pool = packed_pool(case.pool_slots, case.page_size, dev)
     inp = sparse_inputs(case, pool)

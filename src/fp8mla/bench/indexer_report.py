@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from fp8mla.bench.indexer_cases import INDEXER_CASES, LAYER_CASE
-from fp8mla.bench.report import beside_goal, print_last_run
+from fp8mla.bench.report import beside_goal, meets, print_last_run
 
 
 def _pick(records: Sequence[dict], case: str, impl: str, timing: str) -> dict | None:
@@ -41,7 +41,7 @@ def goal_lines(records: Sequence[dict]) -> list[str]:
         value, timing = got
         shown = beside_goal(value, goal, higher=True)
         lines.append(f"{what}: {shown}{unit} ({timing}; goal >= {goal:g}{unit}) -> "
-                     f"{'met' if value >= goal else 'MISSED'}")  # fmt: skip
+                     f"{'met' if meets(value, goal, higher=True) else 'MISSED'}")  # fmt: skip
 
     for case in INDEXER_CASES:
         line(f"{case.name} fp8mla logits+top-k vs vllm-triton (logits + torch.topk)",

@@ -145,25 +145,27 @@ GOAL_CHECKS: list[GoalCheck] = [
 ]
 
 
+def meets(value: float, goal: float, *, higher: bool, strict: bool = False) -> bool:
+    """Whether ``value`` meets ``goal``: a floor with ``higher`` (``strict``: strictly above
+    it), else a ceiling."""
+    if higher:
+        return value > goal if strict else value >= goal
+    return value <= goal
+
+
 def beside_goal(value: float, goal: float, *, higher: bool, strict: bool = False,
                 spec: str = ".3g") -> str:  # fmt: skip
     """``value`` as ``spec`` formats it, with more digits (up to six more) where that rounding
-    would land on the other side of ``goal`` than the value itself: 10.022 against a ceiling
-    of 10 reads ``10.02``, not ``10``, beside its "MISSED". ``higher``: the goal is a
-    floor (``strict``: strictly above it), else a ceiling."""
-
-    def ok(v: float) -> bool:
-        if higher:
-            return v > goal if strict else v >= goal
-        return v <= goal
-
+    would land on the other side of ``goal`` than the value itself (:func:`meets`): 10.022
+    against a ceiling of 10 reads ``10.02``, not ``10``, beside its "MISSED"."""
     m = re.fullmatch(r"\.(\d+)([fg])", spec)
     if m is None:
         raise ValueError(f"expected a spec of the form '.3g' or '.1f', got {spec!r}")
     digits, kind = int(m.group(1)), m.group(2)
+    verdict = meets(value, goal, higher=higher, strict=strict)
     shown = format(value, spec)
     for more in range(1, 7):
-        if ok(float(shown)) == ok(value):
+        if meets(float(shown), goal, higher=higher, strict=strict) == verdict:
             break
         shown = format(value, f".{digits + more}{kind}")
     return shown
@@ -214,10 +216,7 @@ def goal_line(records: Sequence[dict], check: GoalCheck) -> str:
         value = theirs["us_median"] / mine["us_median"]
         shown = (f"{beside_goal(value, check.target, **goal_side, spec='.2f')}x "
                  f"({theirs['us_median']:.1f} / {mine['us_median']:.1f} us)")  # fmt: skip
-    if higher:
-        ok = value > check.target if check.strict else value >= check.target
-    else:
-        ok = value <= check.target
+    ok = meets(value, check.target, **goal_side)
     errs = f"; rel_err {check.ours} {_err(mine)}"
     if theirs is not None:
         errs += f", {check.other} {_err(theirs)}"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from fp8mla.bench.report import beside_goal, print_last_run
+from fp8mla.bench.report import beside_goal, meets, print_last_run
 from fp8mla.bench.sparse_cases import PACK_TOKENS, SPARSE_LAYERS
 
 
@@ -32,11 +32,10 @@ def goal_lines(records: Sequence[dict]) -> list[str]:
         if value is None:
             lines.append(f"{what}: not measured (goal {goal:g}{unit})")
             return
-        ok = value >= goal if higher else value <= goal
         sign = ">=" if higher else "<="
         shown = beside_goal(value, goal, higher=higher)
         lines.append(f"{what}: {shown}{unit} (goal {sign} {goal:g}{unit}) -> "
-                     f"{'met' if ok else 'MISSED'}")  # fmt: skip
+                     f"{'met' if meets(value, goal, higher=higher) else 'MISSED'}")  # fmt: skip
 
     def value(case: str, impl: str, key: str, scale: float = 1.0) -> float | None:
         r = _pick(records, case, impl)

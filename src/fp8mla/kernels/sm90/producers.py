@@ -69,11 +69,12 @@ def kv_producer(
     overwritten. ``ROPE_16BIT``: the RoPE part is bf16 values, ``2 · D_KPE`` bytes a token at
     ``kpe_ptr`` (the packed sparse cache's), stored as they are into bf16 ``kpe_bufs``.
 
-    Its loads are latency-bound (one warpgroup, 96 registers), so: the RoPE bytes are loaded
+    Its loads are latency-bound (one warpgroup, few registers), so: the RoPE bytes are loaded
     with the first latent chunk, each chunk's bytes while the previous chunk is converted (all
-    four chunks at once with ``WHOLE_TILE``: 32-token tiles hold them in 32 registers), and
-    the next tile's latent rows are prefetched into the L2 meanwhile (without the prefetch and
-    the early RoPE load, the consumers waited for this warpgroup)."""
+    four chunks at once with ``WHOLE_TILE``: 32-token tiles hold them in 32 registers) and
+    the token-group scales with them, and the next tile's latent rows and scales are
+    prefetched into the L2 meanwhile (without the prefetch and the early loads, the consumers
+    waited for this warpgroup)."""
     # 16 bytes per thread, 8 threads per 128-byte row chunk, 4 rows per warp
     ld: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
     # the RoPE rows (8 bytes per thread) and the prefetch (one 64-byte segment per thread) with
