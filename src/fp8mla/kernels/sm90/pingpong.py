@@ -129,28 +129,30 @@ def _release(empty, j, pred, BLOCK_N: gl.constexpr, ROLE: gl.constexpr):
 
 
 @gluon.jit
-def _wait_tile(bar, phase, BLOCK_N: gl.constexpr):
-    """Wait on a tile's (or tile half's) ``ready`` barrier. 64-token tiles are handed over by
-    the copier's ``cp.async`` arrivals themselves (``producers.kv_copier_halves``), with no
-    fence of the copier's after them: the bytes are fenced to wgmma's async proxy here. The
-    other warpgroup, which applies the tile later, needs no fence of its own: it waits for
-    the statistics the owner published after this wait and fence (a proxy fence anywhere on
-    the chain of release and acquire orders the copies before its products)."""
+def _wait_tile(bar, phase, BLOCK_N: gl.constexpr, CONVERTED: gl.constexpr = False):
+    """Wait on a tile's (or tile half's) ``ready`` barrier. Two producers hand tiles over with
+    no fence of their own, and their stores are fenced to wgmma's async proxy here: the
+    copier of 64-token tiles, whose ``cp.async`` copies arrive by themselves
+    (``producers.kv_copier_halves``), and the converting producer of FP8 32-token tiles
+    (``CONVERTED``; a fence there would also wait for its loads of the next tiles in
+    flight). The other warpgroup, which applies the tile later, needs no fence of its own:
+    it waits for the statistics the owner published after this wait and fence (a proxy fence
+    anywhere on the chain of release and acquire orders the stores before its products)."""
     mbarrier.wait(bar, phase)
-    if BLOCK_N == 64:
+    if BLOCK_N == 64 or CONVERTED:
         fence_async_shared()
 
 
 @gluon.jit
 def _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N: gl.constexpr,
-                  ROLE: gl.constexpr):  # fmt: skip
+                  ROLE: gl.constexpr, CONVERTED: gl.constexpr):  # fmt: skip
     """Start ``S_j = Q·K_jᵀ`` (latent and RoPE parts) once tile ``j`` is in its buffer: two
     wgmma groups; a 64-token tile by column halves, three groups (this warpgroup's own half,
     copied first, as soon as it lands, then the other)."""
     NBUF: gl.constexpr = BUFFERED // BLOCK_N
     buf = j % NBUF
     if BLOCK_N == 32:
-        _wait_tile(ready.index(buf), (j // NBUF) & 1, BLOCK_N)
+        _wait_tile(ready.index(buf), (j // NBUF) & 1, BLOCK_N, CONVERTED)
         s = warpgroup_mma(
             q_smem, k_bufs.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True
         )
@@ -244,7 +246,8 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
               empty, p_smem, stat_smem, stat_bar, s_zero, n_begin, n_end, mask_from,
               causal_limit, qk_scale, V0: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr, DOT_DTYPE: gl.constexpr, ROLE: gl.constexpr,
-              s_layout: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
+              s_layout: gl.constexpr, o_layout: gl.constexpr,
+              CONVERTED: gl.constexpr):  # fmt: skip
     """Tile ``j``, owned by this warpgroup, after the other's tile ``j - 1``: its scores start,
     the other's tile is applied while they run, the softmax runs while that product does,
     then ``P_j`` is published and applied from registers."""
@@ -252,7 +255,8 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     if BLOCK_N == 32:
-        s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N, ROLE)
+        s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N, ROLE,
+                          CONVERTED)  # fmt: skip
         o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0,
                                     HALF, BLOCK_N, s_rows, o_rows)  # fmt: skip
         s = warpgroup_mma_wait(1, deps=[s])
@@ -267,7 +271,8 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
             _wait_tile(ready.index(1), 0, BLOCK_N)
         o, l_i, m_i = _apply_remote(o, l_i, j - 1, k_bufs, p_smem, stat_smem, stat_bar, V0,
                                     HALF, BLOCK_N, s_rows, o_rows)  # fmt: skip
-        s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N, ROLE)
+        s = _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N, ROLE,
+                          CONVERTED)  # fmt: skip
         # the other's product done (three score groups may still run): its half released
         o = warpgroup_mma_wait(3, deps=[o])
         thread_barrier()
@@ -298,11 +303,12 @@ def _own_tile(o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready,
 @gluon.jit
 def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
                  D_KPE: gl.constexpr, CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr,
-                 ROLE: gl.constexpr):  # fmt: skip
+                 ROLE: gl.constexpr, CONVERTED: gl.constexpr):  # fmt: skip
     """Consumer warpgroup ``ROLE``: stages its half of the query rows, owns tiles
     ``ROLE, ROLE + 2, …``, applies every tile to output columns ``[256·ROLE, 256·ROLE + 256)``,
     and stores them as ``O / l`` times the value scale (``ROLE`` 0 also the base-2 LSE).
-    ``args``: the run-time values both consumers take, one tuple."""
+    ``CONVERTED``: the tiles come from the converting producer, which leaves the owner to
+    fence them (:func:`_wait_tile`). ``args``: the run-time values both consumers take, one tuple."""
     (k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem, stat_smem, stat_bar,
      l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
      kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor, v_scale,
@@ -347,7 +353,7 @@ def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV
         o, l_i, m_i = _own_tile(
             o, l_i, m_i, j, q_smem, qpe_smem, k_bufs, kpe_bufs, ready, empty, p_smem, stat_smem,
             stat_bar, s_zero, n_begin, n_end, mask_from, causal_limit, qk_scale, V0, HALF, BLOCK_N,
-            CAUSAL, DOT_DTYPE, ROLE, s_layout, o_layout,
+            CAUSAL, DOT_DTYPE, ROLE, s_layout, o_layout, CONVERTED,
         )  # fmt: skip
     last = n_tiles - 1
     if (last >= 0) & (last % 2 != ROLE):  # the other's last tile
@@ -498,8 +504,10 @@ def mla_pingpong_kernel(
     C_REGS: gl.constexpr = CONSUMER_REGS_FP8 if CONVERTS else CONSUMER_REGS
     if BLOCK_N == 32:  # consumer 0 the default partition
         gl.warp_specialize(
-            [(_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
-             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1)),
+            [(_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0,
+                                   CONVERTS)),
+             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1,
+                                   CONVERTS)),
              (pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
                              WHOLE_TILE, NBUF, ROPE_16BIT))],
             [4, PRODUCER_WARPS],
@@ -509,8 +517,10 @@ def mla_pingpong_kernel(
         gl.warp_specialize(
             [(pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
                              WHOLE_TILE, NBUF, ROPE_16BIT)),
-             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0)),
-             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1))],
+             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0,
+                                   False)),
+             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1,
+                                   False))],
             [4, 4],
             [CONSUMER_REGS_64, CONSUMER_REGS_64],
         )  # fmt: skip

@@ -60,7 +60,7 @@ def kv_producer(
     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, NBUF: gl.constexpr,
-    WHOLE_TILE: gl.constexpr, ROPE_16BIT: gl.constexpr = False,
+    WHOLE_TILE: gl.constexpr, ROPE_16BIT: gl.constexpr = False, FENCE: gl.constexpr = True,
 ):  # fmt: skip
     """The producer: each KV tile of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared tile
     ``j % NBUF`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the NaN row),
@@ -68,6 +68,9 @@ def kv_producer(
     signalled when a tile is in place, ``empty`` is waited for before a buffer is
     overwritten. ``ROPE_16BIT``: the RoPE part is bf16 values, ``2 · D_KPE`` bytes a token at
     ``kpe_ptr`` (the packed sparse cache's), stored as they are into bf16 ``kpe_bufs``.
+    ``FENCE``: its stores fenced to the async proxy before ``ready``; without it the consumer
+    that waits there fences them, and the fence (which waits for every memory operation of
+    the thread, the next tiles' page-table loads included) is off this warpgroup's path.
 
     Its loads are latency-bound (one warpgroup, few registers), so: the RoPE bytes are loaded
     with the first latent chunk, each chunk's bytes while the previous chunk is converted (all
@@ -163,8 +166,10 @@ def kv_producer(
             kpe_bufs.index(buf).store(xp)
         else:
             kpe_bufs.index(buf).store(fp8_to_f16(xp, FP8_CVT))
-        # all four warps' stores are visible to wgmma before one thread signals
-        fence_async_shared()
+        # all four warps' stores done (and fenced to wgmma, with FENCE) before one thread
+        # signals
+        if FENCE:
+            fence_async_shared()
         thread_barrier()
         mbarrier.arrive(ready.index(buf))
 
@@ -432,8 +437,8 @@ def pingpong_producer(
 ):  # fmt: skip
     """The ping-pong kernel's producer warpgroup (``pingpong.py``): 16-bit tiles copied by
     ``cp.async`` (:func:`kv_copier`; by column halves for 64-token tiles,
-    :func:`kv_copier_halves`), FP8 tiles converted to fp16 (:func:`kv_producer`), into its
-    ``NBUF`` buffers. ``args``: its run-time values, one tuple."""
+    :func:`kv_copier_halves`), FP8 tiles converted to fp16 (:func:`kv_producer`,
+    unfenced: the consumers fence them), into its ``NBUF`` buffers. ``args``: its run-time values, one tuple."""
     (k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
      num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
      stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s) = args  # fmt: skip
@@ -454,5 +459,5 @@ def pingpong_producer(
             k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
             n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
             stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
-            BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE, ROPE_16BIT,
+            BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE, ROPE_16BIT, False,
         )  # fmt: skip
