@@ -308,7 +308,8 @@ def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV
     ``ROLE, ROLE + 2, …``, applies every tile to output columns ``[256·ROLE, 256·ROLE + 256)``,
     and stores them as ``O / l`` times the value scale (``ROLE`` 0 also the base-2 LSE).
     ``CONVERTED``: the tiles come from the converting producer, which leaves the owner to
-    fence them (:func:`_wait_tile`). ``args``: the run-time values both consumers take, one tuple."""
+    fence them (:func:`_wait_tile`). ``args``: the run-time values both consumers take, one
+    tuple."""
     (k_bufs, kpe_bufs, ready, empty, q_smem, qpe_smem, q_ready, p_smem, stat_smem, stat_bar,
      l_smem, l_bar, q_nope_ptr, q_pe_ptr, o_ptr, lse_ptr, m_tile, q_start, qo_len, rows_total,
      kv_len, n_begin, n_end, split, num_heads, num_tokens, qk_scale, pe_factor, v_scale,

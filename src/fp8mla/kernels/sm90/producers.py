@@ -438,7 +438,8 @@ def pingpong_producer(
     """The ping-pong kernel's producer warpgroup (``pingpong.py``): 16-bit tiles copied by
     ``cp.async`` (:func:`kv_copier`; by column halves for 64-token tiles,
     :func:`kv_copier_halves`), FP8 tiles converted to fp16 (:func:`kv_producer`,
-    unfenced: the consumers fence them), into its ``NBUF`` buffers. ``args``: its run-time values, one tuple."""
+    unfenced: the consumers fence them), into its ``NBUF`` buffers. ``args``: its run-time
+    values, one tuple."""
     (k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
      num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
      stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s) = args  # fmt: skip
