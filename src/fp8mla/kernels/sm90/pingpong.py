@@ -101,13 +101,13 @@ PRODUCER_REGS = gl.constexpr(80)  # per thread; consumer 0 (the default partitio
 CONSUMER_REGS = gl.constexpr(192)  # consumer 1
 
 
-# FP8 pools: the converting producer takes 8 of consumer 1's registers under Triton 3.6 (at 80
-# it spills registers that its loop reloads, each reload a memory latency on the tiles' path;
-# at 88 / 184 nothing spills). Triton 3.9 builds that split with more spill than 80 / 192 (144
-# against 112 bytes), so other releases keep the 16-bit split.
-_SPLIT_88 = triton.__version__.startswith("3.6.")
-PRODUCER_REGS_FP8 = gl.constexpr(88 if _SPLIT_88 else 80)
-CONSUMER_REGS_FP8 = gl.constexpr(184 if _SPLIT_88 else 192)
+# FP8 pools: the converting producer is the default partition and both consumers are workers
+# of CONSUMER_REGS_FP8, so the producer has what they leave (136 registers under Triton 3.6,
+# where it needs ~100 to keep a tile's loads and conversions apart; as a worker of 80 or 88 it
+# spilled or serialized them). The query then sits in a [1, 64, 512] allocation indexed by
+# j >> 30 as for 64-token tiles: consumer 0, a worker, would otherwise hold its hoisted wgmma
+# descriptors in registers it does not have.
+CONSUMER_REGS_FP8 = gl.constexpr(184 if triton.__version__.startswith("3.6.") else 192)
 
 
 # 64-token tiles: the producer (a copier, 56 registers) is the default partition and both
@@ -153,9 +153,12 @@ def _issue_scores(q_smem, qpe_smem, k_bufs, kpe_bufs, ready, j, s_zero, BLOCK_N:
     buf = j % NBUF
     if BLOCK_N == 32:
         _wait_tile(ready.index(buf), (j // NBUF) & 1, BLOCK_N, CONVERTED)
-        s = warpgroup_mma(
-            q_smem, k_bufs.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True
-        )
+        if CONVERTED:  # [1, BLOCK_M, D_CKV], indexed by a zero ptxas cannot see (as below)
+            q = q_smem.index(j >> 30)
+        else:
+            q = q_smem
+        s = warpgroup_mma(q, k_bufs.index(buf).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)  # fmt: skip
         s = warpgroup_mma(qpe_smem, kpe_bufs.index(buf).permute((1, 0)), s, is_async=True)
     else:
         _wait_tile(ready.index(2 * buf + ROLE), (j // NBUF) & 1, BLOCK_N)
@@ -328,7 +331,7 @@ def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     stage_query(
-        q_smem if BLOCK_N == 32 else q_smem.index(0), qpe_smem, q_nope_ptr, q_pe_ptr, m_tile,
+        q_smem if (BLOCK_N == 32 and not CONVERTED) else q_smem.index(0), qpe_smem, q_nope_ptr, q_pe_ptr, m_tile,
         q_start, rows_total, num_heads,
         num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV,
         D_KPE, ROLE * (BLOCK_M // 2), BLOCK_M // 2, 4,
@@ -451,9 +454,9 @@ def mla_pingpong_kernel(
     )
     vec_sh: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-    if BLOCK_N == 32:
+    if BLOCK_N == 32 and IS16:
         q_smem = gl.allocate_shared_memory(DOT_DTYPE, [BLOCK_M, D_CKV], sh)
-    else:
+    else:  # indexed by j >> 30 in the loop (_issue_scores)
         q_smem = gl.allocate_shared_memory(DOT_DTYPE, [1, BLOCK_M, D_CKV], sh)
     qpe_smem = gl.allocate_shared_memory(PE_DTYPE, [BLOCK_M, D_KPE], sh)
     k_bufs = gl.allocate_shared_memory(DOT_DTYPE, [NBUF, BLOCK_N, D_CKV], sh)
@@ -500,19 +503,27 @@ def mla_pingpong_kernel(
         num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
         stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
     )  # fmt: skip
-    CONVERTS: gl.constexpr = ckv_ptr.dtype.element_ty.primitive_bitwidth == 8
-    P_REGS: gl.constexpr = PRODUCER_REGS_FP8 if CONVERTS else PRODUCER_REGS
-    C_REGS: gl.constexpr = CONSUMER_REGS_FP8 if CONVERTS else CONSUMER_REGS
-    if BLOCK_N == 32:  # consumer 0 the default partition
+    if BLOCK_N == 32 and IS16:  # consumer 0 the default partition
         gl.warp_specialize(
             [(_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0,
-                                   CONVERTS)),
+                                   False)),
              (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1,
-                                   CONVERTS)),
+                                   False)),
              (pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
                              WHOLE_TILE, NBUF, ROPE_16BIT))],
             [4, PRODUCER_WARPS],
-            [C_REGS, P_REGS],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    elif BLOCK_N == 32:  # FP8: the converting producer the default partition
+        gl.warp_specialize(
+            [(pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
+                             WHOLE_TILE, NBUF, ROPE_16BIT)),
+             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0,
+                                   True)),
+             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1,
+                                   True))],
+            [4, 4],
+            [CONSUMER_REGS_FP8, CONSUMER_REGS_FP8],
         )  # fmt: skip
     else:  # the copier the default partition, both consumers workers
         gl.warp_specialize(

@@ -72,7 +72,7 @@ def kv_producer(
     that waits there fences them, and the fence (which waits for every memory operation of
     the thread, the next tiles' page-table loads included) is off this warpgroup's path.
 
-    Its loads are latency-bound (one warpgroup, few registers), so: the RoPE bytes are loaded
+    Its loads are latency-bound (one warpgroup of four warps), so: the RoPE bytes are loaded
     with the first latent chunk, each chunk's bytes while the previous chunk is converted (all
     four chunks at once with ``WHOLE_TILE``: 32-token tiles hold them in 32 registers) and
     the token-group scales with them, and the next tile's latent rows and scales are
