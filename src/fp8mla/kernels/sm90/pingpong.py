@@ -12,7 +12,8 @@ Here one program owns 64 query rows and runs three warpgroups:
 * a **producer** (``producers.kv_producer`` for FP8 pools, converting to fp16;
   ``producers.kv_copier`` for 16-bit pools, by ``cp.async``) fills ``NBUF`` = 4 shared buffers of
   ``BLOCK_N`` = 32 tokens;
-* two **consumer** warpgroups (``ROLE`` 0: the default partition, 1: a worker). Tile ``j`` is
+* two **consumer** warpgroups (``ROLE`` 0: the default partition, 1: a worker; with FP8
+  pools both are workers and the converting producer is the default partition). Tile ``j`` is
   *owned* by warpgroup ``j % 2``: it computes ``S_j [64, 32] = Q·K_jᵀ`` alone (the query read
   once per tile), its online softmax from the running maximum the other published for tile
   ``j - 1``, and publishes tile ``j``'s maximum, rescale factor and ``P_j`` (fp16) in shared
@@ -331,8 +332,8 @@ def _pingpong_consumer(args, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     stage_query(
-        q_smem if (BLOCK_N == 32 and not CONVERTED) else q_smem.index(0), qpe_smem, q_nope_ptr, q_pe_ptr, m_tile,
-        q_start, rows_total, num_heads,
+        q_smem if (BLOCK_N == 32 and not CONVERTED) else q_smem.index(0), qpe_smem, q_nope_ptr,
+        q_pe_ptr, m_tile, q_start, rows_total, num_heads,
         num_tokens, pe_factor, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, BLOCK_M, D_CKV,
         D_KPE, ROLE * (BLOCK_M // 2), BLOCK_M // 2, 4,
     )  # fmt: skip
