@@ -515,25 +515,16 @@ def mla_pingpong_kernel(
             [4, PRODUCER_WARPS],
             [CONSUMER_REGS, PRODUCER_REGS],
         )  # fmt: skip
-    elif BLOCK_N == 32:  # FP8: the converting producer the default partition
+    else:  # the producer the default partition (the FP8 converter, or the 64-token copier)
+        CONVERTS: gl.constexpr = ckv_ptr.dtype.element_ty.primitive_bitwidth == 8
+        W_REGS: gl.constexpr = CONSUMER_REGS_FP8 if CONVERTS else CONSUMER_REGS_64
         gl.warp_specialize(
             [(pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
                              WHOLE_TILE, NBUF, ROPE_16BIT)),
              (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0,
-                                   True)),
+                                   CONVERTS)),
              (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1,
-                                   True))],
+                                   CONVERTS))],
             [4, 4],
-            [CONSUMER_REGS_FP8, CONSUMER_REGS_FP8],
-        )  # fmt: skip
-    else:  # the copier the default partition, both consumers workers
-        gl.warp_specialize(
-            [(pingpong_producer, (producer, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT,
-                             WHOLE_TILE, NBUF, ROPE_16BIT)),
-             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 0,
-                                   False)),
-             (_pingpong_consumer, (consumer, BLOCK_M, BLOCK_N, D_CKV, D_KPE, CAUSAL, WRITE_LSE, 1,
-                                   False))],
-            [4, 4],
-            [CONSUMER_REGS_64, CONSUMER_REGS_64],
+            [W_REGS, W_REGS],
         )  # fmt: skip
