@@ -54,6 +54,19 @@ def _store_chunk(k_dst, x, sc, c: gl.constexpr, TOKEN_GROUP: gl.constexpr,
 
 
 @gluon.jit
+def _group_scales(scale_arr_ptr, slot, pos, ok, stride_sa_p, stride_sa_s,
+                  PAGE_SIZE: gl.constexpr):  # fmt: skip
+    """The four token-group scales of the tokens at ``pos`` in pages ``slot`` (0 where not
+    ``ok``)."""
+    sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
+    s0 = gl.load(sa, mask=ok, other=0.0)
+    s1 = gl.load(sa + 1, mask=ok, other=0.0)
+    s2 = gl.load(sa + 2, mask=ok, other=0.0)
+    s3 = gl.load(sa + 3, mask=ok, other=0.0)
+    return s0, s1, s2, s3
+
+
+@gluon.jit
 def kv_producer(
     k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
     num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
@@ -61,6 +74,7 @@ def kv_producer(
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, NBUF: gl.constexpr,
     WHOLE_TILE: gl.constexpr, ROPE_16BIT: gl.constexpr = False, FENCE: gl.constexpr = True,
+    SCALES_AHEAD: gl.constexpr = False,
 ):  # fmt: skip
     """The producer: each KV tile of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared tile
     ``j % NBUF`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the NaN row),
@@ -71,6 +85,9 @@ def kv_producer(
     ``FENCE``: its stores fenced to the async proxy before ``ready``; without it the consumer
     that waits there fences them, and the fence (which waits for every memory operation of
     the thread, the next tiles' page-table loads included) is off this warpgroup's path.
+    ``SCALES_AHEAD`` (with ``TOKEN_GROUP`` and ``WHOLE_TILE``): each tile's four group scales
+    are loaded into registers an iteration ahead, with the next tile's page entries, in place
+    of their L2 prefetch, so that their products never wait for a memory latency.
 
     Its loads are latency-bound (one warpgroup of four warps), so: the RoPE bytes are loaded
     with the first latent chunk, each chunk's bytes while the previous chunk is converted (all
@@ -94,6 +111,10 @@ def kv_producer(
     pages, bad = page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
     nxt = pos + BLOCK_N
     raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+    AHEAD: gl.constexpr = SCALES_AHEAD and TOKEN_GROUP and WHOLE_TILE
+    if AHEAD:  # the first tile's group scales
+        s0, s1, s2, s3 = _group_scales(scale_arr_ptr, pages.to(gl.int64), pos, pos < n_end,
+                                       stride_sa_p, stride_sa_s, PAGE_SIZE)  # fmt: skip
     for j in range(n_tiles):
         n0 = n_begin + j * BLOCK_N
         buf = j % NBUF
@@ -109,11 +130,12 @@ def kv_producer(
         # the token-group scales (where used) with the bytes, before the buffer is waited for,
         # so that their latency passes with the bytes' (the next tile's lines are in the L2)
         sa = scale_arr_ptr
-        s0 = 0.0  # (unused without TOKEN_GROUP)
-        s1 = 0.0
-        s2 = 0.0
-        s3 = 0.0
-        if TOKEN_GROUP:
+        if not AHEAD:
+            s0 = 0.0  # (unused without TOKEN_GROUP)
+            s1 = 0.0
+            s2 = 0.0
+            s3 = 0.0
+        if TOKEN_GROUP and not AHEAD:
             sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
             s0 = gl.load(sa, mask=ok, other=0.0)
             if WHOLE_TILE:
@@ -141,7 +163,12 @@ def kv_producer(
         next_rows = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_ckv_p
         next_rows += (next_pos % PAGE_SIZE) * stride_ckv_s
         prefetch_l2(ckv_ptr + next_rows[:, None] + seg_end[None, :])
-        if TOKEN_GROUP:  # and its group scales, which the latent rows' prefetch does not reach
+        if AHEAD:  # its group scales into registers (past the loop's end: masked off)
+            t_pos = pos + BLOCK_N
+            t0, t1, t2, t3 = _group_scales(scale_arr_ptr, pages.to(gl.int64), t_pos,
+                                           t_pos < n_end, stride_sa_p, stride_sa_s,
+                                           PAGE_SIZE)  # fmt: skip
+        elif TOKEN_GROUP:  # its group scales into the L2, which the rows' prefetch misses
             next_sa = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_sa_p
             prefetch_l2(scale_arr_ptr + next_sa + (next_pos % PAGE_SIZE) * stride_sa_s)
         # the consumers are done with this buffer (tile j - NBUF); passes at once at first
@@ -152,6 +179,8 @@ def kv_producer(
             _store_chunk(k_dst, x1, s1, 1, TOKEN_GROUP, FP8_CVT)
             _store_chunk(k_dst, x2, s2, 2, TOKEN_GROUP, FP8_CVT)
             _store_chunk(k_dst, x3, s3, 3, TOKEN_GROUP, FP8_CVT)
+            if AHEAD:
+                s0, s1, s2, s3 = t0, t1, t2, t3
         else:
             for c in gl.static_range(D_CKV // CHUNK):
                 if c + 1 < D_CKV // CHUNK:
@@ -461,4 +490,5 @@ def pingpong_producer(
             n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
             stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
             BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE, ROPE_16BIT, False,
+            True,
         )  # fmt: skip
