@@ -39,6 +39,27 @@ def fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
         return (((h & 0x80) << 8) | t).to(tl.float16, bitcast=True)
     if FP8_CVT == CVT_TRITON_INT_E5M2:
         return (b.to(tl.uint16) << 8).to(tl.float16, bitcast=True)
+    return _four_codes(b, FP8_CVT, False)
+
+
+@triton.jit
+def fp8_words_to_f16x2(w, FP8_CVT: tl.constexpr):
+    """int32 words of four FP8 codes each (a code's byte order in memory) → two int32 words of
+    fp16 pairs: codes 0-1 and codes 2-3, each pair low half first, as
+    :func:`fp8_bytes_to_f16` converts them (the PTX and CUDA integer modes only). For kernels
+    that carry FP8 tiles in registers as words and store them as fp16 pairs."""
+    tl.static_assert(
+        FP8_CVT >= CVT_PTX_E4M3 and FP8_CVT <= CVT_INT_E5M2,
+        "fp8_words_to_f16x2 takes the PTX and CUDA integer modes only",
+    )
+    return _four_codes(w, FP8_CVT, True)
+
+
+@triton.jit
+def _four_codes(x, FP8_CVT: tl.constexpr, WORDS: tl.constexpr):
+    """The PTX block of ``FP8_CVT`` on four codes in a 32-bit register: ``x`` uint8 codes →
+    fp16 values (four a block), or with ``WORDS`` int32 words → two int32 words of fp16
+    pairs."""
     if FP8_CVT == CVT_PTX_E4M3:
         asm: tl.constexpr = """{ .reg .b16 lo, hi;
         mov.b32 {lo, hi}, $2;
@@ -69,6 +90,12 @@ def fp8_bytes_to_f16(b, FP8_CVT: tl.constexpr):
     else:
         asm: tl.constexpr = """{ prmt.b32 $0, $2, 0, 0x1404;
         prmt.b32 $1, $2, 0, 0x3424; }"""
-    return tl.inline_asm_elementwise(
-        asm=asm, constraints="=r,=r,r", args=[b], dtype=tl.float16, is_pure=False, pack=4
-    )
+    if WORDS:
+        return tl.inline_asm_elementwise(
+            asm=asm, constraints="=r,=r,r", args=[x], dtype=(tl.int32, tl.int32), is_pure=True,
+            pack=1,
+        )  # fmt: skip
+    else:
+        return tl.inline_asm_elementwise(
+            asm=asm, constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=False, pack=4
+        )

@@ -26,6 +26,7 @@ from fp8mla.kernels.portable.fp8_decode import (
     CVT_NATIVE,
     CVT_TRITON_INT_E4M3,
     fp8_bytes_to_f16,
+    fp8_words_to_f16x2,
 )
 
 # a barrier over the calling partition's warps (renamed after Triton 3.6)
@@ -41,6 +42,9 @@ REINTERPRET_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterp
 # bytes in the latent part's 128-byte swizzle, read by wgmma as bf16 [tokens, 64] in the same
 # swizzle for 16-bit elements
 ROPE16_SH = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+
+# the same 128-byte swizzle for 32-bit elements: a 16-bit tile's fp16 / bf16 pairs as int32
+PAIRS_SH = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
 
 NEG_INF = gl.constexpr(float("-inf"))
 BLOCK_N = gl.constexpr(64)  # KV tokens per tile of the 64-token kernels: wgmma's M or N
@@ -70,6 +74,51 @@ def rope16_view(pe_stage, D_KPE: gl.constexpr):
         return pe_stage.reinterpret(gl.bfloat16, [pe_stage.shape[0], D_KPE], ROPE16_SH)
     else:
         return pe_stage._reinterpret(gl.bfloat16, [pe_stage.shape[0], D_KPE], ROPE16_SH)
+
+
+@gluon.jit
+def pairs_view(tile):
+    """A 16-bit shared tile ``[rows, D]`` in the 128-byte swizzle as int32 ``[rows, D / 2]``
+    (each element a pair of 16-bit values, the lower column in the low half), the same bytes:
+    the swizzle moves 16-byte units, which both views share."""
+    shape: gl.constexpr = [tile.shape[0], tile.shape[1] // 2]
+    if REINTERPRET_PUBLIC:
+        return tile.reinterpret(gl.int32, shape, PAIRS_SH)
+    else:
+        return tile._reinterpret(gl.int32, shape, PAIRS_SH)
+
+
+@gluon.jit
+def fp8_words_to_scaled_pairs(w, sc, FP8_CVT: gl.constexpr):
+    """int32 words of four FP8 codes → two int32 words of fp16 pairs (codes 0-1, 2-3) times
+    their rows' fp32 group scales ``sc`` [rows], as :func:`times_group_scale` scales
+    :func:`fp8_to_f16`'s values: ``(2^-8 · k) · hi + (2^-8 · k) · lo`` with ``hi + lo`` =
+    ``2^8 · sc`` (the PTX and CUDA integer modes)."""
+    a, b = fp8_words_to_f16x2(w, FP8_CVT)
+    s32 = sc * 256.0
+    hi = s32.to(gl.float16)
+    lo = (s32 - hi.to(gl.float32)).to(gl.float16)
+    hi2 = (hi.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF) * 0x10001
+    lo2 = (lo.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF) * 0x10001
+    if FP8_CVT == CVT_INT_E4M3:  # the codes decode to 2^-8 · value already
+        asm: gl.constexpr = """{ .reg .b32 t;
+        mul.rn.f16x2 t, $2, $4;
+        fma.rn.f16x2 $0, $2, $5, t;
+        mul.rn.f16x2 t, $3, $4;
+        fma.rn.f16x2 $1, $3, $5, t; }"""
+    else:
+        asm: gl.constexpr = """{ .reg .b32 t, u, v, k;
+        mov.b32 k, 0x1C001C00;
+        mul.rn.f16x2 u, $2, k;
+        mul.rn.f16x2 v, $3, k;
+        mul.rn.f16x2 t, u, $4;
+        fma.rn.f16x2 $0, u, $5, t;
+        mul.rn.f16x2 t, v, $4;
+        fma.rn.f16x2 $1, v, $5, t; }"""
+    return gl.inline_asm_elementwise(
+        asm, "=r,=r,r,r,r,r", [a, b, lo2[:, None], hi2[:, None]], dtype=(gl.int32, gl.int32),
+        is_pure=True, pack=1,
+    )  # fmt: skip
 
 
 @gluon.jit

@@ -4,6 +4,8 @@ memory through the page table, for the consumers that multiply them.
 * :func:`kv_producer` (FP8 pools): loads each tile's FP8 rows into registers, converts them
   to fp16 (times their token-group scales where used) and stores them into a 128-byte-swizzled
   buffer (the wgmma and ping-pong kernels);
+* :func:`kv_producer_rolling` (the packed sparse rows, the ping-pong kernel): the same
+  conversion with every load a tile ahead, the tiles carried as 32-bit words;
 * :func:`kv_copier` (16-bit pools): copies each tile as it is by ``cp.async`` (the wgmma,
   ping-pong and few-row kernels);
 * :func:`kv_copier_halves` (16-bit pools, the ping-pong kernel's 64-token tiles): the same
@@ -30,9 +32,11 @@ from fp8mla.kernels.sm90.common import (
     cache_rows,
     check_entries,
     fp8_to_f16,
+    fp8_words_to_scaled_pairs,
     load_chunk,
     load_entries,
     page_entries,
+    pairs_view,
     prefetch_l2,
     thread_barrier,
     tile_cache_rows,
@@ -74,7 +78,6 @@ def kv_producer(
     PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
     TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr, NBUF: gl.constexpr,
     WHOLE_TILE: gl.constexpr, ROPE_16BIT: gl.constexpr = False, FENCE: gl.constexpr = True,
-    SCALES_AHEAD: gl.constexpr = False,
 ):  # fmt: skip
     """The producer: each KV tile of ``[n_begin, n_end)`` from the FP8 pool → fp16 shared tile
     ``j % NBUF`` (tokens past ``n_end`` as 0, tokens with a bad page entry as the NaN row),
@@ -85,9 +88,6 @@ def kv_producer(
     ``FENCE``: its stores fenced to the async proxy before ``ready``; without it the consumer
     that waits there fences them, and the fence (which waits for every memory operation of
     the thread, the next tiles' page-table loads included) is off this warpgroup's path.
-    ``SCALES_AHEAD`` (with ``TOKEN_GROUP`` and ``WHOLE_TILE``): each tile's four group scales
-    are loaded into registers an iteration ahead, with the next tile's page entries, in place
-    of their L2 prefetch, so that their products never wait for a memory latency.
 
     Its loads are latency-bound (one warpgroup of four warps), so: the RoPE bytes are loaded
     with the first latent chunk, each chunk's bytes while the previous chunk is converted (all
@@ -111,10 +111,6 @@ def kv_producer(
     pages, bad = page_entries(page_base, n_entries, num_pages, pos, pos < n_end, PAGE_SIZE)
     nxt = pos + BLOCK_N
     raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
-    AHEAD: gl.constexpr = SCALES_AHEAD and TOKEN_GROUP and WHOLE_TILE
-    if AHEAD:  # the first tile's group scales
-        s0, s1, s2, s3 = _group_scales(scale_arr_ptr, pages.to(gl.int64), pos, pos < n_end,
-                                       stride_sa_p, stride_sa_s, PAGE_SIZE)  # fmt: skip
     for j in range(n_tiles):
         n0 = n_begin + j * BLOCK_N
         buf = j % NBUF
@@ -130,12 +126,11 @@ def kv_producer(
         # the token-group scales (where used) with the bytes, before the buffer is waited for,
         # so that their latency passes with the bytes' (the next tile's lines are in the L2)
         sa = scale_arr_ptr
-        if not AHEAD:
-            s0 = 0.0  # (unused without TOKEN_GROUP)
-            s1 = 0.0
-            s2 = 0.0
-            s3 = 0.0
-        if TOKEN_GROUP and not AHEAD:
+        s0 = 0.0  # (unused without TOKEN_GROUP)
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        if TOKEN_GROUP:
             sa = scale_arr_ptr + slot * stride_sa_p + (pos % PAGE_SIZE) * stride_sa_s
             s0 = gl.load(sa, mask=ok, other=0.0)
             if WHOLE_TILE:
@@ -163,12 +158,7 @@ def kv_producer(
         next_rows = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_ckv_p
         next_rows += (next_pos % PAGE_SIZE) * stride_ckv_s
         prefetch_l2(ckv_ptr + next_rows[:, None] + seg_end[None, :])
-        if AHEAD:  # its group scales into registers (past the loop's end: masked off)
-            t_pos = pos + BLOCK_N
-            t0, t1, t2, t3 = _group_scales(scale_arr_ptr, pages.to(gl.int64), t_pos,
-                                           t_pos < n_end, stride_sa_p, stride_sa_s,
-                                           PAGE_SIZE)  # fmt: skip
-        elif TOKEN_GROUP:  # its group scales into the L2, which the rows' prefetch misses
+        if TOKEN_GROUP:  # and its group scales, which the latent rows' prefetch does not reach
             next_sa = gl.convert_layout(pages, pf_rows_l).to(gl.int64) * stride_sa_p
             prefetch_l2(scale_arr_ptr + next_sa + (next_pos % PAGE_SIZE) * stride_sa_s)
         # the consumers are done with this buffer (tile j - NBUF); passes at once at first
@@ -179,8 +169,6 @@ def kv_producer(
             _store_chunk(k_dst, x1, s1, 1, TOKEN_GROUP, FP8_CVT)
             _store_chunk(k_dst, x2, s2, 2, TOKEN_GROUP, FP8_CVT)
             _store_chunk(k_dst, x3, s3, 3, TOKEN_GROUP, FP8_CVT)
-            if AHEAD:
-                s0, s1, s2, s3 = t0, t1, t2, t3
         else:
             for c in gl.static_range(D_CKV // CHUNK):
                 if c + 1 < D_CKV // CHUNK:
@@ -201,6 +189,93 @@ def kv_producer(
             fence_async_shared()
         thread_barrier()
         mbarrier.arrive(ready.index(buf))
+
+
+@gluon.jit
+def _tile_words(ckv_ptr, kpe_ptr, scale_arr_ptr, pages, bad, pos, ok, nan_row_ckv, nan_row_kpe,
+                stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+                PAGE_SIZE: gl.constexpr, wl: gl.constexpr):  # fmt: skip
+    """A packed tile's loads (0 where not ``ok``, a bad page entry's token as the NaN row): its
+    latent bytes as int32 words, one [tokens, 32] tensor a 128-byte chunk, its bf16 RoPE part
+    as words [tokens, 32], and its four group scales."""
+    slot = pages.to(gl.int64)
+    rows = cache_rows(slot, pos, bad, stride_ckv_p, stride_ckv_s, nan_row_ckv, PAGE_SIZE)
+    pe_rows = cache_rows(slot, pos, bad, stride_kpe_p, stride_kpe_s, nan_row_kpe, PAGE_SIZE)
+    w = gl.arange(0, CHUNK // 4, layout=gl.SliceLayout(0, wl))
+    at = (ckv_ptr + rows).to(gl.pointer_type(gl.int32), bitcast=True)[:, None] + w[None, :]
+    m = ok[:, None]
+    x0 = gl.load(at, mask=m, other=0)
+    x1 = gl.load(at + CHUNK // 4, mask=m, other=0)
+    x2 = gl.load(at + 2 * (CHUNK // 4), mask=m, other=0)
+    x3 = gl.load(at + 3 * (CHUNK // 4), mask=m, other=0)
+    pe_at = (kpe_ptr + pe_rows).to(gl.pointer_type(gl.int32), bitcast=True)
+    xp = gl.load(pe_at[:, None] + w[None, :], mask=m, other=0)
+    s0, s1, s2, s3 = _group_scales(scale_arr_ptr, slot, pos, ok, stride_sa_p, stride_sa_s,
+                                   PAGE_SIZE)  # fmt: skip
+    return x0, x1, x2, x3, xp, s0, s1, s2, s3
+
+
+@gluon.jit
+def _store_words(k32, x, sc, c: gl.constexpr, FP8_CVT: gl.constexpr):
+    """Words ``x`` of latent chunk ``c`` → fp16 pairs times their tokens' group scales ``sc``
+    into the tile's int32 view ``k32``."""
+    a, b = fp8_words_to_scaled_pairs(x, sc, FP8_CVT)
+    v = gl.reshape(gl.join(a, b), [x.shape[0], CHUNK // 2])
+    k32.slice(c * (CHUNK // 2), CHUNK // 2, dim=1).store(v)
+
+
+@gluon.jit
+def kv_producer_rolling(
+    k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
+    num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+    stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+    PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr, D_KPE: gl.constexpr,
+    FP8_CVT: gl.constexpr, NBUF: gl.constexpr,
+):  # fmt: skip
+    """:func:`kv_producer` for the packed sparse rows (e4m3 bytes with token-group scales, a
+    bf16 RoPE part; the consumers fence the tiles), with every load a tile ahead: tile
+    ``j + 1``'s bytes, RoPE values and scales are requested before tile ``j`` is converted, so
+    that their latency passes under its conversion. The tiles are carried as int32 words (as
+    bytes, the loop's registers spill) and stored as fp16 pairs."""
+    wl: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
+    n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
+    pos = n_begin + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wl))
+    ok = pos < n_end
+    pages, bad = page_entries(page_base, n_entries, num_pages, pos, ok, PAGE_SIZE)
+    x0, x1, x2, x3, xp, s0, s1, s2, s3 = _tile_words(
+        ckv_ptr, kpe_ptr, scale_arr_ptr, pages, bad, pos, ok, nan_row_ckv, nan_row_kpe,
+        stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s,
+        PAGE_SIZE, wl,
+    )  # fmt: skip
+    nxt = pos + BLOCK_N
+    raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+    for j in range(n_tiles):
+        buf = j % NBUF
+        pos = n_begin + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wl))
+        # the next tile's loads (past the split's end: masked off), from its page entries
+        # loaded a tile ago; the entries of the tile after it requested
+        next_pos = pos + BLOCK_N
+        next_ok = next_pos < n_end
+        pages, bad = check_entries(raw, in_list, next_ok, num_pages)
+        nxt = pos + 2 * BLOCK_N
+        raw, in_list = load_entries(page_base, n_entries, nxt, nxt < n_end, PAGE_SIZE)
+        y0, y1, y2, y3, yp, t0, t1, t2, t3 = _tile_words(
+            ckv_ptr, kpe_ptr, scale_arr_ptr, pages, bad, next_pos, next_ok, nan_row_ckv,
+            nan_row_kpe, stride_ckv_p, stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p,
+            stride_sa_s, PAGE_SIZE, wl,
+        )  # fmt: skip
+        # the consumers are done with this buffer (tile j - NBUF); passes at once at first
+        mbarrier.wait(empty.index(buf), ((j // NBUF) & 1) ^ 1)
+        k32 = pairs_view(k_bufs.index(buf))
+        _store_words(k32, x0, s0, 0, FP8_CVT)
+        _store_words(k32, x1, s1, 1, FP8_CVT)
+        _store_words(k32, x2, s2, 2, FP8_CVT)
+        _store_words(k32, x3, s3, 3, FP8_CVT)
+        pairs_view(kpe_bufs.index(buf)).store(xp)
+        # all four warps' stores done before one thread signals
+        thread_barrier()
+        mbarrier.arrive(ready.index(buf))
+        x0, x1, x2, x3, xp, s0, s1, s2, s3 = y0, y1, y2, y3, yp, t0, t1, t2, t3
 
 
 @gluon.jit
@@ -466,8 +541,9 @@ def pingpong_producer(
 ):  # fmt: skip
     """The ping-pong kernel's producer warpgroup (``pingpong.py``): 16-bit tiles copied by
     ``cp.async`` (:func:`kv_copier`; by column halves for 64-token tiles,
-    :func:`kv_copier_halves`), FP8 tiles converted to fp16 (:func:`kv_producer`,
-    unfenced: the consumers fence them), into its ``NBUF`` buffers. ``args``: its run-time
+    :func:`kv_copier_halves`), FP8 tiles converted to fp16 (:func:`kv_producer`; the packed
+    sparse rows by :func:`kv_producer_rolling`; unfenced: the consumers fence them), into
+    its ``NBUF`` buffers. ``args``: its run-time
     values, one tuple."""
     (k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
      num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
@@ -484,11 +560,17 @@ def pingpong_producer(
             nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
             stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
         )  # fmt: skip
+    elif ROPE_16BIT and TOKEN_GROUP and WHOLE_TILE and D_CKV == 4 * CHUNK:
+        kv_producer_rolling(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+            n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+            stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
+            BLOCK_N, D_CKV, D_KPE, FP8_CVT, NBUF,
+        )  # fmt: skip
     else:
         kv_producer(
             k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
             n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
             stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
             BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE, ROPE_16BIT, False,
-            True,
         )  # fmt: skip
