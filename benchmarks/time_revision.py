@@ -21,14 +21,18 @@ file, and the same for lists with -1 entries, a ``topk_length`` and an empty row
 forces how the SM90 path reads the index lists (``sparse_sm90.plans_lists``; default: as the
 plan decides), for revisions that have the choice; ``--sparse-kernel`` names ``plan()``'s
 kernel (``pingpong8``: the SM90 FP8 ping-pong kernel's route, which the table does not choose).
+Each sparse row also names the GPU, the date and the torch and Triton versions, which
+``ab_sparse.py`` puts into the records it appends.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
+import triton
 
 from fp8mla.bench import impls as I
 from fp8mla.bench.cases import Case
@@ -122,6 +126,8 @@ def sparse_rows(label: str, names: str, check_tokens: int = 8, kernel: str = "au
     except ValueError as e:
         raise SystemExit(f"{e}; the bench's cases: {list(known)}") from None
     dev = torch.device("cuda")
+    env = dict(gpu=torch.cuda.get_device_name(dev), date=time.strftime("%Y-%m-%d"),
+               torch=torch.__version__, triton=triton.__version__)  # fmt: skip
     pool = packed_pool(cases[0].pool_slots, cases[0].page_size, dev)
     workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev)
     rows = []
@@ -154,7 +160,8 @@ def sparse_rows(label: str, names: str, check_tokens: int = 8, kernel: str = "au
                          tflops=round(sparse_flops(case) / us / 1e6, 1),
                          rel_err=float(f"{err:.3g}"), lse_rel_err=float(f"{lse_err:.3g}"),
                          **edge,
-                         kernel=w.launch_plan.kernel, splits=w.launch_plan.num_splits))  # fmt: skip
+                         kernel=w.launch_plan.kernel, splits=w.launch_plan.num_splits,
+                         **env))  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
