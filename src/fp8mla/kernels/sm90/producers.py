@@ -237,6 +237,10 @@ def kv_producer_rolling(
     ``j + 1``'s bytes, RoPE values and scales are requested before tile ``j`` is converted, so
     that their latency passes under its conversion. The tiles are carried as int32 words (as
     bytes, the loop's registers spill) and stored as fp16 pairs."""
+    gl.static_assert(
+        D_CKV == 4 * CHUNK and 2 * D_KPE == CHUNK,
+        "kv_producer_rolling takes 512 latent bytes and 64 bf16 RoPE values a row",
+    )
     wl: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
     n_tiles = gl.cdiv(n_end - n_begin, BLOCK_N)
     pos = n_begin + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, wl))
