@@ -95,9 +95,7 @@ def fp8_words_to_scaled_pairs(w, sc, FP8_CVT: gl.constexpr):
     :func:`fp8_to_f16`'s values: ``(2^-8 · k) · hi + (2^-8 · k) · lo`` with ``hi + lo`` =
     ``2^8 · sc`` (the PTX and CUDA integer modes)."""
     a, b = fp8_words_to_f16x2(w, FP8_CVT)
-    s32 = sc * 256.0
-    hi = s32.to(gl.float16)
-    lo = (s32 - hi.to(gl.float32)).to(gl.float16)
+    hi, lo = _scale_halves(sc)
     hi2 = (hi.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF) * 0x10001
     lo2 = (lo.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF) * 0x10001
     if FP8_CVT == CVT_INT_E4M3:  # the codes decode to 2^-8 · value already
@@ -154,6 +152,15 @@ def fp8_to_f16(b, FP8_CVT: gl.constexpr):
 
 
 @gluon.jit
+def _scale_halves(sc):
+    """``2^8 · sc`` (fp32 group scales) as fp16 ``hi + lo`` to 22 bits: ``hi`` its fp16
+    rounding, ``lo`` the fp16 rounding of the rest (:func:`times_group_scale`)."""
+    s32 = sc * 256.0
+    hi = s32.to(gl.float16)
+    return hi, (s32 - hi.to(gl.float32)).to(gl.float16)
+
+
+@gluon.jit
 def times_group_scale(k, sc, FP8_CVT: gl.constexpr):
     """:func:`fp8_to_f16`'s values ``k`` [rows, columns] times their rows' fp32 group scales
     ``sc`` [rows], in fp16 arithmetic: ``(2^-8 · k) · hi + (2^-8 · k) · lo`` with one fused
@@ -167,9 +174,7 @@ def times_group_scale(k, sc, FP8_CVT: gl.constexpr):
     fp16 rounding, as the fp32 product rounded to 16 bits does. ``2^-8 · k`` is exact for
     every code (the integer e4m3 decodings yield it as they are). A scale above ~256 (values
     past fp16's range either way) overflows."""
-    s32 = sc * 256.0
-    hi = s32.to(gl.float16)
-    lo = (s32 - hi.to(gl.float32)).to(gl.float16)
+    hi, lo = _scale_halves(sc)
     if FP8_CVT != CVT_INT_E4M3 and FP8_CVT != CVT_TRITON_INT_E4M3:
         k = k * 0.00390625
     return gl.fma(k, hi[:, None], k * lo[:, None])
