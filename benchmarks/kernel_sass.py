@@ -26,87 +26,43 @@ import sys
 import tempfile
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+
+from ncu_stalls import Instruction, loops
 
 # "/*0140*/  @!P0 BRA 0x130 ;" -> address, instruction (predicate included)
 _LINE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
-_BRANCH = re.compile(r"\bBRA\b(?:\.\S+)?\s+(?:`\(\.L_x_\d+\)\s*)?(0x[0-9a-f]+)")
-_PREDICATE = re.compile(r"^@!?U?P[T0-9]+\s+")
 
 
-@dataclass
-class Loop:
-    """One backward branch's span of a SASS listing."""
-
-    start: int  # the branch target's address
-    end: int  # the branch's address
-    count: int  # instructions in the span, both ends included
-    ops: Counter  # opcode (without modifiers) -> count
-
-
-def instructions(sass: str) -> list[tuple[int, str]]:
-    """(address, instruction) of each line of a ``cuobjdump -sass`` listing, in order."""
+def instructions(sass: str) -> list[Instruction]:
+    """The instructions of a ``cuobjdump -sass`` listing in address order, as
+    ``ncu_stalls.py`` reads them from a profile's source page (no samples)."""
     out = []
     for line in sass.splitlines():
         m = _LINE.match(line)
         if m:
-            out.append((int(m.group(1), 16), m.group(2)))
+            out.append(Instruction(int(m.group(1), 16), m.group(2), 0, 0))
     return out
 
 
-def opcode(instruction: str) -> str:
-    """``@!P0 HMUL2.F32 R1, ...`` -> ``HMUL2``."""
-    return _PREDICATE.sub("", instruction).split()[0].split(".")[0]
-
-
-def loops(sass: str, min_count: int = 1) -> list[Loop]:
-    """Every backward branch's span of at least ``min_count`` instructions, in address
-    order of the branch."""
-    ins = instructions(sass)
-    index = {a: i for i, (a, _) in enumerate(ins)}
-    found = []
-    for i, (addr, text) in enumerate(ins):
-        m = _BRANCH.search(text)
-        if not m:
-            continue
-        target = int(m.group(1), 16)
-        if target >= addr or target not in index:
-            continue
-        body = ins[index[target] : i + 1]
-        if len(body) >= min_count:
-            found.append(Loop(target, addr, len(body), Counter(opcode(t) for _, t in body)))
-    return found
-
-
-def partitions(sass: str) -> list[tuple[int, str]]:
+def partitions(code: list[Instruction]) -> list[Instruction]:
     """The register changes of a warp-specialized kernel's partitions (``USETMAXREG``)."""
-    return [(a, t) for a, t in instructions(sass) if "USETMAXREG" in t]
-
-
-def innermost(found: list[Loop]) -> list[Loop]:
-    """The loops of ``found`` that hold no other one and cross none: a span that starts
-    inside another loop and ends past it is an out-of-line path branching back into it (a
-    barrier wait's retry, placed after the kernel's code), not a loop of its own."""
-
-    def crosses(x: Loop, y: Loop) -> bool:  # x starts inside y and ends past it
-        return y.start < x.start <= y.end < x.end
-
-    def holds(x: Loop, y: Loop) -> bool:
-        return x.start <= y.start and y.end <= x.end
-
-    return [
-        x for x in found if not any(y is not x and (holds(x, y) or crosses(x, y)) for y in found)
-    ]
+    return [ins for ins in code if "USETMAXREG" in ins.source]
 
 
 def report(sass: str, min_count: int, top: int) -> str:
-    """The partitions' register changes and the innermost loops of ``min_count`` instructions
-    or more, in address order, each loop with its ``top`` commonest instructions."""
-    rows = [(a, f"{a:#07x} {t}") for a, t in partitions(sass)]
-    for lp in innermost(loops(sass, min_count)):
-        common = ", ".join(f"{k} {v}" for k, v in lp.ops.most_common(top))
-        rows.append((lp.start, f"loop {lp.start:#07x}-{lp.end:#07x}: {lp.count} instructions; "
-                               f"{common}"))  # fmt: skip
+    """The partitions' register changes and the innermost loops (``ncu_stalls.loops``) of
+    ``min_count`` instructions or more, in address order, each loop with its ``top``
+    commonest instructions (without modifiers)."""
+    code = instructions(sass)
+    rows = [(ins.address, f"{ins.address:#07x} {ins.source}") for ins in partitions(code)]
+    for first, last in loops(code):
+        part = code[first : last + 1]
+        if len(part) < min_count:
+            continue
+        ops = Counter(ins.opcode.split(".")[0] for ins in part)
+        common = ", ".join(f"{k} {v}" for k, v in ops.most_common(top))
+        start, end = part[0].address, part[-1].address
+        rows.append((start, f"loop {start:#07x}-{end:#07x}: {len(part)} instructions; {common}"))
     return "\n".join("  " + text for _, text in sorted(rows))
 
 
