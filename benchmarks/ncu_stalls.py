@@ -11,6 +11,10 @@ instructions that hold the most samples::
 A stall on an instruction is charged to that instruction, which waits for what an earlier one
 produced: a long-scoreboard stall on the first use of a loaded register is the load's latency
 (``LDL`` reloads of spilled registers included), a ``TRYWAIT`` loop's samples its barrier's.
+
+Where the page has the shared-memory wavefront columns (``--set full``), the report ends with
+the shared loads and stores that take more wavefronts than their ideal (bank conflicts), each
+with its ratio, and their share of all shared wavefronts.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from dataclasses import dataclass, field
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
+WAVEFRONTS = "L1 Wavefronts Shared"
+IDEAL = "L1 Wavefronts Shared Ideal"
 
 
 @dataclass
@@ -33,6 +39,8 @@ class Instruction:
     samples: int
     executed: int
     stalls: Counter = field(default_factory=Counter)
+    wavefronts: int = 0  # shared-memory wavefronts (0 where the page has no such column)
+    ideal: int = 0  # ... and the fewest the accesses could take
 
     @property
     def opcode(self) -> str:
@@ -72,6 +80,8 @@ def read_source_page(lines: list[str]) -> list[Instruction]:
                 samples=num(SAMPLES),
                 executed=num(EXECUTED),
                 stalls=Counter({h.removeprefix("stall_"): num(h) for h in reasons}),
+                wavefronts=num(WAVEFRONTS) if WAVEFRONTS in col else 0,
+                ideal=num(IDEAL) if IDEAL in col else 0,
             )
         )
     out.sort(key=lambda i: i.address)
@@ -133,6 +143,24 @@ def summary(code: list[Instruction], top: int = 15, min_share: float = 0.02) -> 
         ins = code[k]
         lines.append(f"  {k}: {100 * ins.samples / total:.1f}%, {ins.executed}, "
                      f"{ins.source[:64]}, {reasons([ins], 2)}")  # fmt: skip
+    lines += conflicts(code)
+    return lines
+
+
+def conflicts(code: list[Instruction]) -> list[str]:
+    """The shared-memory accesses that take more wavefronts than their ideal (bank
+    conflicts), most excess first, and the excess's share of all shared wavefronts; nothing
+    where the page has no wavefront counts."""
+    total = sum(i.wavefronts for i in code)
+    bad = [k for k, i in enumerate(code) if i.wavefronts > i.ideal > 0]
+    if not total or not bad:
+        return []
+    excess = sum(code[k].wavefronts - code[k].ideal for k in bad)
+    lines = [f"shared bank conflicts: {len(bad)} instructions, {100 * excess / total:.1f}% of "
+             f"{total} shared wavefronts in excess (index: wavefronts / ideal, instruction):"]  # fmt: skip
+    for k in sorted(bad, key=lambda k: code[k].ideal - code[k].wavefronts):
+        ins = code[k]
+        lines.append(f"  {k}: {ins.wavefronts / ins.ideal:.2f}x, {ins.source[:64]}")
     return lines
 
 

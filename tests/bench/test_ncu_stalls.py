@@ -67,3 +67,25 @@ def test_a_page_without_the_source_header_is_refused():
     m = load()
     with pytest.raises(ValueError, match="source page's header"):
         m.read_source_page(['"Kernel Name","k",', '"a","b"'])
+
+
+def test_shared_accesses_over_their_ideal_wavefronts_are_reported_as_conflicts():
+    m = load()
+    header = HEADER + ',"L1 Wavefronts Shared","L1 Wavefronts Shared Ideal"'
+    rows = [
+        ("0x0", "STS.128 [R1], R4 ;", 8, 4),  # two threads on each unit's banks
+        ("0x10", "LDS R2, [R3] ;", 1, 1),
+        ("0x20", "STS.128 [R1+0x800], R8 ;", 12, 4),
+        ("0x30", "FMUL R6, R2, 256 ;", 0, 0),
+    ]
+    lines = ['"Kernel Name","k",', header]
+    for addr, src, waves, ideal in rows:
+        lines.append(f'"{addr}","{src}","1","0","1","0","0","1","0","{waves}","{ideal}"')
+    code = m.read_source_page(lines)
+    assert [(i.wavefronts, i.ideal) for i in code] == [(8, 4), (1, 1), (12, 4), (0, 0)]
+    report = m.conflicts(code)
+    assert report[0].startswith("shared bank conflicts: 2 instructions, 57.1% of 21 shared")
+    assert report[1:] == ["  2: 3.00x, STS.128 [R1+0x800], R8 ;", "  0: 2.00x, STS.128 [R1], R4 ;"]
+    assert m.summary(code)[-3:] == report
+    # a page without the wavefront columns reports none
+    assert m.conflicts(m.read_source_page(page(CODE))) == []
