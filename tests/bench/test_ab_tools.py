@@ -140,3 +140,82 @@ def test_ab_sparse_errors(ab_files, tmp_path, capsys):
     bad.write_text(json.dumps([{"label": "x"}]))
     assert ab.main([str(bad)]) == 1
     assert "a row lacks 'case'" in capsys.readouterr().err
+
+
+# A stand-in for the GPU machine's python3 in run_ab_on_gpu.sh: time_revision.py writes one
+# row a case (sparse or dense by its arguments), pytest passes, xdist is absent, and the
+# table tool runs for real.
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+case "$*" in
+  *time_revision.py*)
+    label= json= kind=dense
+    while [ $# -gt 0 ]; do
+      case $1 in --label) label=$2; shift ;; --json) json=$2; shift ;; --sparse) kind=sparse ;; esac
+      shift
+    done
+    sleep "${FAKE_SLEEP:-0}"
+    echo "[{\"label\": \"$label\", \"case\": \"$kind-case\", \"us\": 10.0}]" > "$json" ;;
+  *"-m pytest"*) echo "3 passed in 0.1s" ;;
+  *"import xdist"*) exit 1 ;;
+  *) exec "$REAL_PYTHON" "$@" ;;
+esac
+"""
+
+
+def run_ab(tmp_path, **env):
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("run_ab_on_gpu.sh needs bash")
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    src = str(BENCH.parent / "src")
+    run_env = dict(
+        os.environ,
+        PYTHON=str(fake),
+        REAL_PYTHON=sys.executable,
+        TREES=f"main={src} new={src}",
+        **env,
+    )
+    out = tmp_path / "out"
+    p = subprocess.run(
+        ["bash", str(BENCH / "run_ab_on_gpu.sh"), str(out)],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return p, out
+
+
+def test_run_ab_dense_leg(tmp_path):
+    """``DENSE=1`` times the dense cases beside the sparse ones in every round, runs both
+    test lists against the second tree, and prints one table for each."""
+    p, out = run_ab(tmp_path, DENSE="1", REPS="2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    for name in ("main", "new"):
+        for r in (1, 2):
+            assert json.loads((out / f"{name}.{r}.json").read_text())[0]["case"] == "sparse-case"
+            dense = json.loads((out / f"{name}.dense.{r}.json").read_text())
+            assert dense[0]["case"] == "dense-case"
+    tests = (out / "tests.log").read_text()
+    assert "== tests of new: tests/dsa/test_sparse_sm90.py" in tests
+    assert "== tests of new: tests/attention/test_kernels.py" in tests
+    assert "tests of main" not in tests
+    assert "| sparse-case | 10.00, 10.00 | 10.00, 10.00 (+0.0%) |" in p.stdout
+    assert "| dense-case | 10.00, 10.00 | 10.00, 10.00 (+0.0%) |" in p.stdout
+
+
+def test_run_ab_budget_spent(tmp_path):
+    """Past ``BUDGET`` every remaining step is skipped and named; what ran is still
+    tabled."""
+    p, out = run_ab(tmp_path, BUDGET="11", FAKE_SLEEP="2", REPS="2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (out / "main.1.json").exists()
+    assert not (out / "new.2.json").exists()
+    assert "new.2.json skipped (BUDGET spent)" in p.stdout
+    assert "tests of new skipped (BUDGET spent)" in p.stdout
+    assert "| sparse-case |" in p.stdout
