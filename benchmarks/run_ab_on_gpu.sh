@@ -52,9 +52,10 @@ done
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader 2>/dev/null
 files=() dense_files=()
 # time_revision.py for tree $1 into $2 with the remaining arguments; the file joins the
-# table's list (named by $3) when the run succeeds
+# table's list (the array named by $3) when the run succeeds
 time_tree() {
-  local i=$1 f=$2 list=$3 limit
+  local i=$1 f=$2 limit
+  local -n list=$3
   shift 3
   limit=$(step_limit "${TIME_TIMEOUT:-200}")
   if [ "$limit" -eq 0 ]; then
@@ -63,7 +64,7 @@ time_tree() {
   fi
   PYTHONPATH=${paths[$i]} timeout "$limit" $py benchmarks/time_revision.py "$@" \
     --label "${names[$i]}" --json "$f" >> "$out/timing.log" 2>&1 \
-    && eval "$list+=(\"\$f\")" || echo "${names[$i]}: $(basename "$f") failed (timing.log)"
+    && list+=("$f") || echo "${names[$i]}: $(basename "$f") failed (timing.log)"
 }
 for ((r = 1; r <= ${REPS:-2}; r++)); do
   for i in "${!names[@]}"; do

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -163,10 +166,6 @@ esac
 
 
 def run_ab(tmp_path, **env):
-    import os
-    import shutil
-    import subprocess
-
     if shutil.which("bash") is None:
         pytest.skip("run_ab_on_gpu.sh needs bash")
     fake = tmp_path / "python"

@@ -49,6 +49,7 @@ PAIRS_SH = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bit
 NEG_INF = gl.constexpr(float("-inf"))
 BLOCK_N = gl.constexpr(64)  # KV tokens per tile of the 64-token kernels: wgmma's M or N
 CHUNK = gl.constexpr(128)  # latent columns per load / conversion step
+PRODUCER_WARPS = gl.constexpr(4)  # warps of a producer warpgroup
 HALF_N = gl.constexpr(32)  # tokens per P·V step of the FP8 value path (fp8_values.py)
 E4M3_MAX = gl.constexpr(448.0)
 LO_GAIN = gl.constexpr(16.0)  # lo = (q·s − hi) × 16: e4m3's 3 mantissa bits, one step down

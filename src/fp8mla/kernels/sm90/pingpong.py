@@ -9,9 +9,10 @@ The wgmma kernel (``wgmma.py``) has both consumer warpgroups compute every step'
 shared-memory reads (``docs/design/sm90-pingpong.md``).
 Here one program owns 64 query rows and runs three warpgroups:
 
-* a **producer** (``producers.kv_producer`` for FP8 pools, converting to fp16;
-  ``producers.kv_copier`` for 16-bit pools, by ``cp.async``) fills ``NBUF`` = 4 shared buffers of
-  ``BLOCK_N`` = 32 tokens;
+* a **producer** (``producers.kv_producer`` for FP8 pools, converting to fp16, and
+  ``packed_producer.kv_producer_rolling`` for the packed sparse rows;
+  ``producers.kv_copier`` for 16-bit pools, by ``cp.async``; :func:`pingpong_producer`
+  picks one) fills ``NBUF`` = 4 shared buffers of ``BLOCK_N`` = 32 tokens;
 * two **consumer** warpgroups (``ROLE`` 0: the default partition, 1: a worker; with FP8
   pools both are workers and the converting producer is the default partition). Tile ``j`` is
   *owned* by warpgroup ``j % 2``: it computes ``S_j [64, 32] = Q·K_jᵀ`` alone (the query read
@@ -78,7 +79,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from fp8mla.kernels.sm90.common import (
+    CHUNK,
     NEG_INF,
+    PRODUCER_WARPS,
     mask_scores,
     softmax_tile64,
     stage_query,
@@ -87,13 +90,11 @@ from fp8mla.kernels.sm90.common import (
     thread_barrier,
     unmasked_end,
 )
-from fp8mla.kernels.sm90.producers import pingpong_producer
+from fp8mla.kernels.sm90.packed_producer import kv_producer_rolling
+from fp8mla.kernels.sm90.producers import kv_copier, kv_copier_halves, kv_producer
 from fp8mla.kernels.sm90.request import request_span
 
 BUFFERED = gl.constexpr(128)  # KV tokens in shared memory: NBUF = BUFFERED // BLOCK_N buffers
-
-
-PRODUCER_WARPS = gl.constexpr(4)
 
 
 PRODUCER_REGS = gl.constexpr(80)  # per thread; consumer 0 (the default partition) 232
@@ -114,6 +115,48 @@ CONSUMER_REGS_FP8 = gl.constexpr(184 if triton.__version__.startswith("3.6.") el
 # 64-token tiles: the producer (a copier, 56 registers) is the default partition and both
 # consumers are workers of 224 (S [64, 64] and P take 32 more registers than 32-token tiles)
 CONSUMER_REGS_64 = gl.constexpr(224)
+
+
+@gluon.jit
+def pingpong_producer(
+    args, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, D_CKV: gl.constexpr,
+    D_KPE: gl.constexpr, TOKEN_GROUP: gl.constexpr, FP8_CVT: gl.constexpr,
+    WHOLE_TILE: gl.constexpr, NBUF: gl.constexpr, ROPE_16BIT: gl.constexpr = False,
+):  # fmt: skip
+    """The producer warpgroup, one of four by its pool's dtype and tile: 16-bit tiles copied
+    by ``cp.async`` (:func:`kv_copier`; by column halves for 64-token tiles,
+    :func:`kv_copier_halves`), FP8 tiles converted to fp16 (:func:`kv_producer`; the packed
+    sparse rows by :func:`kv_producer_rolling`; unfenced: the consumers fence them), into
+    its ``NBUF`` buffers. ``args``: its run-time values, one tuple."""
+    (k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base, n_entries,
+     num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s,
+     stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s) = args  # fmt: skip
+    if BLOCK_N == 64:
+        kv_copier_halves(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
+            nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+            stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
+        )  # fmt: skip
+    elif ckv_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        kv_copier(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, page_base, n_entries, num_pages,
+            nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p, stride_ckv_s, stride_kpe_p,
+            stride_kpe_s, PAGE_SIZE, BLOCK_N, D_CKV, D_KPE, PRODUCER_WARPS, NBUF,
+        )  # fmt: skip
+    elif ROPE_16BIT and TOKEN_GROUP and WHOLE_TILE and D_CKV == 4 * CHUNK:
+        kv_producer_rolling(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+            n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+            stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
+            BLOCK_N, D_CKV, D_KPE, FP8_CVT, NBUF,
+        )  # fmt: skip
+    else:
+        kv_producer(
+            k_bufs, kpe_bufs, ready, empty, ckv_ptr, kpe_ptr, scale_arr_ptr, page_base,
+            n_entries, num_pages, nan_row_ckv, nan_row_kpe, n_begin, n_end, stride_ckv_p,
+            stride_ckv_s, stride_kpe_p, stride_kpe_s, stride_sa_p, stride_sa_s, PAGE_SIZE,
+            BLOCK_N, D_CKV, D_KPE, TOKEN_GROUP, FP8_CVT, NBUF, WHOLE_TILE, ROPE_16BIT, False,
+        )  # fmt: skip
 
 
 @gluon.jit

@@ -43,12 +43,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fp8mla.kernels.sm90.common import (
     CHUNK,
     NEG_INF,
+    PRODUCER_WARPS,
     mask_scores,
     stage_query,
     store_rows,
     thread_barrier,
 )
-from fp8mla.kernels.sm90.producers import PRODUCER_WARPS, kv_copier, kv_producer
+from fp8mla.kernels.sm90.producers import kv_copier, kv_producer
 from fp8mla.kernels.sm90.request import request_span
 
 NUM_BUF = gl.constexpr(2)  # fp16 KV tiles in flight
